@@ -1,0 +1,122 @@
+"""Typed settings from the environment, turned into the Celery app's configuration.
+
+| variable | default | meaning |
+| --- | --- | --- |
+| DATABASE_URL | postgresql+psycopg://127.0.0.1:5432/habeat | schedule store |
+| REDIS_URL | redis://127.0.0.1:6379/0 | leader lease |
+| CELERY_BROKER_URL | REDIS_URL | Celery broker |
+| HABEAT_KEY_PREFIX | habeat | Redis key prefix of the lease; name of the leader row |
+| HABEAT_LOCK_TTL | 10 | seconds; a dead leader is replaced after about this long |
+| HABEAT_STANDBY_POLL | 1 | seconds between a standby's attempts to lead |
+| HABEAT_MAX_WAIT | 5 | longest wait between two ticks, seconds |
+| HABEAT_CLAIM_BATCH | 1000 | schedules claimed per transaction |
+| HABEAT_MISFIRE_GRACE | 60 | seconds late before a fire time is a misfire |
+| HABEAT_TIMEZONE | UTC | zone of schedules created without one |
+| HABEAT_VISIBILITY_TIMEOUT | 3600 | seconds before the Redis broker redelivers an unacked message |
+| HABEAT_IMPORTS | (none) | extra comma-separated task modules to import |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from beat.errors import ConfigError
+
+DEFAULT_DATABASE_URL = "postgresql+psycopg://127.0.0.1:5432/habeat"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: Task modules of this project, always imported by workers and beat.
+TASK_MODULES = ("tasks.demo",)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Settings:
+    database_url: str = DEFAULT_DATABASE_URL
+    redis_url: str = DEFAULT_REDIS_URL
+    broker_url: str = DEFAULT_REDIS_URL
+    key_prefix: str = "habeat"
+    lock_ttl: float = 10.0
+    standby_poll: float = 1.0
+    max_wait: float = 5.0
+    claim_batch: int = 1000
+    misfire_grace: float = 60.0
+    timezone: str = "UTC"
+    visibility_timeout: int = 3600
+    broker_key_prefix: str = ""
+    imports: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        redis_url = env.get("REDIS_URL", DEFAULT_REDIS_URL)
+        return cls(
+            database_url=_database_url(env.get("DATABASE_URL", DEFAULT_DATABASE_URL)),
+            redis_url=redis_url,
+            broker_url=env.get("CELERY_BROKER_URL", redis_url),
+            key_prefix=env.get("HABEAT_KEY_PREFIX", "habeat"),
+            lock_ttl=_number(env, "HABEAT_LOCK_TTL", 10.0),
+            standby_poll=_number(env, "HABEAT_STANDBY_POLL", 1.0),
+            max_wait=_number(env, "HABEAT_MAX_WAIT", 5.0),
+            claim_batch=int(_number(env, "HABEAT_CLAIM_BATCH", 1000)),
+            misfire_grace=_number(env, "HABEAT_MISFIRE_GRACE", 60.0),
+            timezone=env.get("HABEAT_TIMEZONE", "UTC"),
+            visibility_timeout=int(_number(env, "HABEAT_VISIBILITY_TIMEOUT", 3600)),
+            broker_key_prefix=env.get("HABEAT_BROKER_KEY_PREFIX", ""),
+            imports=tuple(name.strip() for name in env.get("HABEAT_IMPORTS", "").split(",") if name.strip()),
+        )
+
+    def celery_config(self) -> dict[str, Any]:
+        """The Celery configuration: JSON only, late acks, one message prefetched per process."""
+        transport_options: dict[str, Any] = {"visibility_timeout": self.visibility_timeout}
+        if self.broker_key_prefix:
+            transport_options["global_keyprefix"] = self.broker_key_prefix
+        return {
+            "broker_url": self.broker_url,
+            "broker_transport_options": transport_options,
+            "broker_connection_retry_on_startup": True,
+            "task_serializer": "json",
+            "result_serializer": "json",
+            "accept_content": ["json"],
+            "task_acks_late": True,
+            "task_reject_on_worker_lost": True,
+            "worker_prefetch_multiplier": 1,
+            "worker_send_task_events": True,
+            "task_send_sent_event": True,
+            "timezone": self.timezone,
+            "enable_utc": True,
+            "imports": (*TASK_MODULES, *self.imports),
+            "beat_scheduler": "beat.scheduler:HAScheduler",
+            "beat_max_loop_interval": self.max_wait,
+            "habeat_database_url": self.database_url,
+            "habeat_redis_url": self.redis_url,
+            "habeat_key_prefix": self.key_prefix,
+            "habeat_lock_ttl": self.lock_ttl,
+            "habeat_standby_poll": self.standby_poll,
+            "habeat_max_wait": self.max_wait,
+            "habeat_claim_batch": self.claim_batch,
+            "habeat_misfire_grace": self.misfire_grace,
+            "habeat_default_timezone": self.timezone,
+        }
+
+
+def _database_url(url: str) -> str:
+    """Accept plain ``postgresql://`` URLs too, and use psycopg 3 for them."""
+    for plain in ("postgresql://", "postgres://"):
+        if url.startswith(plain):
+            return "postgresql+psycopg://" + url[len(plain):]
+    return url
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number: set it to a number of seconds (or a count)") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be positive")
+    return value

@@ -1,0 +1,19 @@
+"""A highly-available scheduler for Celery: schedules in PostgreSQL, one leader
+elected through a Redis lease fenced by an epoch that PostgreSQL checks."""
+
+from beat.api import Schedules, define
+from beat.code_schedules import periodic
+from beat.errors import HABeatError
+from beat.models import Schedule, ScheduleDefinition
+from beat.tables import MisfirePolicy, RunState
+
+__all__ = [
+    "HABeatError",
+    "MisfirePolicy",
+    "RunState",
+    "Schedule",
+    "ScheduleDefinition",
+    "Schedules",
+    "define",
+    "periodic",
+]

@@ -1,0 +1,309 @@
+"""The Python API for schedules: define, create, update, pause, resume, delete.
+
+Everything a user passes is validated by :func:`define` before anything is
+written, so a bad cron, an unknown zone, an unknown task or oversized
+arguments leave the database untouched::
+
+    from app import celery_app
+    from beat import Schedules
+
+    schedules = Schedules.for_app(celery_app)
+    schedules.create("nightly-report", "tasks.demo.report", cron="30 2 * * *",
+                     tz="Europe/Berlin", kwargs={"format": "pdf"})
+    schedules.pause("nightly-report")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from beat import timing
+from beat.config import BeatConfig
+from beat.errors import InvalidSchedule, UnknownTask
+from beat.models import Schedule, ScheduleDefinition
+from beat.store import Store
+from beat.tables import MisfirePolicy, Origin
+from beat.timing import Trigger
+
+#: Largest JSON encoding of a schedule's args and kwargs together (they travel in every message).
+MAX_PAYLOAD_BYTES = 64 * 1024
+#: Longest schedule name.
+MAX_NAME_LENGTH = 200
+#: Publish options a schedule may carry (no eta/countdown: beat never publishes with a delay,
+#: since a delay longer than the broker's visibility timeout runs the task twice).
+ALLOWED_OPTIONS = frozenset({"queue", "routing_key", "exchange", "priority", "expires", "headers"})
+_NAME_PATTERN = re.compile(r"^[\w.:@/+-]+$")
+
+
+def define(
+    name: str,
+    task: str,
+    *,
+    cron: str | None = None,
+    every: float | timedelta | None = None,
+    at: datetime | None = None,
+    tz: str | None = None,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    queue: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    enabled: bool = True,
+    misfire_policy: MisfirePolicy | str = MisfirePolicy.FIRE_ONCE,
+    max_attempts: int = 3,
+    origin: Origin = Origin.API,
+    start_at: datetime | None = None,
+    default_tz: str = "UTC",
+) -> ScheduleDefinition:
+    """Validate a schedule; raise :class:`InvalidSchedule` naming the first problem.
+
+    Exactly one of ``cron`` (5 fields, or 6 with seconds first), ``every``
+    (seconds or a timedelta; first run one period after ``start_at``, default
+    now) and ``at`` (an aware datetime: one run, at once if it is past).
+    """
+    _check_name(name)
+    _check_task_name(task)
+    zone_name = tz or default_tz
+    timing.parse_zone(zone_name)
+    trigger = _trigger(cron=cron, every=every, at=at, start_at=start_at)
+    payload_args, payload_kwargs = _check_payload(args, kwargs)
+    publish_options = _check_options(options, queue)
+    policy = _misfire_policy(misfire_policy)
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise InvalidSchedule(f"max_attempts must be a whole number >= 1, got {max_attempts!r}")
+    return ScheduleDefinition(
+        name=name,
+        task=task,
+        trigger=trigger,
+        timezone=zone_name,
+        args=payload_args,
+        kwargs=payload_kwargs,
+        options=publish_options,
+        enabled=enabled,
+        misfire_policy=policy,
+        max_attempts=max_attempts,
+        origin=origin,
+    )
+
+
+def first_fire_at(definition: ScheduleDefinition, now: datetime) -> datetime | None:
+    """The first fire time of a new (or redefined) schedule at database time ``now``.
+
+    A one-off in the past fires once, now: its fire time is kept as it was given.
+    """
+    trigger = definition.trigger
+    if isinstance(trigger, timing.Once):
+        return trigger.at
+    zone = timing.parse_zone(definition.timezone)
+    return timing.next_fire_after(trigger, zone, now)
+
+
+def _trigger(
+    *,
+    cron: str | None,
+    every: float | timedelta | None,
+    at: datetime | None,
+    start_at: datetime | None,
+) -> Trigger:
+    given = [kind for kind, value in (("cron", cron), ("every", every), ("at", at)) if value is not None]
+    if len(given) != 1:
+        raise InvalidSchedule(
+            "give exactly one of cron, every or at"
+            + (f" (got {', '.join(given)})" if given else "")
+        )
+    if cron is not None:
+        return timing.parse_cron(cron)
+    if every is not None:
+        seconds = every.total_seconds() if isinstance(every, timedelta) else every
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise InvalidSchedule(f"every must be a number of seconds, got {every!r}")
+        return timing.every(float(seconds), anchor=start_at or datetime.now(UTC))
+    assert at is not None
+    return timing.once(at)
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
+        raise InvalidSchedule(f"schedule name must be 1 to {MAX_NAME_LENGTH} characters, got {name!r}")
+    if not _NAME_PATTERN.match(name):
+        raise InvalidSchedule(
+            f"schedule name {name!r} has characters other than letters, digits and . _ - : @ / +"
+        )
+
+
+def _check_task_name(task: str) -> None:
+    if not isinstance(task, str) or not task.strip() or task != task.strip():
+        raise InvalidSchedule(f"task must be a registered Celery task name, got {task!r}")
+
+
+def _check_payload(
+    args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if args is not None and (isinstance(args, str | bytes | Mapping) or not isinstance(args, Sequence)):
+        raise InvalidSchedule(f"args must be a JSON array, got {type(args).__name__}: {args!r:.80}")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise InvalidSchedule(f"kwargs must be a JSON object, got {type(kwargs).__name__}: {kwargs!r:.80}")
+    payload_args, payload_kwargs = list(args or ()), dict(kwargs or {})
+    if any(not isinstance(key, str) for key in payload_kwargs):
+        raise InvalidSchedule("kwargs keys must be strings")
+    try:
+        encoded = json.dumps([payload_args, payload_kwargs], allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidSchedule(
+            f"args and kwargs must be plain JSON (numbers, strings, lists, objects): {exc}"
+        ) from exc
+    size = len(encoded.encode())
+    if size > MAX_PAYLOAD_BYTES:
+        raise InvalidSchedule(
+            f"args and kwargs take {size} bytes as JSON, over the {MAX_PAYLOAD_BYTES}-byte limit:"
+            " pass a reference (an ID, a URL) instead of the data"
+        )
+    # Round-trip, so what is stored is exactly what JSON gives back (tuples become lists).
+    decoded_args, decoded_kwargs = json.loads(encoded)
+    return tuple(decoded_args), decoded_kwargs
+
+
+def _check_options(options: Mapping[str, Any] | None, queue: str | None) -> dict[str, Any]:
+    merged = dict(options or {})
+    if queue is not None:
+        merged["queue"] = queue
+    unknown = sorted(set(merged) - ALLOWED_OPTIONS)
+    if unknown:
+        raise InvalidSchedule(
+            f"unsupported publish option(s) {', '.join(unknown)}: allowed are"
+            f" {', '.join(sorted(ALLOWED_OPTIONS))} (never eta/countdown)"
+        )
+    try:
+        json.dumps(merged, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidSchedule(f"options must be plain JSON: {exc}") from exc
+    expires = merged.get("expires")
+    if expires is not None and (not isinstance(expires, int | float) or not math.isfinite(expires) or expires <= 0):
+        raise InvalidSchedule(f"options.expires must be a positive number of seconds, got {expires!r}")
+    return merged
+
+
+def _misfire_policy(value: MisfirePolicy | str) -> MisfirePolicy:
+    try:
+        return MisfirePolicy(value)
+    except ValueError:
+        choices = ", ".join(policy.value for policy in MisfirePolicy)
+        raise InvalidSchedule(f"unknown misfire policy {value!r}: use one of {choices}") from None
+
+
+class Schedules:
+    """Create and steer schedules in the store (the CLI is a thin layer over this)."""
+
+    def __init__(self, store: Store, *, app: Any | None = None, default_tz: str = "UTC") -> None:
+        self.store = store
+        self.app = app
+        self.default_tz = default_tz
+
+    @classmethod
+    def for_app(cls, app: Any) -> Schedules:
+        """Schedules of a Celery app configured for this scheduler (``habeat_*`` keys)."""
+        config = BeatConfig.from_celery_conf(app.conf)
+        store = Store.connect(config.database_url, leader_name=config.key_prefix)
+        return cls(store, app=app, default_tz=config.default_timezone)
+
+    def create(self, name: str, task: str, *, allow_unregistered: bool = False, **fields: Any) -> Schedule:
+        """Validate and store a new schedule; see :func:`define` for the fields."""
+        fields.setdefault("default_tz", self.default_tz)
+        definition = define(name, task, **fields)
+        if not allow_unregistered:
+            self.check_task_registered(task)
+        return self.store.insert_schedule(definition, lambda now: first_fire_at(definition, now))
+
+    def update(self, name: str, *, allow_unregistered: bool = False, **changes: Any) -> Schedule:
+        """Change some fields of a schedule; a changed timing recomputes the next fire time."""
+        if "task" in changes and not allow_unregistered:
+            self.check_task_registered(changes["task"])
+
+        def build(current: Schedule, now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
+            definition = _redefine(current.definition, changes, self.default_tz)
+            timing_changed = (definition.trigger, definition.timezone) != (
+                current.definition.trigger,
+                current.definition.timezone,
+            )
+            if timing_changed:
+                return definition, first_fire_at(definition, now)
+            return definition, current.next_fire_at
+
+        return self.store.replace_schedule(name, build)
+
+    def pause(self, name: str) -> Schedule:
+        """Stop firing; fire times while paused are not made up on resume."""
+        return self.store.replace_schedule(
+            name, lambda current, _now: (replace(current.definition, enabled=False), current.next_fire_at)
+        )
+
+    def resume(self, name: str) -> Schedule:
+        """Fire again from the next fire time after now."""
+        def build(current: Schedule, now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
+            definition = replace(current.definition, enabled=True)
+            if current.definition.enabled:
+                return definition, current.next_fire_at
+            return definition, _resumed_next_fire(current, now)
+
+        return self.store.replace_schedule(name, build)
+
+    def delete(self, name: str) -> None:
+        self.store.delete_schedule(name)
+
+    def get(self, name: str) -> Schedule:
+        return self.store.get_schedule(name)
+
+    def list(self) -> list[Schedule]:
+        return self.store.list_schedules()
+
+    def check_task_registered(self, task: str) -> None:
+        if self.app is None:
+            return
+        self.app.loader.import_default_modules()
+        if task not in self.app.tasks:
+            raise UnknownTask(
+                f"task '{task}' is not registered with the Celery app '{self.app.main}':"
+                " check the name, or allow it explicitly (--allow-unregistered) if only the workers import it"
+            )
+
+
+def _redefine(current: ScheduleDefinition, changes: Mapping[str, Any], default_tz: str) -> ScheduleDefinition:
+    """The definition with ``changes`` applied, validated as a whole by :func:`define`."""
+    fields: dict[str, Any] = {
+        "tz": current.timezone,
+        "args": current.args,
+        "kwargs": current.kwargs,
+        "options": current.options,
+        "enabled": current.enabled,
+        "misfire_policy": current.misfire_policy,
+        "max_attempts": current.max_attempts,
+        "origin": current.origin,
+    }
+    timing_keys = {"cron", "every", "at", "start_at"}
+    if not timing_keys & set(changes):
+        fields |= _trigger_fields(current.trigger)
+    fields |= dict(changes)
+    task = fields.pop("task", current.task)
+    return define(current.name, task, default_tz=default_tz, **fields)
+
+
+def _trigger_fields(trigger: Trigger) -> dict[str, Any]:
+    if isinstance(trigger, timing.Cron):
+        return {"cron": trigger.expression}
+    if isinstance(trigger, timing.Every):
+        return {"every": trigger.seconds, "start_at": trigger.anchor}
+    return {"at": trigger.at}
+
+
+def _resumed_next_fire(current: Schedule, now: datetime) -> datetime | None:
+    if current.next_fire_at is None:
+        return None  # a finished one-off stays finished
+    trigger = current.definition.trigger
+    if isinstance(trigger, timing.Once):
+        return current.next_fire_at  # a paused one-off still fires once
+    return timing.next_fire_after(trigger, timing.parse_zone(current.definition.timezone), now)

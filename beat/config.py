@@ -1,0 +1,74 @@
+"""The scheduler's configuration, read from namespaced keys on ``app.conf``.
+
+Every key has an explicit default here, so the scheduler works with any Celery
+app (``-S beat.scheduler:HAScheduler``); ``app.settings`` fills these keys from
+the environment for this project's own app.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from beat.errors import ConfigError
+
+#: Prefix of every key this package reads from ``app.conf``.
+CONF_PREFIX = "habeat_"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BeatConfig:
+    """Typed settings of the scheduler. Durations are in seconds."""
+
+    #: SQLAlchemy URL of the schedule store.
+    database_url: str = "postgresql+psycopg://127.0.0.1:5432/habeat"
+    #: Redis URL of the leader lease (may differ from the broker).
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Prefix of every Redis key of the lease, and name of the leader row.
+    key_prefix: str = "habeat"
+    #: Time to live of the leader lease; a dead leader is replaced after about this long.
+    lock_ttl: float = 10.0
+    #: How often a standby tries to take the lease (it is also woken on a clean hand-over).
+    standby_poll: float = 1.0
+    #: Longest wait between two ticks of the leader (picks up edits made outside the API).
+    max_wait: float = 5.0
+    #: Most schedules claimed in one transaction.
+    claim_batch: int = 1000
+    #: A run left ``pending`` by this process for longer than this is published again.
+    outbox_grace: float = 10.0
+    #: A fire time later than this when claimed is a misfire, handled by the misfire policy.
+    misfire_grace: float = 60.0
+    #: Most missed fire times one claim turns into runs (``fire_all``) or skip records.
+    max_catchup: int = 100
+    #: Time zone of schedules created without one.
+    default_timezone: str = "UTC"
+    #: Longest a claim transaction may stay idle before PostgreSQL aborts it (fences a paused leader).
+    claim_idle_timeout: float = 10.0
+
+    @classmethod
+    def from_celery_conf(cls, conf: Any) -> BeatConfig:
+        """Read ``habeat_*`` keys from a Celery ``app.conf`` (missing keys take the defaults)."""
+        values: dict[str, Any] = {}
+        for field in fields(cls):
+            value = conf.get(CONF_PREFIX + field.name)
+            if value is not None:
+                values[field.name] = value
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Refuse settings that would break the lease or the claim, naming the key to fix."""
+        if self.lock_ttl < 1:
+            raise ConfigError(f"habeat_lock_ttl={self.lock_ttl}: must be at least 1 second")
+        if self.standby_poll <= 0 or self.max_wait <= 0:
+            raise ConfigError("habeat_standby_poll and habeat_max_wait must be positive")
+        if self.claim_batch < 1 or self.max_catchup < 1:
+            raise ConfigError("habeat_claim_batch and habeat_max_catchup must be at least 1")
+        if not self.key_prefix:
+            raise ConfigError("habeat_key_prefix must not be empty")
+
+    @property
+    def renew_interval(self) -> float:
+        """The lease is renewed three times per TTL, so two lost renewals in a row are survived."""
+        return self.lock_ttl / 3

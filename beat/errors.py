@@ -1,0 +1,63 @@
+"""One exception tree for the whole scheduler.
+
+Every error says what went wrong *and what to do about it* in one line, so the
+CLI can print ``str(exc)`` and exit, and the beat loop can log it as is. A
+class's docstring is its default message.
+"""
+
+from __future__ import annotations
+
+
+class HABeatError(Exception):
+    """The highly-available scheduler failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigError(HABeatError):
+    """The configuration is invalid: check the environment variables named in the README."""
+
+
+class InvalidSchedule(HABeatError):
+    """The schedule definition is invalid."""
+
+
+class UnknownTask(InvalidSchedule):
+    """The task is not registered with the Celery app."""
+
+
+class ScheduleExists(HABeatError):
+    """A schedule with this name exists already: pick another name or update it."""
+
+
+class ScheduleNotFound(HABeatError):
+    """No schedule has this name: `celery -A app schedules list` shows them."""
+
+
+class StoreError(HABeatError):
+    """PostgreSQL failed."""
+
+
+class StoreUnavailable(StoreError):
+    """PostgreSQL cannot be reached."""
+
+
+class SchemaOutdated(StoreError):
+    """The database schema is not the one this code expects: run `celery -A app schedules migrate`."""
+
+
+class StaleEpoch(StoreError):
+    """A newer leader has taken over: this process's fencing epoch is stale."""
+
+
+class LeaseError(HABeatError):
+    """The Redis leader lease failed."""
+
+
+class LeaseUnavailable(LeaseError):
+    """Redis cannot be reached."""
+
+
+class DispatchError(HABeatError):
+    """Publishing a run to the Celery broker failed."""

@@ -1,0 +1,218 @@
+"""The leader lease: one Redis key, renewed on a timer, fenced by an epoch.
+
+- acquire: ``SET key token NX PX ttl`` and, in the same script, ``INCR`` the
+  epoch counter (raised above the newest epoch PostgreSQL has seen, so a Redis
+  that restarted empty cannot hand out an old epoch);
+- renew: compare-and-pexpire every ttl/3 from a thread of its own, so a slow
+  tick never loses the lease (the failure mode of celery-redbeat #230);
+- release: compare-and-delete on clean shutdown, so a standby takes over at once.
+
+Redis cannot fence a holder that pauses past its TTL: that is the job of the
+epoch, which PostgreSQL checks in every claim. Locally, the holder stops
+believing it leads once ``ttl`` (less a margin) has passed since the last renewal
+it *sent*, without waiting for Redis to tell it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import redis
+
+from beat.errors import LeaseUnavailable
+
+logger = logging.getLogger(__name__)
+
+#: Fraction of the TTL a holder stops short of, against clock-rate drift between it and Redis.
+DRIFT_MARGIN = 0.1
+
+# KEYS[1] lock, KEYS[2] epoch counter; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] epoch floor.
+# A leftover lock of our own token counts as free: we restart the term with a new epoch.
+_ACQUIRE = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return false end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local epoch = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[3])
+if epoch <= floor then
+  epoch = floor + 1
+  redis.call('SET', KEYS[2], epoch)
+end
+return epoch
+"""
+
+# Raise the epoch while still holding the lock (PostgreSQL has seen a newer one).
+_BUMP = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+local epoch = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[2])
+if epoch <= floor then
+  epoch = floor + 1
+  redis.call('SET', KEYS[2], epoch)
+end
+return epoch
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+def lock_key(prefix: str) -> str:
+    return f"{prefix}:leader:lock"
+
+
+def epoch_key(prefix: str) -> str:
+    return f"{prefix}:leader:epoch"
+
+
+def new_holder_id() -> str:
+    """A token unique to this process and term: host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class LeaderLease:
+    """A Redis lease held by at most one live process at a time (see module docstring)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        prefix: str,
+        ttl: float,
+        holder: str | None = None,
+        on_lost: Callable[[str], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._keys = [lock_key(prefix), epoch_key(prefix)]
+        self.ttl = ttl
+        self.holder = holder or new_holder_id()
+        self._on_lost = on_lost
+        self._acquire = client.register_script(_ACQUIRE)
+        self._bump = client.register_script(_BUMP)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._guard = threading.Lock()
+        self._valid_until = 0.0  # time.monotonic() past which we no longer lead
+        self._term = 0  # incremented on every acquisition, so an old renewer thread stops
+        self._stop_renewing = threading.Event()
+
+    @property
+    def ttl_ms(self) -> int:
+        return int(self.ttl * 1000)
+
+    def is_held(self) -> bool:
+        """True while this process may act as leader (Redis-wise; Postgres fences the rest)."""
+        with self._guard:
+            return time.monotonic() < self._valid_until
+
+    def try_acquire(self, epoch_floor: int) -> int | None:
+        """Take the lease if it is free; return the new epoch (> ``epoch_floor``) or None."""
+        sent_at = time.monotonic()
+        epoch = self._call(self._acquire, self.holder, self.ttl_ms, epoch_floor)
+        if epoch is None:
+            return None
+        with self._guard:
+            self._term += 1
+            self._valid_until = sent_at + self.ttl * (1 - DRIFT_MARGIN)
+        return int(epoch)
+
+    def bump_epoch(self, epoch_floor: int) -> int | None:
+        """A new epoch above ``epoch_floor`` if we still hold the lock, else None."""
+        epoch = self._call(self._bump, self.holder, epoch_floor)
+        return None if epoch is None else int(epoch)
+
+    def renew(self) -> bool:
+        """Extend the lease to a full TTL if we still hold it."""
+        sent_at = time.monotonic()
+        if not self._call(self._renew, self.holder, self.ttl_ms):
+            self._drop("another process holds the lease")
+            return False
+        with self._guard:
+            if self._valid_until > 0:
+                self._valid_until = sent_at + self.ttl * (1 - DRIFT_MARGIN)
+        return True
+
+    def release(self) -> bool:
+        """Give the lease up (compare-and-delete); True if we held it."""
+        with self._guard:
+            self._valid_until = 0.0
+            self._term += 1
+        self._stop_renewing.set()
+        return bool(self._call(self._release, self.holder))
+
+    def abandon(self, reason: str) -> None:
+        """Stop leading without touching Redis (e.g. PostgreSQL refused our epoch)."""
+        self._drop(reason)
+
+    def current_holder(self) -> str | None:
+        try:
+            value = self._client.get(self._keys[0])
+        except redis.RedisError as exc:
+            raise self._unavailable(exc) from exc
+        return value.decode() if isinstance(value, bytes) else value
+
+    def start_renewing(self) -> threading.Thread:
+        """Renew every ttl/3 from a daemon thread until the lease is lost or released."""
+        with self._guard:
+            term = self._term
+        self._stop_renewing.clear()
+        thread = threading.Thread(
+            target=self._renew_loop, args=(term,), name="habeat-lease-renewer", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _renew_loop(self, term: int) -> None:
+        interval = self.ttl / 3
+        while not self._stop_renewing.wait(interval):
+            with self._guard:
+                if self._term != term or self._valid_until == 0.0:
+                    return
+            try:
+                if not self.renew():
+                    return
+            except LeaseUnavailable as exc:
+                # Keep trying: the lease is still ours until valid_until passes.
+                logger.warning("could not renew the leader lease: %s", exc)
+                if not self.is_held():
+                    self._drop("the lease expired while Redis was unreachable")
+                    return
+
+    def _drop(self, reason: str) -> None:
+        with self._guard:
+            was_held = self._valid_until > 0.0
+            self._valid_until = 0.0
+            self._term += 1
+        if was_held and self._on_lost is not None:
+            self._on_lost(reason)
+
+    def _call(self, script: redis.commands.core.Script, *args: object) -> object:
+        try:
+            return script(keys=self._keys, args=list(args))
+        except redis.RedisError as exc:
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: Exception) -> LeaseUnavailable:
+        kwargs = self._client.connection_pool.connection_kwargs
+        where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+        return LeaseUnavailable(
+            f"Redis at {where} is unreachable ({exc}): start it"
+            " (`docker compose up -d redis`) or set REDIS_URL"
+        )

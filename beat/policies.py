@@ -1,0 +1,138 @@
+"""What a claim does with a due schedule: which fire times run, which are skipped.
+
+Pure functions of (schedule, database time, settings): no I/O, unit-tested alone.
+
+A fire time is *on time* while it is at most ``misfire_grace`` seconds old when
+claimed; every on-time fire time gets its own run, so a leader failover of a
+few seconds loses nothing. Older fire times are *misfires* (no leader ran for a
+while) and follow the schedule's misfire policy:
+
+- ``fire_once``: they collapse into one run, at the most recent of them;
+- ``fire_all``: each gets a run, oldest first, up to ``max_catchup``; the rest are skipped;
+- ``skip``: none runs.
+
+Every misfire that does not run is recorded as a ``skipped`` run, so history
+shows what was missed and why; past ``max_catchup`` records, one summary record
+at the most recent skipped fire time stands for the rest and says how many.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from beat.models import DueSchedule, FirePlan, SkippedFire
+from beat.tables import MisfirePolicy
+from beat.timing import Every, Trigger, fire_times, next_fire_after
+
+#: Resolution of the search for the last fire time before an instant (fire times are >= 1 s apart).
+_SEARCH_RESOLUTION = timedelta(milliseconds=1)
+#: Most misfires counted one by one for a summary; past this the count is a lower bound.
+MISFIRE_COUNT_CAP = 10_000
+
+
+def plan_fires(
+    due: DueSchedule, now: datetime, *, misfire_grace: float, max_catchup: int
+) -> FirePlan:
+    """Plan one claim of ``due`` at database time ``now`` (``due.next_fire_at <= now``)."""
+    cutoff = now - timedelta(seconds=misfire_grace)
+    first = due.next_fire_at
+    if first > cutoff:
+        fire = _fire_times_from(due, first, until=now, limit=max_catchup)
+        return FirePlan(fire=fire, skipped=(), next_fire_at=_next_after(due, fire[-1]))
+
+    last_misfire = last_fire_at_or_before(due.trigger, due.zone, first, cutoff)
+    run_misfires, skipped = _apply_misfire_policy(due, first, last_misfire, max_catchup)
+    on_time = tuple(fire_times(due.trigger, due.zone, after=cutoff, until=now, limit=max_catchup))
+    last = on_time[-1] if on_time else last_misfire
+    return FirePlan(
+        fire=run_misfires + on_time, skipped=skipped, next_fire_at=_next_after(due, last)
+    )
+
+
+def _apply_misfire_policy(
+    due: DueSchedule, first: datetime, last: datetime, max_catchup: int
+) -> tuple[tuple[datetime, ...], tuple[SkippedFire, ...]]:
+    """Split the misfires ``first`` .. ``last`` into (runs, skip records) by the policy."""
+    policy = due.misfire_policy
+    if policy is MisfirePolicy.FIRE_ONCE:
+        if first == last:
+            return (first,), ()
+        before_last = last - timedelta(microseconds=1)
+        skipped = _skip_records(
+            due, first, before_last, max_catchup, "misfire: coalesced into one run by fire_once"
+        )
+        return (last,), skipped
+    if policy is MisfirePolicy.FIRE_ALL:
+        fire = _fire_times_from(due, first, until=last, limit=max_catchup)
+        if fire[-1] == last:
+            return fire, ()
+        rest_first = next_fire_after(due.trigger, due.zone, fire[-1])
+        assert rest_first is not None  # `last` is a later fire time
+        reason = f"misfire: beyond the fire_all catch-up bound of {max_catchup}"
+        return fire, _skip_records(due, rest_first, last, max_catchup, reason)
+    return (), _skip_records(due, first, last, max_catchup, "misfire: skip policy")
+
+
+def _skip_records(
+    due: DueSchedule, first: datetime, last: datetime, max_catchup: int, reason: str
+) -> tuple[SkippedFire, ...]:
+    """Records for the fire times ``first`` .. ``last``: one each, or a summary past the bound."""
+    times = _fire_times_from(due, first, until=last, limit=max_catchup)
+    if times[-1] == last:
+        return tuple(SkippedFire(fire_at=t, reason=reason) for t in times)
+    shown = times[: max_catchup - 1]
+    summarised_from = times[len(shown)]
+    count = _count_fire_times(due, summarised_from, last)
+    summary = SkippedFire(
+        fire_at=last,
+        reason=f"{reason}; this record stands for {count} fire times"
+        f" from {summarised_from.isoformat()} to {last.isoformat()}",
+    )
+    return (*(SkippedFire(fire_at=t, reason=reason) for t in shown), summary)
+
+
+def _count_fire_times(due: DueSchedule, first: datetime, last: datetime) -> str:
+    """How many fire times lie in ``first`` .. ``last`` (both fire times), as text."""
+    if isinstance(due.trigger, Every):
+        periods = (last - first) / timedelta(seconds=due.trigger.seconds)
+        return str(math.floor(periods + 1e-9) + 1)
+    times = _fire_times_from(due, first, until=last, limit=MISFIRE_COUNT_CAP)
+    return str(len(times)) if times[-1] == last else f"more than {MISFIRE_COUNT_CAP}"
+
+
+def _fire_times_from(
+    due: DueSchedule, first: datetime, *, until: datetime, limit: int
+) -> tuple[datetime, ...]:
+    """``first`` (itself a fire time) and the ones after it up to ``until``: at most ``limit``."""
+    later: Sequence[datetime] = ()
+    if limit > 1:
+        later = fire_times(due.trigger, due.zone, after=first, until=until, limit=limit - 1)
+    return (first, *later)
+
+
+def last_fire_at_or_before(
+    trigger: Trigger, zone: ZoneInfo, first: datetime, bound: datetime
+) -> datetime:
+    """The most recent fire time <= ``bound``, given that ``first`` (<= bound) is one.
+
+    A binary search over ``next_fire_after``, which is monotonic: about forty
+    calls whatever the distance, so a long outage costs no more than a short one.
+    """
+    low, high = first, bound  # invariant: low is a fire time <= bound; none lies in (low, ...] past high
+    following = next_fire_after(trigger, zone, low)
+    while following is not None and following <= bound and high - low > _SEARCH_RESOLUTION:
+        middle = low + (high - low) / 2
+        candidate = next_fire_after(trigger, zone, middle)
+        if candidate is not None and candidate <= bound:
+            low = candidate
+            following = next_fire_after(trigger, zone, low)
+        else:
+            high = middle
+    return low
+
+
+def _next_after(due: DueSchedule, last: datetime) -> datetime | None:
+    return next_fire_after(due.trigger, due.zone, last)

@@ -1,0 +1,302 @@
+"""The Celery beat scheduler class: ``beat_scheduler = "beat.scheduler:HAScheduler"``
+(or ``celery beat -S ha``).
+
+Every process runs the same loop; ``tick()`` reads like the design:
+
+1. am I leader? (Redis lease; a standby tries to take it and waits);
+2. publish what an earlier leader left in the outbox;
+3. claim a batch of due schedules in one PostgreSQL transaction fenced by the epoch;
+4. publish each run with its run ID as task ID, then mark them published;
+5. wait until the next fire time, woken early by LISTEN/NOTIFY.
+
+Nothing escapes ``tick()``: an error is logged with what to do and the loop
+tries again shortly, so a standby survives Redis and PostgreSQL restarts.
+Losing the lease stops claiming, never the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import redis
+from celery.beat import Scheduler
+
+from beat import code_schedules
+from beat.api import first_fire_at
+from beat.config import BeatConfig
+from beat.dispatch import publish_runs
+from beat.errors import HABeatError, StaleEpoch
+from beat.leader import LeaderLease
+from beat.models import DueSchedule, FirePlan, RunToPublish
+from beat.policies import plan_fires
+from beat.store import Claim, ScheduleChangeListener, Store
+
+logger = logging.getLogger(__name__)
+
+#: Longest pause between attempts while PostgreSQL or Redis is unreachable.
+MAX_BACKOFF = 5.0
+#: A failure that repeats is logged again at most this often (seconds).
+REPEAT_LOG_INTERVAL = 30.0
+
+
+class _ErrorReporter:
+    """Logs the first error of a streak at ERROR, repeats rarely, and says when it is over."""
+
+    def __init__(self) -> None:
+        self._streak = 0
+        self._last_message = ""
+        self._last_logged = 0.0
+
+    def failed(self, exc: BaseException) -> float:
+        """Record a failure; return how long to wait before the next attempt."""
+        self._streak += 1
+        message = str(exc) or repr(exc)
+        now = time.monotonic()
+        if message != self._last_message or now - self._last_logged > REPEAT_LOG_INTERVAL:
+            known = isinstance(exc, HABeatError)
+            logger.error(
+                "beat tick failed (attempt %d): %s; retrying", self._streak, message,
+                exc_info=not known, extra={"attempt": self._streak},
+            )
+            self._last_message, self._last_logged = message, now
+        return min(MAX_BACKOFF, 0.25 * 2 ** min(self._streak, 5))
+
+    def succeeded(self) -> None:
+        if self._streak:
+            logger.warning("beat recovered after %d failed attempts", self._streak)
+        self._streak, self._last_message = 0, ""
+
+
+class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
+    """A highly-available beat scheduler: schedules in PostgreSQL, one leader at a time."""
+
+    #: Test hook: called after a claim commits and before its runs are published.
+    after_claim_commit: Callable[[Claim], None] | None = None
+
+    def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
+        # Beat builds this class several times with lazy=True (for its banner):
+        # nothing here may connect anywhere.
+        self.config = BeatConfig.from_celery_conf(app.conf)
+        self._store: Store | None = None
+        self._lease: LeaderLease | None = None
+        self._listener: ScheduleChangeListener | None = None
+        self._epoch: int | None = None
+        self._started = False
+        self._closed = False
+        self._errors = _ErrorReporter()
+        self._code: list[Any] = []
+        kwargs["max_interval"] = self.config.max_wait
+        super().__init__(app, *args, lazy=lazy, **kwargs)
+
+    # -- celery.beat.Scheduler interface -------------------------------------------
+
+    def setup_schedule(self) -> None:
+        """Validate code-defined schedules now, so a broken one stops beat at start."""
+        self.app.loader.import_default_modules()
+        self._code = code_schedules.collect(self.app, default_tz=self.config.default_timezone)
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One pass of the loop; returns 0 (it waited itself) or a back-off delay."""
+        try:
+            self._tick()
+        except StaleEpoch as exc:
+            self._step_down(str(exc))
+        except Exception as exc:  # an error here would kill beat: log, back off, retry
+            return self._errors.failed(exc)
+        else:
+            self._errors.succeeded()
+        return 0.0
+
+    def sync(self) -> None:
+        """Nothing to persist: the state lives in PostgreSQL."""
+
+    def close(self) -> None:
+        """Hand over cleanly: release the lease and wake the standbys (SIGTERM/SIGINT)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._lease is not None and self._epoch is not None:
+            try:
+                released = self._lease.release()
+                if released and self._store is not None:
+                    self._store.notify_leader_released()
+                logger.warning("released the leader lease (epoch %s)", self._epoch)
+            except Exception as exc:  # shutting down: the TTL frees the lease anyway
+                logger.warning("could not release the leader lease cleanly: %s", exc)
+        if self._listener is not None:
+            self._listener.close()
+        super().close()
+
+    @property
+    def info(self) -> str:
+        return (
+            f"    . store -> {self._masked(self.config.database_url)}\n"
+            f"    . leader lease -> {self._masked(self.config.redis_url)}"
+            f" key {self.config.key_prefix}:leader:lock ttl {self.config.lock_ttl}s"
+        )
+
+    @property
+    def is_leader(self) -> bool:
+        return self._epoch is not None and self._lease is not None and self._lease.is_held()
+
+    @property
+    def epoch(self) -> int | None:
+        return self._epoch if self.is_leader else None
+
+    # -- the loop ------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        self._start()
+        epoch = self._lead()
+        if epoch is None:
+            self._wait(self.config.standby_poll)
+            return
+        self._publish(self.store.pending_runs(epoch, grace=self.config.outbox_grace, limit=self.config.claim_batch))
+        claim = self.store.claim_due(
+            epoch, batch=self.config.claim_batch, plan=self._plan, idle_timeout=self.config.claim_idle_timeout
+        )
+        if claim.schedules_claimed:
+            self._report_claim(claim)
+        if self.after_claim_commit is not None:
+            self.after_claim_commit(claim)
+        self._publish(claim.runs)
+        if claim.schedules_claimed >= self.config.claim_batch:
+            return  # more are due: claim again at once
+        until_next = self.store.seconds_until_next_fire()
+        self._wait(self.config.max_wait if until_next is None else min(until_next, self.config.max_wait))
+
+    def _start(self) -> None:
+        """Connect, check the schema and sync code schedules, once (retried until it works)."""
+        if self._started:
+            return
+        self.store.check_schema()
+        report = self.store.sync_code_schedules(self._code, first_fire_at)
+        for name in report.conflicts:
+            logger.warning(
+                "code schedule '%s' not synced: a schedule created at runtime has that name", name
+            )
+        for name in report.removed:
+            logger.warning("removed code schedule '%s': it is no longer defined in code", name)
+        logger.info(
+            "synced code schedules: %d created, %d updated, %d unchanged, %d removed",
+            len(report.created), len(report.updated), len(report.unchanged), len(report.removed),
+        )
+        self._started = True
+
+    def _lead(self) -> int | None:
+        """This process's epoch if it leads (taking the lease if it is free), else None."""
+        lease = self.lease
+        if self._epoch is not None:
+            if lease.is_held():
+                return self._epoch
+            self._epoch = None  # the renewer already said why
+        epoch = lease.try_acquire(self.store.current_epoch())
+        if epoch is None:
+            return None
+        try:
+            epoch = self._record_epoch(epoch)
+        except BaseException:
+            lease.release()
+            raise
+        if epoch is None:
+            lease.release()
+            return None
+        self._epoch = epoch
+        lease.start_renewing()
+        logger.warning(
+            "this process now leads (epoch %d, holder %s)", epoch, lease.holder,
+            extra={"epoch": epoch, "holder": lease.holder},
+        )
+        return epoch
+
+    def _record_epoch(self, epoch: int) -> int | None:
+        """Write our epoch to PostgreSQL; if a newer one is there (Redis lost its counter), bump once."""
+        if self.store.take_leadership(epoch, self.lease.holder):
+            return epoch
+        bumped = self.lease.bump_epoch(self.store.current_epoch())
+        if bumped is not None and self.store.take_leadership(bumped, self.lease.holder):
+            return bumped
+        return None
+
+    def _step_down(self, reason: str) -> None:
+        logger.warning("stepping down as leader: %s", reason)
+        self._epoch = None
+        if self._lease is not None:
+            try:
+                self._lease.release()
+            except HABeatError as exc:
+                logger.warning("could not release the lease: %s", exc)
+
+    def _on_lease_lost(self, reason: str) -> None:
+        logger.warning("lost the leader lease: %s; claiming stops", reason)
+
+    def _plan(self, due: DueSchedule, now: datetime) -> FirePlan:
+        return plan_fires(
+            due, now, misfire_grace=self.config.misfire_grace, max_catchup=self.config.max_catchup
+        )
+
+    def _publish(self, runs: list[RunToPublish]) -> None:
+        if not runs:
+            return
+        result = publish_runs(self.app, runs)
+        self.store.mark_published(result.published)
+        if result.error is not None:
+            raise result.error
+
+    def _report_claim(self, claim: Claim) -> None:
+        lateness = max(
+            ((claim.now - run.fire_at).total_seconds() for run in claim.runs if run.fire_at), default=0.0
+        )
+        logger.info(
+            "claimed %d runs from %d schedules (max lateness %.3fs, %d skipped)",
+            len(claim.runs), claim.schedules_claimed, lateness, claim.skipped,
+            extra={"runs": len(claim.runs), "schedules": claim.schedules_claimed, "lateness_max": lateness},
+        )
+        for run in claim.runs:
+            logger.debug(
+                "claimed run %s of schedule %s for %s", run.id, run.schedule_name, run.fire_at,
+                extra={"run_id": str(run.id), "schedule": run.schedule_name},
+            )
+
+    def _wait(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        self.listener.wait(seconds)
+
+    # -- lazily built resources (never in __init__) ----------------------------------
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store.connect(self.config.database_url, leader_name=self.config.key_prefix)
+        return self._store
+
+    @property
+    def lease(self) -> LeaderLease:
+        if self._lease is None:
+            client = redis.Redis.from_url(
+                self.config.redis_url, socket_timeout=2, socket_connect_timeout=2, health_check_interval=10
+            )
+            self._lease = LeaderLease(
+                client, prefix=self.config.key_prefix, ttl=self.config.lock_ttl, on_lost=self._on_lease_lost
+            )
+        return self._lease
+
+    @property
+    def listener(self) -> ScheduleChangeListener:
+        if self._listener is None:
+            self._listener = ScheduleChangeListener(self.config.database_url)
+        return self._listener
+
+    @staticmethod
+    def _masked(url: str) -> str:
+        from sqlalchemy.engine import make_url
+
+        try:
+            return make_url(url).render_as_string(hide_password=True)
+        except Exception:
+            return url.split("@")[-1]

@@ -1,0 +1,754 @@
+"""The schedule store: every SQL statement of the scheduler, on SQLAlchemy 2 Core.
+
+Callers get domain objects and domain errors (``beat.errors``), never rows or
+driver exceptions. Time is always the database's ``now()``: one clock for all
+nodes.
+
+The contract of the claim (``claim_due``), which the scheduler relies on:
+
+- eligible rows are enabled schedules whose ``next_fire_at <= now()``, oldest
+  first, at most ``batch``, skipping rows another transaction has locked;
+- the claim holds a share lock on the leader row for its whole transaction and
+  aborts with :class:`StaleEpoch` unless the row's epoch is the caller's, so a
+  takeover (which needs the row exclusively) waits for claims in flight and
+  every claim after it fails for the old leader;
+- in the same transaction it inserts one ``pending`` run per planned fire time
+  (unique per schedule and fire time: a fire time is never claimed twice),
+  records skipped fire times, and advances ``next_fire_at``;
+- it returns only the runs it inserted, to be published after commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import psycopg
+from sqlalchemy import (
+    Connection,
+    DateTime,
+    Engine,
+    Row,
+    BigInteger,
+    cast,
+    column,
+    create_engine,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+    values,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from beat import schema
+from beat.errors import (
+    ScheduleExists,
+    ScheduleNotFound,
+    StaleEpoch,
+    StoreError,
+    StoreUnavailable,
+)
+from beat.models import DueSchedule, FirePlan, RunToPublish, Schedule, ScheduleDefinition
+from beat.tables import (
+    SCHEDULES_CHANNEL,
+    MisfirePolicy,
+    Origin,
+    RunState,
+    TriggerKind,
+    leader,
+    runs,
+    schedules,
+)
+from beat.timing import Cron, Every, Once, Trigger
+
+logger = logging.getLogger(__name__)
+
+#: Channel a leader notifies when it hands over cleanly, so standbys take over at once.
+LEADER_RELEASED_CHANNEL = "beat_leader_released"
+#: Serialises the sync of code-defined schedules between beat processes starting together.
+SYNC_LOCK_ID = 0x6861_6265_6174_01
+
+Planner = Callable[[DueSchedule, datetime], FirePlan]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Claim:
+    """The outcome of one claim transaction."""
+
+    runs: list[RunToPublish]
+    #: Database time of the claim.
+    now: datetime
+    #: Schedules claimed; equal to the batch size when more may be due.
+    schedules_claimed: int
+    skipped: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LeaderInfo:
+    name: str
+    epoch: int
+    holder: str
+    acquired_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SyncReport:
+    created: list[str]
+    updated: list[str]
+    unchanged: list[str]
+    removed: list[str]
+    #: Code schedules whose name is taken by a schedule created at runtime (left alone).
+    conflicts: list[str]
+
+
+def masked_url(url: str) -> str:
+    """The URL with its password hidden, for messages and logs."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+class Store:
+    """PostgreSQL access for schedules, runs and the leader row."""
+
+    def __init__(self, engine: Engine, *, leader_name: str = "habeat") -> None:
+        self.engine = engine
+        self.leader_name = leader_name
+
+    @classmethod
+    def connect(
+        cls, url: str, *, leader_name: str = "habeat", pool_size: int = 5, connect_timeout: int = 5
+    ) -> Store:
+        """A store on ``url``; no connection is made until first use."""
+        engine = create_engine(
+            url,
+            pool_size=pool_size,
+            pool_pre_ping=True,
+            connect_args={"connect_timeout": connect_timeout, "application_name": "habeat"},
+        )
+        return cls(engine, leader_name=leader_name)
+
+    @property
+    def url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        with self._translated_errors(), self.engine.begin() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _translated_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except OperationalError as exc:
+            raise StoreUnavailable(
+                f"PostgreSQL at {self.url} is unreachable ({_first_line(exc.orig)}):"
+                " start it (`docker compose up -d postgres`) or set DATABASE_URL"
+            ) from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise StoreUnavailable(
+                    f"lost the connection to PostgreSQL at {self.url} ({_first_line(exc.orig)})"
+                ) from exc
+            raise
+
+    # -- schema -------------------------------------------------------------------
+
+    def migrate(self) -> str:
+        with self._translated_errors():
+            return schema.migrate(self.engine)
+
+    def check_schema(self) -> None:
+        with self._translated_errors():
+            schema.check_schema(self.engine)
+
+    def now(self) -> datetime:
+        with self._transaction() as conn:
+            return conn.execute(select(func.now())).scalar_one()
+
+    # -- schedules ----------------------------------------------------------------
+
+    def insert_schedule(
+        self, definition: ScheduleDefinition, first_fire: Callable[[datetime], datetime | None]
+    ) -> Schedule:
+        """Insert a new schedule; ``first_fire`` gets the database time and gives next_fire_at."""
+        try:
+            with self._transaction() as conn:
+                now = conn.execute(select(func.now())).scalar_one()
+                row = conn.execute(
+                    insert(schedules)
+                    .values(**_definition_values(definition), next_fire_at=first_fire(now))
+                    .returning(schedules)
+                ).one()
+        except IntegrityError as exc:
+            if _is_unique_violation(exc, "beat_schedules_name_key"):
+                raise ScheduleExists(
+                    f"a schedule named '{definition.name}' exists already:"
+                    " pick another name, or update or remove it"
+                ) from exc
+            raise StoreError(f"the schedule was refused by PostgreSQL: {_first_line(exc.orig)}") from exc
+        return _schedule_from_row(row)
+
+    def get_schedule(self, name: str) -> Schedule:
+        with self._transaction() as conn:
+            row = conn.execute(select(schedules).where(schedules.c.name == name)).one_or_none()
+        if row is None:
+            raise _not_found(name)
+        return _schedule_from_row(row)
+
+    def list_schedules(self) -> list[Schedule]:
+        with self._transaction() as conn:
+            rows = conn.execute(select(schedules).order_by(schedules.c.name)).all()
+        return [_schedule_from_row(row) for row in rows]
+
+    def replace_schedule(
+        self,
+        name: str,
+        build: Callable[[Schedule, datetime], tuple[ScheduleDefinition, datetime | None]],
+    ) -> Schedule:
+        """Update one schedule under a row lock: ``build(current, now)`` gives the new
+        definition and next fire time (so concurrent updates cannot interleave)."""
+        with self._transaction() as conn:
+            now = conn.execute(select(func.now())).scalar_one()
+            row = conn.execute(
+                select(schedules).where(schedules.c.name == name).with_for_update()
+            ).one_or_none()
+            if row is None:
+                raise _not_found(name)
+            definition, next_fire_at = build(_schedule_from_row(row), now)
+            values_ = _definition_values(definition)
+            values_.pop("origin")  # a schedule keeps its origin
+            values_.pop("code_hash")
+            updated = conn.execute(
+                update(schedules)
+                .where(schedules.c.id == row.id)
+                .values(**values_, next_fire_at=next_fire_at, updated_at=func.now())
+                .returning(schedules)
+            ).one()
+        return _schedule_from_row(updated)
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete a schedule; its run history stays (``schedule_id`` becomes NULL)."""
+        with self._transaction() as conn:
+            deleted = conn.execute(delete(schedules).where(schedules.c.name == name)).rowcount
+        if not deleted:
+            raise _not_found(name)
+
+    def sync_code_schedules(
+        self,
+        definitions: Sequence[tuple[ScheduleDefinition, str]],
+        first_fire: Callable[[ScheduleDefinition, datetime], datetime | None],
+    ) -> SyncReport:
+        """Make the code-defined schedules in the database match ``definitions``.
+
+        Each comes with a hash of its code definition. A schedule whose hash is
+        unchanged is left as it is, so runtime changes (a pause, an edited
+        argument) survive restarts; one whose code changed takes the new
+        definition, but keeps its paused/enabled state; code schedules no longer
+        in code are removed (like celery beat); runtime-created schedules are
+        never touched.
+        """
+        report = SyncReport(created=[], updated=[], unchanged=[], removed=[], conflicts=[])
+        names = [definition.name for definition, _ in definitions]
+        with self._transaction() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": SYNC_LOCK_ID})
+            now = conn.execute(select(func.now())).scalar_one()
+            existing = {
+                row.name: row
+                for row in conn.execute(
+                    select(schedules).where(
+                        or_(schedules.c.name.in_(names), schedules.c.origin == Origin.CODE.value)
+                    )
+                )
+            }
+            for definition, code_hash in definitions:
+                row = existing.get(definition.name)
+                self._sync_one(conn, row, definition, code_hash, now, first_fire, report)
+            stale = [
+                name for name, row in existing.items()
+                if row.origin == Origin.CODE.value and name not in names
+            ]
+            if stale:
+                conn.execute(delete(schedules).where(schedules.c.name.in_(stale)))
+                report.removed.extend(sorted(stale))
+        return report
+
+    @staticmethod
+    def _sync_one(
+        conn: Connection,
+        row: Row[Any] | None,
+        definition: ScheduleDefinition,
+        code_hash: str,
+        now: datetime,
+        first_fire: Callable[[ScheduleDefinition, datetime], datetime | None],
+        report: SyncReport,
+    ) -> None:
+        values_ = _definition_values(definition) | {"code_hash": code_hash}
+        if row is None:
+            conn.execute(insert(schedules).values(**values_, next_fire_at=first_fire(definition, now)))
+            report.created.append(definition.name)
+        elif row.origin != Origin.CODE.value:
+            report.conflicts.append(definition.name)
+        elif row.code_hash == code_hash:
+            report.unchanged.append(definition.name)
+        else:
+            values_.pop("enabled")  # a pause made at runtime survives a code change
+            conn.execute(
+                update(schedules)
+                .where(schedules.c.id == row.id)
+                .values(**values_, next_fire_at=first_fire(definition, now), updated_at=func.now())
+            )
+            report.updated.append(definition.name)
+
+    # -- leadership ---------------------------------------------------------------
+
+    def current_epoch(self) -> int:
+        """The newest epoch recorded by any leader (0 before the first)."""
+        with self._transaction() as conn:
+            epoch = conn.execute(
+                select(leader.c.epoch).where(leader.c.name == self.leader_name)
+            ).scalar_one_or_none()
+        return epoch or 0
+
+    def take_leadership(self, epoch: int, holder: str, *, lock_timeout: float = 2.0) -> bool:
+        """Record ``epoch`` as the newest; False if an equal or newer one is recorded.
+
+        Waits for claims in flight (they hold the row in share mode), at most
+        ``lock_timeout`` seconds, so a stalled old leader cannot block a takeover
+        for long: its idle transaction is aborted by PostgreSQL anyway.
+        """
+        statement = (
+            pg_insert(leader)
+            .values(name=self.leader_name, epoch=epoch, holder=holder)
+            .on_conflict_do_update(
+                index_elements=[leader.c.name],
+                set_={"epoch": epoch, "holder": holder, "acquired_at": func.now()},
+                where=leader.c.epoch < epoch,
+            )
+            .returning(leader.c.epoch)
+        )
+        try:
+            with self._transaction() as conn:
+                conn.execute(text(f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'"))
+                return conn.execute(statement).scalar_one_or_none() == epoch
+        except StoreUnavailable as exc:
+            if isinstance(exc.__cause__, DBAPIError) and isinstance(
+                exc.__cause__.orig, psycopg.errors.LockNotAvailable
+            ):
+                logger.warning("takeover waited %.1fs for a claim in flight; will retry", lock_timeout)
+                return False
+            raise
+
+    def leader_info(self) -> LeaderInfo | None:
+        with self._transaction() as conn:
+            row = conn.execute(select(leader).where(leader.c.name == self.leader_name)).one_or_none()
+        if row is None:
+            return None
+        return LeaderInfo(name=row.name, epoch=row.epoch, holder=row.holder, acquired_at=row.acquired_at)
+
+    def notify_leader_released(self) -> None:
+        with self._transaction() as conn:
+            conn.execute(select(func.pg_notify(LEADER_RELEASED_CHANNEL, self.leader_name)))
+
+    # -- claim and outbox ---------------------------------------------------------
+
+    def claim_due(
+        self, epoch: int, *, batch: int, plan: Planner, idle_timeout: float = 10.0
+    ) -> Claim:
+        """Claim due schedules as leader ``epoch`` (see the module docstring)."""
+        with self._transaction() as conn:
+            # The claim's own updates must not wake the leader through the NOTIFY trigger.
+            conn.execute(text("SET LOCAL beat.claiming = 'on'"))
+            # A leader paused mid-claim must not hold the leader row forever.
+            conn.execute(
+                text(f"SET LOCAL idle_in_transaction_session_timeout = '{int(idle_timeout * 1000)}ms'")
+            )
+            self._verify_epoch(conn, epoch)
+            now = conn.execute(select(func.now())).scalar_one()
+            due = [_due_from_row(row) for row in conn.execute(_due_query(batch))]
+            if not due:
+                return Claim(runs=[], now=now, schedules_claimed=0, skipped=0)
+            plans = [(schedule, plan(schedule, now)) for schedule in due]
+            to_publish = self._insert_runs(conn, epoch, plans)
+            skipped = self._insert_skipped(conn, epoch, plans)
+            self._advance(conn, plans)
+        return Claim(runs=to_publish, now=now, schedules_claimed=len(due), skipped=skipped)
+
+    def _verify_epoch(self, conn: Connection, epoch: int) -> None:
+        current = conn.execute(
+            select(leader.c.epoch).where(leader.c.name == self.leader_name).with_for_update(read=True)
+        ).scalar_one_or_none()
+        if current != epoch:
+            raise StaleEpoch(
+                f"claim refused: this process leads with epoch {epoch}, the newest is {current}"
+            )
+
+    @staticmethod
+    def _insert_runs(
+        conn: Connection, epoch: int, plans: list[tuple[DueSchedule, FirePlan]]
+    ) -> list[RunToPublish]:
+        candidates = [
+            RunToPublish(
+                id=uuid.uuid4(),
+                task=schedule.task,
+                args=schedule.args,
+                kwargs=schedule.kwargs,
+                options=schedule.options,
+                schedule_name=schedule.name,
+                fire_at=fire_at,
+                attempt=1,
+            )
+            for schedule, plan in plans
+            for fire_at in plan.fire
+        ]
+        if not candidates:
+            return []
+        schedule_ids = {schedule.name: schedule.id for schedule, _ in plans}
+        max_attempts = {schedule.name: schedule.max_attempts for schedule, _ in plans}
+        rows = [
+            {
+                "id": run.id,
+                "schedule_id": schedule_ids[run.schedule_name or ""],
+                "schedule_name": run.schedule_name,
+                "task": run.task,
+                "args": run.args,
+                "kwargs": run.kwargs,
+                "options": run.options,
+                "fire_at": run.fire_at,
+                "state": RunState.PENDING.value,
+                "epoch": epoch,
+                "attempt": run.attempt,
+                "max_attempts": max_attempts[run.schedule_name or ""],
+            }
+            for run in candidates
+        ]
+        inserted = set(
+            conn.scalars(
+                pg_insert(runs)
+                .on_conflict_do_nothing(constraint="uq_beat_runs_schedule_fire_at")
+                .returning(runs.c.id),
+                rows,
+            )
+        )
+        if len(inserted) < len(candidates):
+            logger.warning(
+                "%d fire times were claimed before and were not claimed again",
+                len(candidates) - len(inserted),
+            )
+        return [run for run in candidates if run.id in inserted]
+
+    @staticmethod
+    def _insert_skipped(
+        conn: Connection, epoch: int, plans: list[tuple[DueSchedule, FirePlan]]
+    ) -> int:
+        rows = [
+            {
+                "id": uuid.uuid4(),
+                "schedule_id": schedule.id,
+                "schedule_name": schedule.name,
+                "task": schedule.task,
+                "args": schedule.args,
+                "kwargs": schedule.kwargs,
+                "options": schedule.options,
+                "fire_at": skip.fire_at,
+                "state": RunState.SKIPPED.value,
+                "reason": skip.reason,
+                "epoch": epoch,
+                "finished_at": func.now(),
+            }
+            for schedule, plan in plans
+            for skip in plan.skipped
+        ]
+        if rows:
+            conn.execute(
+                pg_insert(runs).on_conflict_do_nothing(constraint="uq_beat_runs_schedule_fire_at"),
+                rows,
+            )
+            logger.warning(
+                "recorded %d skipped fire times (misfire policy)", len(rows),
+                extra={"skipped": len(rows)},
+            )
+        return len(rows)
+
+    @staticmethod
+    def _advance(conn: Connection, plans: list[tuple[DueSchedule, FirePlan]]) -> None:
+        """Advance every claimed schedule in one statement (``UPDATE ... FROM (VALUES ...)``)."""
+        advanced = values(
+            column("id", BigInteger),
+            column("next_fire_at", DateTime(timezone=True)),
+            column("last_fire_at", DateTime(timezone=True)),
+            name="advanced",
+        ).data(
+            [
+                (schedule.id, plan.next_fire_at, _last_fire(plan, schedule))
+                for schedule, plan in plans
+            ]
+        )
+        conn.execute(
+            update(schedules)
+            .where(schedules.c.id == advanced.c.id)
+            # The cast types a NULL (a finished one-off) that VALUES alone would leave as text.
+            .values(
+                next_fire_at=cast(advanced.c.next_fire_at, DateTime(timezone=True)),
+                last_fire_at=advanced.c.last_fire_at,
+            )
+        )
+
+    def pending_runs(self, epoch: int, *, grace: float, limit: int) -> list[RunToPublish]:
+        """The outbox: runs claimed but not published, by an earlier leader (any age)
+        or by this one (older than ``grace`` seconds, i.e. its publish failed)."""
+        query = (
+            select(runs)
+            .where(runs.c.state == RunState.PENDING.value)
+            .where(
+                or_(
+                    runs.c.epoch.is_distinct_from(epoch),
+                    runs.c.claimed_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, grace),
+                )
+            )
+            .order_by(runs.c.claimed_at)
+            .limit(limit)
+        )
+        with self._transaction() as conn:
+            return [_run_from_row(row) for row in conn.execute(query)]
+
+    def mark_published(self, run_ids: Sequence[uuid.UUID]) -> int:
+        """``pending`` -> ``queued`` for the runs published, in one statement."""
+        if not run_ids:
+            return 0
+        with self._transaction() as conn:
+            return conn.execute(
+                update(runs)
+                .where(runs.c.id.in_(run_ids))
+                .where(runs.c.state == RunState.PENDING.value)
+                .values(state=RunState.QUEUED.value, published_at=func.now())
+            ).rowcount
+
+    def seconds_until_next_fire(self) -> float | None:
+        """Seconds until the earliest enabled fire time (negative if overdue), or None."""
+        query = select(
+            func.extract("epoch", func.min(schedules.c.next_fire_at) - func.now())
+        ).where(schedules.c.enabled, schedules.c.next_fire_at.is_not(None))
+        with self._transaction() as conn:
+            seconds = conn.execute(query).scalar_one_or_none()
+        return None if seconds is None else float(seconds)
+
+    # -- run history --------------------------------------------------------------
+
+    def runs_of(self, schedule_name: str | None = None, *, limit: int = 100) -> list[Row[Any]]:
+        query = select(runs).order_by(runs.c.fire_at.desc().nulls_last(), runs.c.claimed_at.desc())
+        if schedule_name is not None:
+            query = query.where(runs.c.schedule_name == schedule_name)
+        with self._transaction() as conn:
+            return list(conn.execute(query.limit(limit)))
+
+
+class ScheduleChangeListener:
+    """A dedicated autocommit connection that LISTENs for schedule changes and hand-overs.
+
+    ``wait`` returns early when a schedule was changed outside a claim or a
+    leader released its lease; the beat loop waits here instead of sleeping.
+    """
+
+    CHANNELS = (SCHEDULES_CHANNEL, LEADER_RELEASED_CHANNEL)
+
+    def __init__(self, url: str) -> None:
+        self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._masked = masked_url(url)
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a notification; True if one came."""
+        conn = self._connection()
+        try:
+            woken = any(True for _ in conn.notifies(timeout=max(timeout, 0.0), stop_after=1))
+            if woken:  # drain the rest, one wake-up is enough
+                for _ in conn.notifies(timeout=0.0):
+                    pass
+            return woken
+        except psycopg.Error as exc:
+            self.close()
+            raise StoreUnavailable(f"lost the LISTEN connection to PostgreSQL at {self._masked}: {exc}") from exc
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            try:
+                self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
+            except psycopg.Error as exc:
+                raise StoreUnavailable(
+                    f"PostgreSQL at {self._masked} is unreachable ({_first_line(exc)}):"
+                    " start it (`docker compose up -d postgres`) or set DATABASE_URL"
+                ) from exc
+            for channel in self.CHANNELS:
+                self._conn.execute(f"LISTEN {channel}")
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+
+
+# -- row mapping --------------------------------------------------------------------
+
+
+def _due_query(batch: int) -> Any:
+    return (
+        select(
+            schedules.c.id,
+            schedules.c.name,
+            schedules.c.task,
+            schedules.c.trigger_kind,
+            schedules.c.cron,
+            schedules.c.every_seconds,
+            schedules.c.anchor_at,
+            schedules.c.run_at,
+            schedules.c.timezone,
+            schedules.c.args,
+            schedules.c.kwargs,
+            schedules.c.options,
+            schedules.c.misfire_policy,
+            schedules.c.max_attempts,
+            schedules.c.next_fire_at,
+        )
+        .where(schedules.c.enabled, schedules.c.next_fire_at <= func.now())
+        .order_by(schedules.c.next_fire_at)
+        .limit(batch)
+        .with_for_update(skip_locked=True)
+    )
+
+
+def _trigger_from_row(row: Row[Any]) -> Trigger:
+    kind = TriggerKind(row.trigger_kind)
+    if kind is TriggerKind.CRON:
+        return Cron(expression=row.cron)
+    if kind is TriggerKind.EVERY:
+        return Every(seconds=row.every_seconds, anchor=row.anchor_at)
+    return Once(at=row.run_at)
+
+
+def _trigger_values(trigger: Trigger) -> dict[str, Any]:
+    blank: dict[str, Any] = {"cron": None, "every_seconds": None, "anchor_at": None, "run_at": None}
+    if isinstance(trigger, Cron):
+        return blank | {"trigger_kind": TriggerKind.CRON.value, "cron": trigger.expression}
+    if isinstance(trigger, Every):
+        return blank | {
+            "trigger_kind": TriggerKind.EVERY.value,
+            "every_seconds": trigger.seconds,
+            "anchor_at": trigger.anchor,
+        }
+    return blank | {"trigger_kind": TriggerKind.ONCE.value, "run_at": trigger.at}
+
+
+def _definition_values(definition: ScheduleDefinition) -> dict[str, Any]:
+    return _trigger_values(definition.trigger) | {
+        "name": definition.name,
+        "task": definition.task,
+        "timezone": definition.timezone,
+        "args": list(definition.args),
+        "kwargs": definition.kwargs,
+        "options": definition.options,
+        "enabled": definition.enabled,
+        "misfire_policy": definition.misfire_policy.value,
+        "max_attempts": definition.max_attempts,
+        "origin": definition.origin.value,
+        "code_hash": None,
+    }
+
+
+def _schedule_from_row(row: Row[Any]) -> Schedule:
+    definition = ScheduleDefinition(
+        name=row.name,
+        task=row.task,
+        trigger=_trigger_from_row(row),
+        timezone=row.timezone,
+        args=tuple(row.args),
+        kwargs=row.kwargs,
+        options=row.options,
+        enabled=row.enabled,
+        misfire_policy=MisfirePolicy(row.misfire_policy),
+        max_attempts=row.max_attempts,
+        origin=Origin(row.origin),
+    )
+    return Schedule(
+        id=row.id,
+        definition=definition,
+        next_fire_at=row.next_fire_at,
+        last_fire_at=row.last_fire_at,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _due_from_row(row: Row[Any]) -> DueSchedule:
+    return DueSchedule(
+        id=row.id,
+        name=row.name,
+        task=row.task,
+        trigger=_trigger_from_row(row),
+        zone=ZoneInfo(row.timezone),
+        args=row.args,
+        kwargs=row.kwargs,
+        options=row.options,
+        misfire_policy=MisfirePolicy(row.misfire_policy),
+        max_attempts=row.max_attempts,
+        next_fire_at=row.next_fire_at,
+    )
+
+
+def _run_from_row(row: Row[Any]) -> RunToPublish:
+    return RunToPublish(
+        id=row.id,
+        task=row.task,
+        args=row.args,
+        kwargs=row.kwargs,
+        options=row.options,
+        schedule_name=row.schedule_name,
+        fire_at=row.fire_at,
+        attempt=row.attempt,
+    )
+
+
+def _last_fire(plan: FirePlan, schedule: DueSchedule) -> datetime:
+    times = [*plan.fire, *(skip.fire_at for skip in plan.skipped)]
+    return max(times) if times else schedule.next_fire_at
+
+
+def _not_found(name: str) -> ScheduleNotFound:
+    return ScheduleNotFound(
+        f"no schedule named '{name}': `celery -A app schedules list` shows them"
+    )
+
+
+def _is_unique_violation(exc: IntegrityError, constraint: str) -> bool:
+    diag = getattr(exc.orig, "diag", None)
+    return getattr(diag, "constraint_name", None) == constraint
+
+
+def _first_line(exc: BaseException | None) -> str:
+    return str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else repr(exc)
+
+
+__all__ = [
+    "LEADER_RELEASED_CHANNEL",
+    "Claim",
+    "LeaderInfo",
+    "ScheduleChangeListener",
+    "Store",
+    "SyncReport",
+]

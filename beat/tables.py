@@ -1,0 +1,173 @@
+"""The PostgreSQL tables, defined once (SQLAlchemy Core).
+
+The Alembic migrations in ``beat/migrations`` create exactly these; a test
+compares the two so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Double,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+metadata = MetaData()
+
+#: Alembic's own version table, named so that it cannot clash with the host application's.
+VERSION_TABLE = "beat_alembic_version"
+
+#: Channel notified whenever a schedule changes outside a claim (wakes the leader at once).
+SCHEDULES_CHANNEL = "beat_schedules_changed"
+
+
+class TriggerKind(enum.StrEnum):
+    CRON = "cron"
+    EVERY = "every"
+    ONCE = "once"
+
+
+class Origin(enum.StrEnum):
+    """Where a schedule was defined: code is synced at beat start, api rows are never touched by sync."""
+
+    CODE = "code"
+    API = "api"
+
+
+class MisfirePolicy(enum.StrEnum):
+    """What happens to fire times missed for longer than the misfire grace (no leader ran)."""
+
+    FIRE_ONCE = "fire_once"
+    FIRE_ALL = "fire_all"
+    SKIP = "skip"
+
+
+class RunState(enum.StrEnum):
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RETRYING = "retrying"
+    LOST = "lost"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+def _in(column: str, values: type[enum.StrEnum]) -> str:
+    return f"{column} IN ({', '.join(repr(v.value) for v in values)})"
+
+
+TZ = DateTime(timezone=True)
+
+schedules = Table(
+    "beat_schedules",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("task", Text, nullable=False),
+    Column("trigger_kind", Text, nullable=False),
+    Column("cron", Text),
+    Column("every_seconds", Double),
+    Column("anchor_at", TZ),
+    Column("run_at", TZ),
+    Column("timezone", Text, nullable=False, server_default="UTC"),
+    Column("args", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("kwargs", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("options", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("enabled", Boolean, nullable=False, server_default=text("true")),
+    Column("origin", Text, nullable=False, server_default=Origin.API.value),
+    Column("code_hash", Text),
+    Column("misfire_policy", Text, nullable=False, server_default=MisfirePolicy.FIRE_ONCE.value),
+    Column("max_attempts", Integer, nullable=False, server_default=text("3")),
+    Column("next_fire_at", TZ),
+    Column("last_fire_at", TZ),
+    Column("created_at", TZ, nullable=False, server_default=text("now()")),
+    Column("updated_at", TZ, nullable=False, server_default=text("now()")),
+    CheckConstraint(_in("trigger_kind", TriggerKind), name="ck_beat_schedules_trigger_kind"),
+    CheckConstraint(_in("origin", Origin), name="ck_beat_schedules_origin"),
+    CheckConstraint(_in("misfire_policy", MisfirePolicy), name="ck_beat_schedules_misfire_policy"),
+    CheckConstraint(
+        "(trigger_kind = 'cron' AND cron IS NOT NULL)"
+        " OR (trigger_kind = 'every' AND every_seconds > 0 AND anchor_at IS NOT NULL)"
+        " OR (trigger_kind = 'once' AND run_at IS NOT NULL)",
+        name="ck_beat_schedules_trigger_fields",
+    ),
+    CheckConstraint("max_attempts >= 1", name="ck_beat_schedules_max_attempts"),
+)
+
+# Cost per tick is proportional to the runs due, not to the schedules stored.
+Index(
+    "ix_beat_schedules_due",
+    schedules.c.next_fire_at,
+    postgresql_where=text("enabled AND next_fire_at IS NOT NULL"),
+)
+
+runs = Table(
+    "beat_runs",
+    metadata,
+    # The run ID is the Celery task ID.
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("schedule_id", BigInteger, ForeignKey("beat_schedules.id", ondelete="SET NULL")),
+    Column("schedule_name", Text),
+    Column("task", Text, nullable=False),
+    Column("args", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("kwargs", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("options", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("fire_at", TZ),
+    Column("state", Text, nullable=False),
+    Column("reason", Text),
+    Column("epoch", BigInteger),
+    Column("attempt", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("3")),
+    Column("claimed_at", TZ, nullable=False, server_default=text("now()")),
+    Column("published_at", TZ),
+    Column("started_at", TZ),
+    Column("finished_at", TZ),
+    Column("lease_owner", Text),
+    Column("lease_expires_at", TZ),
+    Column("worker", Text),
+    Column("error", Text),
+    UniqueConstraint("schedule_id", "fire_at", name="uq_beat_runs_schedule_fire_at"),
+    CheckConstraint(_in("state", RunState), name="ck_beat_runs_state"),
+)
+
+# The outbox: runs claimed but not yet published.
+Index(
+    "ix_beat_runs_pending",
+    runs.c.claimed_at,
+    postgresql_where=text("state = 'pending'"),
+)
+# Run history by schedule, newest first.
+Index("ix_beat_runs_schedule_name_fire_at", runs.c.schedule_name, runs.c.fire_at.desc())
+# Leases to reclaim.
+Index(
+    "ix_beat_runs_running_lease",
+    runs.c.lease_expires_at,
+    postgresql_where=text("state = 'running'"),
+)
+
+leader = Table(
+    "beat_leader",
+    metadata,
+    # One row per lease key prefix, so several independent clusters can share a database.
+    Column("name", Text, primary_key=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("holder", Text, nullable=False),
+    Column("acquired_at", TZ, nullable=False, server_default=text("now()")),
+)

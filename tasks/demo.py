@@ -1,0 +1,32 @@
+"""Demo jobs, scheduled from code so that a fresh cluster has something to run."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from app import celery_app
+from beat import periodic
+
+logger = logging.getLogger(__name__)
+
+
+@periodic(every=10, name="demo-heartbeat")
+@celery_app.task(name="tasks.demo.heartbeat")
+def heartbeat() -> str:
+    """Logs a line every 10 seconds: proof the cluster schedules and runs."""
+    logger.info("heartbeat")
+    return "ok"
+
+
+@periodic(cron="*/1 * * * *", name="demo-report", kwargs={"size": 3})
+@celery_app.task(name="tasks.demo.report")
+def report(size: int = 3) -> dict[str, int]:
+    """A once-a-minute job that takes a little while."""
+    time.sleep(min(size, 10) * 0.1)
+    return {"rows": size * 100}
+
+
+@celery_app.task(name="tasks.demo.add")
+def add(x: int, y: int) -> int:
+    return x + y

@@ -1,0 +1,55 @@
+"""Helpers shared by the integration and end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+import redis
+from sqlalchemy import text
+
+from beat.api import Schedules
+from beat.store import Store
+
+
+def add_interval_schedules(
+    schedules: Schedules, count: int, *, every: float, start_at: datetime, task: str = "tasks.demo.add"
+) -> None:
+    for index in range(count):
+        schedules.create(
+            f"s{index:05d}", task, every=every, start_at=start_at, args=[index, 1], allow_unregistered=True
+        )
+
+
+def make_due(store: Store, seconds_ago: float) -> None:
+    """Move every schedule's next fire time into the past, as if beat had been down."""
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE beat_schedules SET next_fire_at = now() - make_interval(secs => :ago),"
+                " anchor_at = CASE WHEN anchor_at IS NULL THEN NULL"
+                " ELSE now() - make_interval(secs => :ago) END"
+            ),
+            {"ago": seconds_ago},
+        )
+
+
+def run_rows(store: Store, **where: Any) -> list[Any]:
+    clauses = " AND ".join(f"{key} = :{key}" for key in where) or "true"
+    with store.engine.connect() as conn:
+        return list(conn.execute(text(f"SELECT * FROM beat_runs WHERE {clauses} ORDER BY schedule_name, fire_at"), where))
+
+
+def broker_messages(client: redis.Redis, broker_prefix: str, queue: str = "celery") -> list[dict[str, Any]]:
+    """The messages waiting in a Redis broker queue (kombu's list), oldest first."""
+    raw = client.lrange(f"{broker_prefix}{queue}", 0, -1)
+    return [json.loads(item) for item in reversed(raw)]
+
+
+def task_ids(messages: list[dict[str, Any]]) -> list[str]:
+    return [message["headers"]["id"] for message in messages]
+
+
+def seconds(delta: timedelta) -> float:
+    return delta.total_seconds()

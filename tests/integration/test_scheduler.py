@@ -1,0 +1,237 @@
+"""HAScheduler.tick() in-process against real PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import redis
+from celery.schedules import crontab
+
+from app.factory import create_app
+from beat.api import Schedules
+from beat.code_schedules import periodic
+from beat.leader import lock_key
+from beat.scheduler import HAScheduler
+from beat.store import Claim, Store
+from beat.tables import Origin, RunState
+from tests.conftest import SessionEnv
+from tests.integration.helpers import add_interval_schedules, broker_messages, make_due, run_rows, task_ids
+
+pytestmark = pytest.mark.integration
+
+SchedulerFactory = Callable[..., HAScheduler]
+
+
+class SimulatedCrash(BaseException):
+    """Stands for the process dying: not an Exception, so tick() does not swallow it."""
+
+
+@pytest.fixture
+def make_scheduler(test_env: SessionEnv, store: Store, redis_client: redis.Redis) -> Iterator[SchedulerFactory]:
+    created: list[HAScheduler] = []
+
+    def factory(
+        conf: dict[str, Any] | None = None, prepare: Callable[[Any], None] | None = None, **settings: Any
+    ) -> HAScheduler:
+        app = create_app(test_env.settings(**{"lock_ttl": 2.0, "max_wait": 0.2, **settings}))
+        app.conf.update(conf or {})
+        if prepare is not None:
+            prepare(app)  # e.g. define tasks, as task modules do before beat starts
+        scheduler = HAScheduler(app=app)
+        created.append(scheduler)
+        return scheduler
+
+    yield factory
+    for scheduler in created:
+        scheduler.close()
+        if scheduler._store is not None:
+            scheduler._store.dispose()
+
+
+def test_leader_claims_and_publishes_with_the_run_id_as_task_id(
+    make_scheduler: SchedulerFactory, store: Store, redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
+    add_interval_schedules(Schedules(store), 3, every=1, start_at=datetime.now(UTC))
+    make_due(store, seconds_ago=1.5)
+    scheduler = make_scheduler()
+
+    scheduler.tick()
+
+    assert scheduler.is_leader
+    rows = run_rows(store)
+    assert len(rows) == 6
+    assert {row.state for row in rows} == {RunState.QUEUED.value}
+    messages = broker_messages(redis_client, test_env.broker_key_prefix)
+    assert sorted(task_ids(messages)) == sorted(str(row.id) for row in rows)
+    first = messages[0]
+    assert first["headers"]["task"] == "tasks.demo.add"
+    assert first["headers"]["habeat_schedule"] in {"s00000", "s00001", "s00002"}
+    assert "eta" not in first["headers"] or first["headers"]["eta"] is None
+
+
+def test_only_one_of_several_schedulers_leads(make_scheduler: SchedulerFactory) -> None:
+    schedulers = [make_scheduler() for _ in range(3)]
+    for scheduler in schedulers:
+        scheduler.tick()
+    assert sum(scheduler.is_leader for scheduler in schedulers) == 1
+    epochs = {scheduler.epoch for scheduler in schedulers} - {None}
+    assert epochs == {1}
+
+
+def test_a_crash_between_commit_and_publish_is_published_by_the_next_leader(
+    make_scheduler: SchedulerFactory, store: Store, redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
+    add_interval_schedules(Schedules(store), 4, every=1, start_at=datetime.now(UTC))
+    make_due(store, seconds_ago=2.5)
+    crashed = make_scheduler(lock_ttl=1.0)
+    claims: list[Claim] = []
+
+    def crash(claim: Claim) -> None:
+        claims.append(claim)
+        raise SimulatedCrash
+
+    crashed.after_claim_commit = crash
+    with pytest.raises(SimulatedCrash):
+        crashed.tick()
+    claimed = {str(run.id) for run in claims[0].runs}
+    assert len(claimed) == 12
+    assert {row.state for row in run_rows(store)} == {RunState.PENDING.value}
+    assert broker_messages(redis_client, test_env.broker_key_prefix) == []
+    crashed.lease.abandon("simulated crash")  # the dead process renews nothing
+    time.sleep(1.1)  # ... and its lease expires
+
+    successor = make_scheduler()
+    successor.tick()
+
+    assert successor.is_leader
+    assert [row for row in run_rows(store) if row.state == RunState.PENDING.value] == []
+    published = task_ids(broker_messages(redis_client, test_env.broker_key_prefix))
+    assert claimed <= set(published)
+    assert len(published) == len(set(published)), "each run is published once"
+
+
+def test_a_new_schedule_due_now_fires_at_once_woken_by_notify(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
+    scheduler = make_scheduler(max_wait=30.0)  # without a wake-up it would sleep 30 s
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            scheduler.tick()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    time.sleep(0.5)
+    created_at = time.monotonic()
+    Schedules(store).create("now", "tasks.demo.add", at=datetime.now(UTC), allow_unregistered=True)
+    deadline = created_at + 10
+    while time.monotonic() < deadline and not run_rows(store, state=RunState.QUEUED.value):
+        time.sleep(0.02)
+    elapsed = time.monotonic() - created_at
+    stop.set()
+    Schedules(store).create("wake", "tasks.demo.add", every=3600, allow_unregistered=True)
+    thread.join(timeout=10)
+    assert run_rows(store, state=RunState.QUEUED.value), "the new schedule fired"
+    assert elapsed < 3, f"fired {elapsed:.2f}s after creation: LISTEN/NOTIFY did not wake the leader"
+
+
+def test_unreachable_postgres_is_logged_with_its_url_and_retried(
+    make_scheduler: SchedulerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler = make_scheduler(database_url="postgresql+psycopg://nobody@127.0.0.1:1/nowhere")
+    with caplog.at_level(logging.ERROR, logger="beat.scheduler"):
+        delays = [scheduler.tick() for _ in range(3)]
+    assert all(delay > 0 for delay in delays)
+    assert delays == sorted(delays), "backs off"
+    messages = [record.getMessage() for record in caplog.records]
+    assert "PostgreSQL at postgresql+psycopg://nobody@127.0.0.1:1/nowhere is unreachable" in messages[0]
+    assert "docker compose up -d postgres" in messages[0]
+    assert len(messages) == 1, "a failure that repeats is not logged on every attempt"
+
+
+def test_unreachable_redis_is_logged_and_retried(
+    make_scheduler: SchedulerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler = make_scheduler(redis_url="redis://127.0.0.1:1/0")
+    with caplog.at_level(logging.ERROR, logger="beat.scheduler"):
+        assert scheduler.tick() > 0
+    assert not scheduler.is_leader
+    assert "Redis at 127.0.0.1:1/0 is unreachable" in caplog.records[0].getMessage()
+
+
+def test_a_leader_fenced_out_by_a_newer_epoch_steps_down(
+    make_scheduler: SchedulerFactory, store: Store, redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
+    add_interval_schedules(Schedules(store), 1, every=1, start_at=datetime.now(UTC))
+    scheduler = make_scheduler()
+    scheduler.tick()
+    assert scheduler.is_leader
+    assert store.take_leadership(99, "a newer leader")  # e.g. after a pause longer than the TTL
+    make_due(store, seconds_ago=1.5)
+    before = len(run_rows(store))
+
+    scheduler.tick()
+
+    assert not scheduler.is_leader
+    assert len(run_rows(store)) == before, "the stale leader claimed nothing"
+    assert redis_client.get(lock_key(test_env.key_prefix)) is None, "it gave the lease up"
+
+
+def test_code_schedules_are_synced_without_clobbering_runtime_changes(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
+    def conf(minute: str) -> dict[str, Any]:
+        return {
+            "beat_schedule": {
+                "every-ten": {"task": "tasks.demo.add", "schedule": 10.0, "args": (1, 2)},
+                "nightly": {"task": "tasks.demo.add", "schedule": crontab(minute=minute, hour="2"),
+                            "options": {"queue": "reports"}},
+            }
+        }
+
+    make_scheduler(conf("30")).tick()
+    schedules = Schedules(store)
+    nightly = schedules.get("nightly")
+    assert nightly.definition.origin is Origin.CODE
+    assert nightly.definition.options == {"queue": "reports"}
+    assert schedules.get("every-ten").definition.args == (1, 2)
+    schedules.pause("nightly")
+
+    make_scheduler(conf("30")).tick()  # a restart with the same code
+    assert not schedules.get("nightly").definition.enabled, "the pause survives a restart"
+
+    make_scheduler(conf("45")).tick()  # the code changed
+    changed = schedules.get("nightly")
+    assert changed.definition.trigger.expression == "45 2 * * *"  # type: ignore[union-attr]
+    assert not changed.definition.enabled, "...and survives a code change"
+
+    schedules.create("every-ten-api", "tasks.demo.add", every=60, allow_unregistered=True)
+    make_scheduler({"beat_schedule": {}}).tick()  # both removed from code
+    assert {s.name for s in schedules.list()} == {"every-ten-api"}, "runtime schedules are untouched"
+
+
+def test_periodic_decorator_defines_a_schedule(make_scheduler: SchedulerFactory, store: Store) -> None:
+    def define_tasks(app: Any) -> None:
+        @periodic(cron="0 9 * * 1-5", tz="Europe/Berlin", kwargs={"x": 1})
+        @app.task(name="tests.weekday_report")
+        def weekday_report(x: int) -> int:
+            return x
+
+    make_scheduler(prepare=define_tasks).tick()
+
+    stored = Schedules(store).get("tests.weekday_report")
+    assert stored.definition.origin is Origin.CODE
+    assert stored.definition.timezone == "Europe/Berlin"
+    assert stored.definition.kwargs == {"x": 1}
+    assert stored.next_fire_at is not None
+    local = stored.next_fire_at.astimezone(ZoneInfo("Europe/Berlin"))
+    assert (local.hour, local.minute, local.weekday() < 5) == (9, 0, True)
+    assert stored.next_fire_at - datetime.now(UTC) < timedelta(days=4)
