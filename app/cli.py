@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, NoReturn
@@ -40,12 +40,18 @@ def _errors_as_exit_codes() -> Iterator[None]:
         _fail(str(exc), 1)
 
 
-def _schedules(ctx: click.Context) -> Schedules:
+def _schedules(ctx: click.Context, *, check_schema: bool = True) -> Schedules:
+    """The schedules of the app; refuses (exit 1) a database whose schema is not current."""
     with _errors_as_exit_codes():
-        return Schedules.for_app(ctx.obj.app)
+        manager = Schedules.for_app(ctx.obj.app)
+        if check_schema:
+            manager.store.check_schema()
+        return manager
 
 
-def _json_argument(kind: type, what: str) -> Callable[[click.Context, click.Parameter, str | None], Any]:
+def _json_argument(
+    kind: type, what: str
+) -> Callable[[click.Context, click.Parameter, str | None], Any]:
     def parse(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
         if value is None:
             return None
@@ -66,7 +72,9 @@ def _parse_at(_ctx: click.Context, _param: click.Parameter, value: str | None) -
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not an ISO 8601 time such as 2027-01-31T09:00:00+01:00") from None
+        raise click.BadParameter(
+            f"{value!r} is not an ISO 8601 time such as 2027-01-31T09:00:00+01:00"
+        ) from None
     if moment.utcoffset() is None:
         raise click.BadParameter(f"{value!r} has no UTC offset: add one, e.g. {value}+00:00")
     return moment
@@ -86,7 +94,7 @@ def _command(**kwargs: Any) -> Callable[[Callable[..., Any]], click.Command]:
 @click.pass_context
 def migrate(ctx: click.Context) -> None:
     """Create or upgrade the scheduler's tables (safe to run any time, from several places)."""
-    manager = _schedules(ctx)
+    manager = _schedules(ctx, check_schema=False)
     with _errors_as_exit_codes():
         revision = manager.store.migrate()
     click.echo(f"schema is at revision {revision} ({manager.store.url})")
@@ -100,14 +108,20 @@ def migrate(ctx: click.Context) -> None:
 @click.option("--at", "at", callback=_parse_at, help="one-off time, ISO 8601 with offset")
 @click.option("--tz", help="IANA time zone of the cron fields, e.g. Europe/Berlin")
 @click.option("--args", "args", callback=_json_argument(list, "a JSON array"), help="JSON array")
-@click.option("--kwargs", "kwargs", callback=_json_argument(dict, "a JSON object"), help="JSON object")
+@click.option(
+    "--kwargs", "kwargs", callback=_json_argument(dict, "a JSON object"), help="JSON object"
+)
 @click.option("--queue", help="queue to publish to")
-@click.option("--misfire-policy", type=click.Choice(["fire_once", "fire_all", "skip"]), default="fire_once")
+@click.option(
+    "--misfire-policy", type=click.Choice(["fire_once", "fire_all", "skip"]), default="fire_once"
+)
 @click.option("--max-attempts", type=click.IntRange(min=1), default=3)
 @click.option("--paused", is_flag=True, help="create it paused")
-@click.option("--allow-unregistered", is_flag=True, help="accept a task name this app does not know")
+@click.option(
+    "--allow-unregistered", is_flag=True, help="accept a task name this app does not know"
+)
 @click.pass_context
-def add(ctx: click.Context, name: str, task: str, **options: Any) -> None:
+def add(ctx: click.Context, /, name: str, task: str, **options: Any) -> None:
     """Add schedule NAME that runs TASK (give one of --cron, --every, --at)."""
     manager = _schedules(ctx)
     fields = {key: value for key, value in options.items() if value is not None}
@@ -130,8 +144,14 @@ def list_(ctx: click.Context, as_json: bool) -> None:
         click.echo(json.dumps([schedule_document(s) for s in found], indent=2))
         return
     rows = [
-        (s.name, s.definition.task, spec_text(s), s.definition.timezone,
-         "yes" if s.definition.enabled else "paused", _time(s.next_fire_at))
+        (
+            s.name,
+            s.definition.task,
+            spec_text(s),
+            s.definition.timezone,
+            "yes" if s.definition.enabled else "paused",
+            _time(s.next_fire_at),
+        )
         for s in found
     ]
     click.echo(_table(("NAME", "TASK", "SCHEDULE", "ZONE", "ENABLED", "NEXT FIRE (UTC)"), rows))
@@ -185,8 +205,10 @@ def _time(moment: datetime | None) -> str:
     return "finished" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-             for row in (header, *rows)]
+    lines = [
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    ]
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 | variable | default | meaning |
 | --- | --- | --- |
-| DATABASE_URL | postgresql+psycopg://127.0.0.1:5432/habeat | schedule store |
+| DATABASE_URL | postgresql+psycopg://postgres@127.0.0.1:5432/habeat | schedule store |
 | REDIS_URL | redis://127.0.0.1:6379/0 | leader lease |
 | CELERY_BROKER_URL | REDIS_URL | Celery broker |
 | HABEAT_KEY_PREFIX | habeat | Redis key prefix of the lease; name of the leader row |
@@ -25,7 +25,7 @@ from typing import Any
 
 from beat.errors import ConfigError
 
-DEFAULT_DATABASE_URL = "postgresql+psycopg://127.0.0.1:5432/habeat"
+DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/habeat"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: Task modules of this project, always imported by workers and beat.
 TASK_MODULES = ("tasks.demo",)
@@ -64,7 +64,9 @@ class Settings:
             timezone=env.get("HABEAT_TIMEZONE", "UTC"),
             visibility_timeout=int(_number(env, "HABEAT_VISIBILITY_TIMEOUT", 3600)),
             broker_key_prefix=env.get("HABEAT_BROKER_KEY_PREFIX", ""),
-            imports=tuple(name.strip() for name in env.get("HABEAT_IMPORTS", "").split(",") if name.strip()),
+            imports=tuple(
+                name.strip() for name in env.get("HABEAT_IMPORTS", "").split(",") if name.strip()
+            ),
         )
 
     def celery_config(self) -> dict[str, Any]:
@@ -105,7 +107,7 @@ def _database_url(url: str) -> str:
     """Accept plain ``postgresql://`` URLs too, and use psycopg 3 for them."""
     for plain in ("postgresql://", "postgres://"):
         if url.startswith(plain):
-            return "postgresql+psycopg://" + url[len(plain):]
+            return "postgresql+psycopg://" + url[len(plain) :]
     return url
 
 
@@ -116,7 +118,9 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number: set it to a number of seconds (or a count)") from None
+        raise ConfigError(
+            f"{name}={raw!r} is not a number: set it to a number of seconds (or a count)"
+        ) from None
     if value <= 0:
         raise ConfigError(f"{name}={raw!r} must be positive")
     return value

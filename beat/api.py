@@ -110,7 +110,9 @@ def _trigger(
     at: datetime | None,
     start_at: datetime | None,
 ) -> Trigger:
-    given = [kind for kind, value in (("cron", cron), ("every", every), ("at", at)) if value is not None]
+    given = [
+        kind for kind, value in (("cron", cron), ("every", every), ("at", at)) if value is not None
+    ]
     if len(given) != 1:
         raise InvalidSchedule(
             "give exactly one of cron, every or at"
@@ -129,7 +131,9 @@ def _trigger(
 
 def _check_name(name: str) -> None:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
-        raise InvalidSchedule(f"schedule name must be 1 to {MAX_NAME_LENGTH} characters, got {name!r}")
+        raise InvalidSchedule(
+            f"schedule name must be 1 to {MAX_NAME_LENGTH} characters, got {name!r}"
+        )
     if not _NAME_PATTERN.match(name):
         raise InvalidSchedule(
             f"schedule name {name!r} has characters other than letters, digits and . _ - : @ / +"
@@ -144,10 +148,14 @@ def _check_task_name(task: str) -> None:
 def _check_payload(
     args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if args is not None and (isinstance(args, str | bytes | Mapping) or not isinstance(args, Sequence)):
+    if args is not None and (
+        isinstance(args, str | bytes | Mapping) or not isinstance(args, Sequence)
+    ):
         raise InvalidSchedule(f"args must be a JSON array, got {type(args).__name__}: {args!r:.80}")
     if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise InvalidSchedule(f"kwargs must be a JSON object, got {type(kwargs).__name__}: {kwargs!r:.80}")
+        raise InvalidSchedule(
+            f"kwargs must be a JSON object, got {type(kwargs).__name__}: {kwargs!r:.80}"
+        )
     payload_args, payload_kwargs = list(args or ()), dict(kwargs or {})
     if any(not isinstance(key, str) for key in payload_kwargs):
         raise InvalidSchedule("kwargs keys must be strings")
@@ -183,8 +191,12 @@ def _check_options(options: Mapping[str, Any] | None, queue: str | None) -> dict
     except (TypeError, ValueError) as exc:
         raise InvalidSchedule(f"options must be plain JSON: {exc}") from exc
     expires = merged.get("expires")
-    if expires is not None and (not isinstance(expires, int | float) or not math.isfinite(expires) or expires <= 0):
-        raise InvalidSchedule(f"options.expires must be a positive number of seconds, got {expires!r}")
+    if expires is not None and (
+        not isinstance(expires, int | float) or not math.isfinite(expires) or expires <= 0
+    ):
+        raise InvalidSchedule(
+            f"options.expires must be a positive number of seconds, got {expires!r}"
+        )
     return merged
 
 
@@ -211,7 +223,9 @@ class Schedules:
         store = Store.connect(config.database_url, leader_name=config.key_prefix)
         return cls(store, app=app, default_tz=config.default_timezone)
 
-    def create(self, name: str, task: str, *, allow_unregistered: bool = False, **fields: Any) -> Schedule:
+    def create(
+        self, name: str, task: str, *, allow_unregistered: bool = False, **fields: Any
+    ) -> Schedule:
         """Validate and store a new schedule; see :func:`define` for the fields."""
         fields.setdefault("default_tz", self.default_tz)
         definition = define(name, task, **fields)
@@ -239,11 +253,16 @@ class Schedules:
     def pause(self, name: str) -> Schedule:
         """Stop firing; fire times while paused are not made up on resume."""
         return self.store.replace_schedule(
-            name, lambda current, _now: (replace(current.definition, enabled=False), current.next_fire_at)
+            name,
+            lambda current, _now: (
+                replace(current.definition, enabled=False),
+                current.next_fire_at,
+            ),
         )
 
     def resume(self, name: str) -> Schedule:
         """Fire again from the next fire time after now."""
+
         def build(current: Schedule, now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
             definition = replace(current.definition, enabled=True)
             if current.definition.enabled:
@@ -268,11 +287,14 @@ class Schedules:
         if task not in self.app.tasks:
             raise UnknownTask(
                 f"task '{task}' is not registered with the Celery app '{self.app.main}':"
-                " check the name, or allow it explicitly (--allow-unregistered) if only the workers import it"
+                " check the name, or allow it explicitly (--allow-unregistered)"
+                " if only the workers import it"
             )
 
 
-def _redefine(current: ScheduleDefinition, changes: Mapping[str, Any], default_tz: str) -> ScheduleDefinition:
+def _redefine(
+    current: ScheduleDefinition, changes: Mapping[str, Any], default_tz: str
+) -> ScheduleDefinition:
     """The definition with ``changes`` applied, validated as a whole by :func:`define`."""
     fields: dict[str, Any] = {
         "tz": current.timezone,

@@ -50,7 +50,15 @@ def periodic(
     def attach(task: TaskT) -> TaskT:
         entries: list[dict[str, Any]] = list(getattr(task, TASK_SCHEDULES_ATTRIBUTE, []))
         entries.append(
-            dict(fields, cron=cron, every=every, name=name, tz=tz, args=list(args), kwargs=dict(kwargs or {}))
+            dict(
+                fields,
+                cron=cron,
+                every=every,
+                name=name,
+                tz=tz,
+                args=list(args),
+                kwargs=dict(kwargs or {}),
+            )
         )
         setattr(task, TASK_SCHEDULES_ATTRIBUTE, entries)
         return task
@@ -71,7 +79,9 @@ def collect(app: Any, *, default_tz: str) -> list[tuple[ScheduleDefinition, str]
     for task_name, task in sorted(app.tasks.items()):
         for entry in getattr(task, TASK_SCHEDULES_ATTRIBUTE, []):
             schedule_name = entry.get("name") or task_name
-            fields = {key: value for key, value in entry.items() if key != "name" and value is not None}
+            fields = {
+                key: value for key, value in entry.items() if key != "name" and value is not None
+            }
             fields.setdefault("tz", app_tz)
             _add(found, _define(schedule_name, task_name, fields), f"@periodic on {task_name}")
     return [(definition, definition_hash(definition)) for definition in found.values()]
@@ -104,7 +114,10 @@ def definition_hash(definition: ScheduleDefinition) -> str:
 
 def _add(found: dict[str, ScheduleDefinition], definition: ScheduleDefinition, where: str) -> None:
     if definition.name in found:
-        raise ConfigError(f"{where}: a code-defined schedule named '{definition.name}' exists already; give it a distinct name")
+        raise ConfigError(
+            f"{where}: a code-defined schedule named '{definition.name}' exists already;"
+            " give it a distinct name"
+        )
     found[definition.name] = definition
 
 
@@ -124,7 +137,8 @@ def _from_beat_schedule(name: str, entry: Mapping[str, Any], app_tz: str) -> Sch
 
 def _timing_of(schedule: Any, where: str) -> dict[str, Any]:
     """Translate a Celery schedule object into our timing fields."""
-    from celery.schedules import crontab, schedule as interval_schedule, solar
+    from celery.schedules import crontab, solar
+    from celery.schedules import schedule as interval_schedule
 
     if isinstance(schedule, str):
         return {"cron": schedule}
@@ -137,7 +151,10 @@ def _timing_of(schedule: Any, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: solar schedules are not supported; use a cron expression")
     if isinstance(schedule, interval_schedule):
         return {"every": schedule.run_every}
-    raise ConfigError(f"{where}: unsupported schedule {schedule!r}; use crontab(), a number of seconds or a timedelta")
+    raise ConfigError(
+        f"{where}: unsupported schedule {schedule!r};"
+        " use crontab(), a number of seconds or a timedelta"
+    )
 
 
 def _crontab_expression(schedule: Any) -> str:
@@ -159,7 +176,9 @@ def _crontab_field(value: Any) -> str:
     return str(value).replace(" ", "")
 
 
-def _define(name: str, task: str, fields: dict[str, Any], where: str | None = None) -> ScheduleDefinition:
+def _define(
+    name: str, task: str, fields: dict[str, Any], where: str | None = None
+) -> ScheduleDefinition:
     try:
         return define(name, task, origin=Origin.CODE, **fields)
     except InvalidSchedule as exc:

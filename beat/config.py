@@ -21,7 +21,7 @@ class BeatConfig:
     """Typed settings of the scheduler. Durations are in seconds."""
 
     #: SQLAlchemy URL of the schedule store.
-    database_url: str = "postgresql+psycopg://127.0.0.1:5432/habeat"
+    database_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/habeat"
     #: Redis URL of the leader lease (may differ from the broker).
     redis_url: str = "redis://127.0.0.1:6379/0"
     #: Prefix of every Redis key of the lease, and name of the leader row.
@@ -42,7 +42,8 @@ class BeatConfig:
     max_catchup: int = 100
     #: Time zone of schedules created without one.
     default_timezone: str = "UTC"
-    #: Longest a claim transaction may stay idle before PostgreSQL aborts it (fences a paused leader).
+    #: Longest a claim transaction may stay idle before PostgreSQL aborts it
+    #: (so a leader paused mid-claim cannot block a takeover).
     claim_idle_timeout: float = 10.0
 
     @classmethod

@@ -56,7 +56,10 @@ def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
     except Exception as exc:  # the broker's errors are many and transport-specific
         logger.error(
             "publishing stopped after %d of %d runs: %s; the rest stay in the outbox",
-            len(published), len(runs), exc, extra={"published": len(published), "due": len(runs)},
+            len(published),
+            len(runs),
+            exc,
+            extra={"published": len(published), "due": len(runs)},
         )
         return PublishResult(published=published, error=exc)
     return PublishResult(published=published)

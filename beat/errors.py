@@ -44,7 +44,7 @@ class StoreUnavailable(StoreError):
 
 
 class SchemaOutdated(StoreError):
-    """The database schema is not the one this code expects: run `celery -A app schedules migrate`."""
+    """The database schema is not the one this code expects: run `celery -A app schedules migrate`."""  # noqa: E501
 
 
 class StaleEpoch(StoreError):

@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -203,7 +204,7 @@ class LeaderLease:
         if was_held and self._on_lost is not None:
             self._on_lost(reason)
 
-    def _call(self, script: redis.commands.core.Script, *args: object) -> object:
+    def _call(self, script: redis.commands.core.Script, *args: str | int | float) -> Any:
         try:
             return script(keys=self._keys, args=list(args))
         except redis.RedisError as exc:

@@ -60,7 +60,9 @@ def _apply_misfire_policy(
     if policy is MisfirePolicy.FIRE_ONCE:
         if first == last:
             return (first,), ()
-        before_last = last - timedelta(microseconds=1)
+        before_last = last_fire_at_or_before(
+            due.trigger, due.zone, first, last - timedelta(microseconds=1)
+        )
         skipped = _skip_records(
             due, first, before_last, max_catchup, "misfire: coalesced into one run by fire_once"
         )
@@ -121,7 +123,10 @@ def last_fire_at_or_before(
     A binary search over ``next_fire_after``, which is monotonic: about forty
     calls whatever the distance, so a long outage costs no more than a short one.
     """
-    low, high = first, bound  # invariant: low is a fire time <= bound; none lies in (low, ...] past high
+    low, high = (
+        first,
+        bound,
+    )  # invariant: low is a fire time <= bound; none lies in (low, ...] past high
     following = next_fire_after(trigger, zone, low)
     while following is not None and following <= bound and high - low > _SEARCH_RESOLUTION:
         middle = low + (high - low) / 2

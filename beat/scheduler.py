@@ -59,11 +59,14 @@ class _ErrorReporter:
         if message != self._last_message or now - self._last_logged > REPEAT_LOG_INTERVAL:
             known = isinstance(exc, HABeatError)
             logger.error(
-                "beat tick failed (attempt %d): %s; retrying", self._streak, message,
-                exc_info=not known, extra={"attempt": self._streak},
+                "beat tick failed (attempt %d): %s; retrying",
+                self._streak,
+                message,
+                exc_info=not known,
+                extra={"attempt": self._streak},
             )
             self._last_message, self._last_logged = message, now
-        return min(MAX_BACKOFF, 0.25 * 2 ** min(self._streak, 5))
+        return min(MAX_BACKOFF, 0.25 * float(2 ** min(self._streak, 5)))
 
     def succeeded(self) -> None:
         if self._streak:
@@ -155,9 +158,16 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if epoch is None:
             self._wait(self.config.standby_poll)
             return
-        self._publish(self.store.pending_runs(epoch, grace=self.config.outbox_grace, limit=self.config.claim_batch))
+        self._publish(
+            self.store.pending_runs(
+                epoch, grace=self.config.outbox_grace, limit=self.config.claim_batch
+            )
+        )
         claim = self.store.claim_due(
-            epoch, batch=self.config.claim_batch, plan=self._plan, idle_timeout=self.config.claim_idle_timeout
+            epoch,
+            batch=self.config.claim_batch,
+            plan=self._plan,
+            idle_timeout=self.config.claim_idle_timeout,
         )
         if claim.schedules_claimed:
             self._report_claim(claim)
@@ -167,7 +177,9 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if claim.schedules_claimed >= self.config.claim_batch:
             return  # more are due: claim again at once
         until_next = self.store.seconds_until_next_fire()
-        self._wait(self.config.max_wait if until_next is None else min(until_next, self.config.max_wait))
+        self._wait(
+            self.config.max_wait if until_next is None else min(until_next, self.config.max_wait)
+        )
 
     def _start(self) -> None:
         """Connect, check the schema and sync code schedules, once (retried until it works)."""
@@ -183,7 +195,10 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             logger.warning("removed code schedule '%s': it is no longer defined in code", name)
         logger.info(
             "synced code schedules: %d created, %d updated, %d unchanged, %d removed",
-            len(report.created), len(report.updated), len(report.unchanged), len(report.removed),
+            len(report.created),
+            len(report.updated),
+            len(report.unchanged),
+            len(report.removed),
         )
         self._started = True
 
@@ -208,13 +223,16 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._epoch = epoch
         lease.start_renewing()
         logger.warning(
-            "this process now leads (epoch %d, holder %s)", epoch, lease.holder,
+            "this process now leads (epoch %d, holder %s)",
+            epoch,
+            lease.holder,
             extra={"epoch": epoch, "holder": lease.holder},
         )
         return epoch
 
     def _record_epoch(self, epoch: int) -> int | None:
-        """Write our epoch to PostgreSQL; if a newer one is there (Redis lost its counter), bump once."""
+        """Record our epoch in PostgreSQL; if a newer one is there (Redis lost its
+        counter), raise ours above it once."""
         if self.store.take_leadership(epoch, self.lease.holder):
             return epoch
         bumped = self.lease.bump_epoch(self.store.current_epoch())
@@ -249,16 +267,27 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
 
     def _report_claim(self, claim: Claim) -> None:
         lateness = max(
-            ((claim.now - run.fire_at).total_seconds() for run in claim.runs if run.fire_at), default=0.0
+            ((claim.now - run.fire_at).total_seconds() for run in claim.runs if run.fire_at),
+            default=0.0,
         )
         logger.info(
             "claimed %d runs from %d schedules (max lateness %.3fs, %d skipped)",
-            len(claim.runs), claim.schedules_claimed, lateness, claim.skipped,
-            extra={"runs": len(claim.runs), "schedules": claim.schedules_claimed, "lateness_max": lateness},
+            len(claim.runs),
+            claim.schedules_claimed,
+            lateness,
+            claim.skipped,
+            extra={
+                "runs": len(claim.runs),
+                "schedules": claim.schedules_claimed,
+                "lateness_max": lateness,
+            },
         )
         for run in claim.runs:
             logger.debug(
-                "claimed run %s of schedule %s for %s", run.id, run.schedule_name, run.fire_at,
+                "claimed run %s of schedule %s for %s",
+                run.id,
+                run.schedule_name,
+                run.fire_at,
                 extra={"run_id": str(run.id), "schedule": run.schedule_name},
             )
 
@@ -272,17 +301,25 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = Store.connect(self.config.database_url, leader_name=self.config.key_prefix)
+            self._store = Store.connect(
+                self.config.database_url, leader_name=self.config.key_prefix
+            )
         return self._store
 
     @property
     def lease(self) -> LeaderLease:
         if self._lease is None:
             client = redis.Redis.from_url(
-                self.config.redis_url, socket_timeout=2, socket_connect_timeout=2, health_check_interval=10
+                self.config.redis_url,
+                socket_timeout=2,
+                socket_connect_timeout=2,
+                health_check_interval=10,
             )
             self._lease = LeaderLease(
-                client, prefix=self.config.key_prefix, ttl=self.config.lock_ttl, on_lost=self._on_lease_lost
+                client,
+                prefix=self.config.key_prefix,
+                ttl=self.config.lock_ttl,
+                on_lost=self._on_lease_lost,
             )
         return self._lease
 

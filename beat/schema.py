@@ -9,7 +9,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from beat.errors import SchemaOutdated
 from beat.tables import VERSION_TABLE
@@ -47,6 +48,28 @@ def migrate(engine: Engine, revision: str = "head") -> str:
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
     return current_revision(engine) or "base"
+
+
+def ensure_database(engine: Engine) -> bool:
+    """Create the configured database if it does not exist yet; True if it was created.
+
+    Connects to the server's ``postgres`` maintenance database to do so, with the
+    same user: a fresh machine then needs only `schedules migrate`.
+    """
+    try:
+        with engine.connect():
+            return False
+    except OperationalError as exc:
+        if "does not exist" not in str(exc.orig):
+            raise
+    name = engine.url.database
+    maintenance = create_engine(engine.url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with maintenance.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        maintenance.dispose()
+    return True
 
 
 def check_schema(engine: Engine) -> None:

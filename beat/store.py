@@ -31,11 +31,11 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 from sqlalchemy import (
+    BigInteger,
     Connection,
     DateTime,
     Engine,
     Row,
-    BigInteger,
     cast,
     column,
     create_engine,
@@ -169,7 +169,10 @@ class Store:
     # -- schema -------------------------------------------------------------------
 
     def migrate(self) -> str:
+        """Create the database if it is missing, then upgrade the schema to the newest revision."""
         with self._translated_errors():
+            if schema.ensure_database(self.engine):
+                logger.warning("created database %s", self.engine.url.database)
             return schema.migrate(self.engine)
 
     def check_schema(self) -> None:
@@ -200,7 +203,9 @@ class Store:
                     f"a schedule named '{definition.name}' exists already:"
                     " pick another name, or update or remove it"
                 ) from exc
-            raise StoreError(f"the schedule was refused by PostgreSQL: {_first_line(exc.orig)}") from exc
+            raise StoreError(
+                f"the schedule was refused by PostgreSQL: {_first_line(exc.orig)}"
+            ) from exc
         return _schedule_from_row(row)
 
     def get_schedule(self, name: str) -> Schedule:
@@ -279,7 +284,8 @@ class Store:
                 row = existing.get(definition.name)
                 self._sync_one(conn, row, definition, code_hash, now, first_fire, report)
             stale = [
-                name for name, row in existing.items()
+                name
+                for name, row in existing.items()
                 if row.origin == Origin.CODE.value and name not in names
             ]
             if stale:
@@ -299,7 +305,9 @@ class Store:
     ) -> None:
         values_ = _definition_values(definition) | {"code_hash": code_hash}
         if row is None:
-            conn.execute(insert(schedules).values(**values_, next_fire_at=first_fire(definition, now)))
+            conn.execute(
+                insert(schedules).values(**values_, next_fire_at=first_fire(definition, now))
+            )
             report.created.append(definition.name)
         elif row.origin != Origin.CODE.value:
             report.conflicts.append(definition.name)
@@ -349,16 +357,22 @@ class Store:
             if isinstance(exc.__cause__, DBAPIError) and isinstance(
                 exc.__cause__.orig, psycopg.errors.LockNotAvailable
             ):
-                logger.warning("takeover waited %.1fs for a claim in flight; will retry", lock_timeout)
+                logger.warning(
+                    "takeover waited %.1fs for a claim in flight; will retry", lock_timeout
+                )
                 return False
             raise
 
     def leader_info(self) -> LeaderInfo | None:
         with self._transaction() as conn:
-            row = conn.execute(select(leader).where(leader.c.name == self.leader_name)).one_or_none()
+            row = conn.execute(
+                select(leader).where(leader.c.name == self.leader_name)
+            ).one_or_none()
         if row is None:
             return None
-        return LeaderInfo(name=row.name, epoch=row.epoch, holder=row.holder, acquired_at=row.acquired_at)
+        return LeaderInfo(
+            name=row.name, epoch=row.epoch, holder=row.holder, acquired_at=row.acquired_at
+        )
 
     def notify_leader_released(self) -> None:
         with self._transaction() as conn:
@@ -375,7 +389,10 @@ class Store:
             conn.execute(text("SET LOCAL beat.claiming = 'on'"))
             # A leader paused mid-claim must not hold the leader row forever.
             conn.execute(
-                text(f"SET LOCAL idle_in_transaction_session_timeout = '{int(idle_timeout * 1000)}ms'")
+                text(
+                    "SET LOCAL idle_in_transaction_session_timeout"
+                    f" = '{int(idle_timeout * 1000)}ms'"
+                )
             )
             self._verify_epoch(conn, epoch)
             now = conn.execute(select(func.now())).scalar_one()
@@ -390,7 +407,9 @@ class Store:
 
     def _verify_epoch(self, conn: Connection, epoch: int) -> None:
         current = conn.execute(
-            select(leader.c.epoch).where(leader.c.name == self.leader_name).with_for_update(read=True)
+            select(leader.c.epoch)
+            .where(leader.c.name == self.leader_name)
+            .with_for_update(read=True)
         ).scalar_one_or_none()
         if current != epoch:
             raise StaleEpoch(
@@ -479,7 +498,8 @@ class Store:
                 rows,
             )
             logger.warning(
-                "recorded %d skipped fire times (misfire policy)", len(rows),
+                "recorded %d skipped fire times (misfire policy)",
+                len(rows),
                 extra={"skipped": len(rows)},
             )
         return len(rows)
@@ -567,7 +587,9 @@ class ScheduleChangeListener:
     CHANNELS = (SCHEDULES_CHANNEL, LEADER_RELEASED_CHANNEL)
 
     def __init__(self, url: str) -> None:
-        self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._conninfo = (
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
         self._masked = masked_url(url)
         self._conn: psycopg.Connection[Any] | None = None
 
@@ -582,7 +604,9 @@ class ScheduleChangeListener:
             return woken
         except psycopg.Error as exc:
             self.close()
-            raise StoreUnavailable(f"lost the LISTEN connection to PostgreSQL at {self._masked}: {exc}") from exc
+            raise StoreUnavailable(
+                f"lost the LISTEN connection to PostgreSQL at {self._masked}: {exc}"
+            ) from exc
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:

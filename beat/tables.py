@@ -43,7 +43,7 @@ class TriggerKind(enum.StrEnum):
 
 
 class Origin(enum.StrEnum):
-    """Where a schedule was defined: code is synced at beat start, api rows are never touched by sync."""
+    """Where a schedule was defined: code is synced at beat start; api rows are never synced."""
 
     CODE = "code"
     API = "api"

@@ -79,7 +79,11 @@ class SessionEnv:
 def test_env() -> Iterator[SessionEnv]:
     suffix = uuid.uuid4().hex[:10]
     database = f"habeat_test_{suffix}"
-    admin = make_url(ADMIN_DATABASE_URL).set(drivername="postgresql").render_as_string(hide_password=False)
+    admin = (
+        make_url(ADMIN_DATABASE_URL)
+        .set(drivername="postgresql")
+        .render_as_string(hide_password=False)
+    )
     try:
         with psycopg.connect(admin, autocommit=True, connect_timeout=3) as conn:
             conn.execute(f'CREATE DATABASE "{database}"')
@@ -91,10 +95,13 @@ def test_env() -> Iterator[SessionEnv]:
     except redis.RedisError as exc:
         _missing("Redis", exc)
     database_url = (
-        make_url(ADMIN_DATABASE_URL).set(drivername="postgresql+psycopg", database=database)
+        make_url(ADMIN_DATABASE_URL)
+        .set(drivername="postgresql+psycopg", database=database)
         .render_as_string(hide_password=False)
     )
-    env = SessionEnv(database_url=database_url, redis_url=REDIS_TEST_URL, key_prefix=f"habeat-test-{suffix}")
+    env = SessionEnv(
+        database_url=database_url, redis_url=REDIS_TEST_URL, key_prefix=f"habeat-test-{suffix}"
+    )
     store = Store.connect(database_url, leader_name=env.key_prefix)
     store.migrate()
     store.dispose()

@@ -14,11 +14,21 @@ from beat.store import Store
 
 
 def add_interval_schedules(
-    schedules: Schedules, count: int, *, every: float, start_at: datetime, task: str = "tasks.demo.add"
+    schedules: Schedules,
+    count: int,
+    *,
+    every: float,
+    start_at: datetime,
+    task: str = "tasks.demo.add",
 ) -> None:
     for index in range(count):
         schedules.create(
-            f"s{index:05d}", task, every=every, start_at=start_at, args=[index, 1], allow_unregistered=True
+            f"s{index:05d}",
+            task,
+            every=every,
+            start_at=start_at,
+            args=[index, 1],
+            allow_unregistered=True,
         )
 
 
@@ -38,10 +48,17 @@ def make_due(store: Store, seconds_ago: float) -> None:
 def run_rows(store: Store, **where: Any) -> list[Any]:
     clauses = " AND ".join(f"{key} = :{key}" for key in where) or "true"
     with store.engine.connect() as conn:
-        return list(conn.execute(text(f"SELECT * FROM beat_runs WHERE {clauses} ORDER BY schedule_name, fire_at"), where))
+        return list(
+            conn.execute(
+                text(f"SELECT * FROM beat_runs WHERE {clauses} ORDER BY schedule_name, fire_at"),
+                where,
+            )
+        )
 
 
-def broker_messages(client: redis.Redis, broker_prefix: str, queue: str = "celery") -> list[dict[str, Any]]:
+def broker_messages(
+    client: redis.Redis, broker_prefix: str, queue: str = "celery"
+) -> list[dict[str, Any]]:
     """The messages waiting in a Redis broker queue (kombu's list), oldest first."""
     raw = client.lrange(f"{broker_prefix}{queue}", 0, -1)
     return [json.loads(item) for item in reversed(raw)]

@@ -19,11 +19,17 @@ def lease(client: redis.Redis, prefix: str, ttl: float = 3.0, **kwargs: object) 
     return LeaderLease(client, prefix=prefix, ttl=ttl, **kwargs)  # type: ignore[arg-type]
 
 
-def test_one_holder_at_a_time_with_increasing_epochs(redis_client: redis.Redis, test_env: SessionEnv) -> None:
-    first, second = lease(redis_client, test_env.key_prefix), lease(redis_client, test_env.key_prefix)
-    epoch = first.try_acquire(0)
-    assert epoch == 1 and first.is_held()
-    assert second.try_acquire(0) is None and not second.is_held()
+def test_one_holder_at_a_time_with_increasing_epochs(
+    redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
+    first, second = (
+        lease(redis_client, test_env.key_prefix),
+        lease(redis_client, test_env.key_prefix),
+    )
+    assert first.try_acquire(0) == 1
+    assert first.is_held()
+    assert second.try_acquire(0) is None
+    assert not second.is_held()
     assert redis_client.get(lock_key(test_env.key_prefix)) == first.holder.encode()
     assert first.release()
     assert not first.is_held()
@@ -32,7 +38,9 @@ def test_one_holder_at_a_time_with_increasing_epochs(redis_client: redis.Redis, 
     assert second.current_holder() == second.holder
 
 
-def test_epoch_never_goes_below_the_floor_from_postgres(redis_client: redis.Redis, test_env: SessionEnv) -> None:
+def test_epoch_never_goes_below_the_floor_from_postgres(
+    redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
     """A Redis restarted empty would hand out epoch 1 again; the floor prevents it."""
     holder = lease(redis_client, test_env.key_prefix)
     assert holder.try_acquire(41) == 42
@@ -42,7 +50,9 @@ def test_epoch_never_goes_below_the_floor_from_postgres(redis_client: redis.Redi
     assert other.bump_epoch(100) is None, "only the holder may bump"
 
 
-def test_renewal_keeps_the_lease_past_its_ttl(redis_client: redis.Redis, test_env: SessionEnv) -> None:
+def test_renewal_keeps_the_lease_past_its_ttl(
+    redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
     holder = lease(redis_client, test_env.key_prefix, ttl=1.2)
     assert holder.try_acquire(0)
     holder.start_renewing()
@@ -52,7 +62,9 @@ def test_renewal_keeps_the_lease_past_its_ttl(redis_client: redis.Redis, test_en
     holder.release()
 
 
-def test_without_renewal_the_lease_lapses_and_another_takes_it(redis_client: redis.Redis, test_env: SessionEnv) -> None:
+def test_without_renewal_the_lease_lapses_and_another_takes_it(
+    redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
     holder = lease(redis_client, test_env.key_prefix, ttl=1.0)
     assert holder.try_acquire(0)
     time.sleep(1.1)
@@ -61,7 +73,9 @@ def test_without_renewal_the_lease_lapses_and_another_takes_it(redis_client: red
     assert other.try_acquire(0) == 2
 
 
-def test_a_stolen_lease_is_noticed_at_the_next_renewal(redis_client: redis.Redis, test_env: SessionEnv) -> None:
+def test_a_stolen_lease_is_noticed_at_the_next_renewal(
+    redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
     lost = threading.Event()
     reasons: list[str] = []
 
@@ -76,10 +90,14 @@ def test_a_stolen_lease_is_noticed_at_the_next_renewal(redis_client: redis.Redis
     assert lost.wait(2), "the renewer saw the lease was no longer ours"
     assert not holder.is_held()
     assert "another process" in reasons[0]
-    assert redis_client.get(lock_key(test_env.key_prefix)) == b"intruder", "never deletes another's lease"
+    assert redis_client.get(lock_key(test_env.key_prefix)) == b"intruder", (
+        "never deletes another's lease"
+    )
 
 
-def test_own_leftover_lease_is_taken_again_with_a_new_epoch(redis_client: redis.Redis, test_env: SessionEnv) -> None:
+def test_own_leftover_lease_is_taken_again_with_a_new_epoch(
+    redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
     holder = lease(redis_client, test_env.key_prefix, ttl=5)
     assert holder.try_acquire(0) == 1
     holder.abandon("test: lost track locally")
@@ -88,5 +106,8 @@ def test_own_leftover_lease_is_taken_again_with_a_new_epoch(redis_client: redis.
 
 def test_unreachable_redis_is_a_clear_error() -> None:
     client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
-    with pytest.raises(LeaseUnavailable, match=r"Redis at 127\.0\.0\.1:1/0 is unreachable .*docker compose up -d redis"):
+    with pytest.raises(
+        LeaseUnavailable,
+        match=r"Redis at 127\.0\.0\.1:1/0 is unreachable .*docker compose up -d redis",
+    ):
         lease(client, "x").try_acquire(0)

@@ -22,7 +22,13 @@ from beat.scheduler import HAScheduler
 from beat.store import Claim, Store
 from beat.tables import Origin, RunState
 from tests.conftest import SessionEnv
-from tests.integration.helpers import add_interval_schedules, broker_messages, make_due, run_rows, task_ids
+from tests.integration.helpers import (
+    add_interval_schedules,
+    broker_messages,
+    make_due,
+    run_rows,
+    task_ids,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -34,11 +40,15 @@ class SimulatedCrash(BaseException):
 
 
 @pytest.fixture
-def make_scheduler(test_env: SessionEnv, store: Store, redis_client: redis.Redis) -> Iterator[SchedulerFactory]:
+def make_scheduler(
+    test_env: SessionEnv, store: Store, redis_client: redis.Redis
+) -> Iterator[SchedulerFactory]:
     created: list[HAScheduler] = []
 
     def factory(
-        conf: dict[str, Any] | None = None, prepare: Callable[[Any], None] | None = None, **settings: Any
+        conf: dict[str, Any] | None = None,
+        prepare: Callable[[Any], None] | None = None,
+        **settings: Any,
     ) -> HAScheduler:
         app = create_app(test_env.settings(**{"lock_ttl": 2.0, "max_wait": 0.2, **settings}))
         app.conf.update(conf or {})
@@ -140,7 +150,9 @@ def test_a_new_schedule_due_now_fires_at_once_woken_by_notify(
     Schedules(store).create("wake", "tasks.demo.add", every=3600, allow_unregistered=True)
     thread.join(timeout=10)
     assert run_rows(store, state=RunState.QUEUED.value), "the new schedule fired"
-    assert elapsed < 3, f"fired {elapsed:.2f}s after creation: LISTEN/NOTIFY did not wake the leader"
+    assert elapsed < 3, (
+        f"fired {elapsed:.2f}s after creation: LISTEN/NOTIFY did not wake the leader"
+    )
 
 
 def test_unreachable_postgres_is_logged_with_its_url_and_retried(
@@ -152,7 +164,10 @@ def test_unreachable_postgres_is_logged_with_its_url_and_retried(
     assert all(delay > 0 for delay in delays)
     assert delays == sorted(delays), "backs off"
     messages = [record.getMessage() for record in caplog.records]
-    assert "PostgreSQL at postgresql+psycopg://nobody@127.0.0.1:1/nowhere is unreachable" in messages[0]
+    assert (
+        "PostgreSQL at postgresql+psycopg://nobody@127.0.0.1:1/nowhere is unreachable"
+        in messages[0]
+    )
     assert "docker compose up -d postgres" in messages[0]
     assert len(messages) == 1, "a failure that repeats is not logged on every attempt"
 
@@ -192,8 +207,11 @@ def test_code_schedules_are_synced_without_clobbering_runtime_changes(
         return {
             "beat_schedule": {
                 "every-ten": {"task": "tasks.demo.add", "schedule": 10.0, "args": (1, 2)},
-                "nightly": {"task": "tasks.demo.add", "schedule": crontab(minute=minute, hour="2"),
-                            "options": {"queue": "reports"}},
+                "nightly": {
+                    "task": "tasks.demo.add",
+                    "schedule": crontab(minute=minute, hour="2"),
+                    "options": {"queue": "reports"},
+                },
             }
         }
 
@@ -215,10 +233,14 @@ def test_code_schedules_are_synced_without_clobbering_runtime_changes(
 
     schedules.create("every-ten-api", "tasks.demo.add", every=60, allow_unregistered=True)
     make_scheduler({"beat_schedule": {}}).tick()  # both removed from code
-    assert {s.name for s in schedules.list()} == {"every-ten-api"}, "runtime schedules are untouched"
+    assert {s.name for s in schedules.list()} == {"every-ten-api"}, (
+        "runtime schedules are untouched"
+    )
 
 
-def test_periodic_decorator_defines_a_schedule(make_scheduler: SchedulerFactory, store: Store) -> None:
+def test_periodic_decorator_defines_a_schedule(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
     def define_tasks(app: Any) -> None:
         @periodic(cron="0 9 * * 1-5", tz="Europe/Berlin", kwargs={"x": 1})
         @app.task(name="tests.weekday_report")

@@ -45,7 +45,8 @@ def test_claim_inserts_one_run_per_fire_time_and_advances(store: Store) -> None:
     assert {row.state for row in rows} == {RunState.PENDING.value}
     assert {row.id for row in rows} == {run.id for run in claim.runs}
     for schedule in schedules.list():
-        assert schedule.next_fire_at is not None and schedule.next_fire_at > claim.now
+        assert schedule.next_fire_at is not None
+        assert schedule.next_fire_at > claim.now
     # Nothing is due any more: a second claim finds nothing.
     assert store.claim_due(1, batch=100, plan=planner).runs == []
 
@@ -158,7 +159,9 @@ def test_outbox_returns_earlier_leaders_runs_and_own_old_ones(store: Store) -> N
     claim = store.claim_due(1, batch=100, plan=planner)
     assert store.take_leadership(2, "new")
 
-    assert {run.id for run in store.pending_runs(1, grace=60, limit=100)} == set(), "own and fresh: not yet"
+    assert {run.id for run in store.pending_runs(1, grace=60, limit=100)} == set(), (
+        "own and fresh: not yet"
+    )
     pending = store.pending_runs(2, grace=60, limit=100)
     assert {run.id for run in pending} == {run.id for run in claim.runs}
     assert store.mark_published([run.id for run in pending]) == len(pending)
@@ -172,7 +175,10 @@ def test_unique_fire_time_holds_even_if_next_fire_at_is_moved_back(store: Store)
     assert store.take_leadership(1, "me")
     first = store.claim_due(1, batch=10, plan=planner)
     with store.engine.begin() as conn:  # an operator rewinds the schedule by hand
-        conn.execute(text("UPDATE beat_schedules SET next_fire_at = :t"), {"t": min(r.fire_at for r in first.runs)})
+        conn.execute(
+            text("UPDATE beat_schedules SET next_fire_at = :t"),
+            {"t": min(r.fire_at for r in first.runs)},
+        )
     second = store.claim_due(1, batch=10, plan=planner)
     assert second.runs == [], "already-claimed fire times are not claimed again"
 

@@ -33,8 +33,12 @@ def upgrade() -> None:
         sa.Column("run_at", TZ),
         sa.Column("timezone", sa.Text, nullable=False, server_default="UTC"),
         sa.Column("args", postgresql.JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
-        sa.Column("kwargs", postgresql.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
-        sa.Column("options", postgresql.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+        sa.Column(
+            "kwargs", postgresql.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")
+        ),
+        sa.Column(
+            "options", postgresql.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")
+        ),
         sa.Column("enabled", sa.Boolean, nullable=False, server_default=sa.text("true")),
         sa.Column("origin", sa.Text, nullable=False, server_default="api"),
         sa.Column("code_hash", sa.Text),
@@ -44,9 +48,14 @@ def upgrade() -> None:
         sa.Column("last_fire_at", TZ),
         sa.Column("created_at", TZ, nullable=False, server_default=sa.text("now()")),
         sa.Column("updated_at", TZ, nullable=False, server_default=sa.text("now()")),
-        sa.CheckConstraint("trigger_kind IN ('cron', 'every', 'once')", name="ck_beat_schedules_trigger_kind"),
+        sa.CheckConstraint(
+            "trigger_kind IN ('cron', 'every', 'once')", name="ck_beat_schedules_trigger_kind"
+        ),
         sa.CheckConstraint("origin IN ('code', 'api')", name="ck_beat_schedules_origin"),
-        sa.CheckConstraint("misfire_policy IN ('fire_once', 'fire_all', 'skip')", name="ck_beat_schedules_misfire_policy"),
+        sa.CheckConstraint(
+            "misfire_policy IN ('fire_once', 'fire_all', 'skip')",
+            name="ck_beat_schedules_misfire_policy",
+        ),
         sa.CheckConstraint(
             "(trigger_kind = 'cron' AND cron IS NOT NULL)"
             " OR (trigger_kind = 'every' AND every_seconds > 0 AND anchor_at IS NOT NULL)"
@@ -65,12 +74,18 @@ def upgrade() -> None:
     op.create_table(
         "beat_runs",
         sa.Column("id", postgresql.UUID(as_uuid=True), primary_key=True),
-        sa.Column("schedule_id", sa.BigInteger, sa.ForeignKey("beat_schedules.id", ondelete="SET NULL")),
+        sa.Column(
+            "schedule_id", sa.BigInteger, sa.ForeignKey("beat_schedules.id", ondelete="SET NULL")
+        ),
         sa.Column("schedule_name", sa.Text),
         sa.Column("task", sa.Text, nullable=False),
         sa.Column("args", postgresql.JSONB, nullable=False, server_default=sa.text("'[]'::jsonb")),
-        sa.Column("kwargs", postgresql.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
-        sa.Column("options", postgresql.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+        sa.Column(
+            "kwargs", postgresql.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")
+        ),
+        sa.Column(
+            "options", postgresql.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")
+        ),
         sa.Column("fire_at", TZ),
         sa.Column("state", sa.Text, nullable=False),
         sa.Column("reason", sa.Text),
@@ -88,10 +103,22 @@ def upgrade() -> None:
         sa.UniqueConstraint("schedule_id", "fire_at", name="uq_beat_runs_schedule_fire_at"),
         sa.CheckConstraint(f"state IN ({RUN_STATES})", name="ck_beat_runs_state"),
     )
-    op.create_index("ix_beat_runs_pending", "beat_runs", ["claimed_at"], postgresql_where=sa.text("state = 'pending'"))
-    op.create_index("ix_beat_runs_schedule_name_fire_at", "beat_runs", ["schedule_name", sa.text("fire_at DESC")])
     op.create_index(
-        "ix_beat_runs_running_lease", "beat_runs", ["lease_expires_at"], postgresql_where=sa.text("state = 'running'")
+        "ix_beat_runs_pending",
+        "beat_runs",
+        ["claimed_at"],
+        postgresql_where=sa.text("state = 'pending'"),
+    )
+    op.create_index(
+        "ix_beat_runs_schedule_name_fire_at",
+        "beat_runs",
+        ["schedule_name", sa.text("fire_at DESC")],
+    )
+    op.create_index(
+        "ix_beat_runs_running_lease",
+        "beat_runs",
+        ["lease_expires_at"],
+        postgresql_where=sa.text("state = 'running'"),
     )
 
     op.create_table(

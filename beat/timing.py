@@ -1,0 +1,599 @@
+"""Schedule math: when does a trigger fire next? Pure functions, no I/O.
+
+Three triggers:
+
+* ``Cron``: a cron expression read in the local wall time of the schedule's zone,
+  5 fields ``minute hour day month weekday`` or 6 with seconds first
+  (``second minute hour day month weekday``, the Quartz/Spring order). When both
+  day fields are restricted a day matching either one fires (Vixie cron).
+* ``Every``: ``anchor + k * seconds`` for every integer ``k >= 0``: elapsed time,
+  so daylight saving time never moves it.
+* ``Once``: one instant.
+
+Daylight saving time (cron only). croniter iterates over naive wall times; this
+module maps each matching wall time to real instants:
+
+* A job whose hour field names specific hours (no ``*`` in it: ``30 2 * * *``,
+  ``0 9-17 * * 1-5``, ``0 1-23/2 * * *``) runs once per matching wall time:
+
+  - fall-back: a wall time that happens twice fires once, at its first occurrence;
+  - spring-forward: a wall time skipped by the clock fires at the first instant
+    after the gap, and several skipped wall times fire there only once.
+
+* A job whose hour field contains ``*`` (``*``, ``*/2``) runs in every real hour:
+
+  - fall-back: a wall time that happens twice fires at both occurrences, an
+    hour (or however long the shift is) apart;
+  - spring-forward: a wall time skipped by the clock does not exist: no run.
+
+Transitions are found to the second, so shifts that are not one hour long or do
+not happen at a full hour (Australia/Lord_Howe moves by 30 minutes) work too.
+
+Every datetime this module returns is aware and in UTC, and each is strictly
+later than the instant it was asked about, so iterating ``next_fire_after`` on
+its own results never repeats a fire time nor goes back. Naive datetimes are
+refused. Instants past the end of the calendar (year 9999) are "no fire time".
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import Enum
+from typing import Final, assert_never
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterBadDateError, CroniterError, croniter
+
+from beat.errors import InvalidSchedule
+
+__all__ = [
+    "MIN_INTERVAL_SECONDS",
+    "Cron",
+    "Every",
+    "Once",
+    "Trigger",
+    "every",
+    "fire_times",
+    "next_fire_after",
+    "once",
+    "parse_cron",
+    "parse_zone",
+]
+
+MIN_INTERVAL_SECONDS: Final = 1.0
+
+_ONE_MICROSECOND: Final = timedelta(microseconds=1)
+_ONE_SECOND: Final = timedelta(seconds=1)
+_ONE_MINUTE: Final = timedelta(minutes=1)
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+# Where the "does it ever fire?" check starts: croniter searches 50 years ahead.
+_VALIDATION_START: Final = datetime(2000, 1, 1)
+
+_CRON_USAGE: Final = "use 5 fields 'minute hour day month weekday' or 6 with seconds first"
+_CRON_ALIASES: Final = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+# croniter's syntax for them: H, H/15, H(0-29), H(0-29)/10; R likewise.
+_HASH_OR_RANDOM: Final = re.compile(r"^[hr](\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE | re.ASCII)
+_FIELD_NAMES: Final = ("minute", "hour", "day of month", "month", "day of week")
+_FIELD_NAMES_WITH_SECONDS: Final = ("second", *_FIELD_NAMES)
+_FIELD_VALUES: Final = {
+    "second": "0-59",
+    "minute": "0-59",
+    "hour": "0-23",
+    "day of month": "1-31",
+    "month": "1-12 or jan-dec",
+    "day of week": "0-7 or sun-sat",
+}
+
+
+# ---------------------------------------------------------------------------
+# Triggers
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cron:
+    """A cron expression, validated and normalised (aliases expanded, single spaces)."""
+
+    expression: str
+
+    def __post_init__(self) -> None:
+        # Validating here as well as in parse_cron means that no invalid Cron can
+        # exist, whichever way it was built (e.g. from a database row).
+        object.__setattr__(self, "expression", _compile(_checked_text(self.expression)).expression)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Every:
+    """Fires at ``anchor + k * seconds`` for every integer ``k >= 0``."""
+
+    seconds: float
+    anchor: datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seconds", _checked_interval(self.seconds))
+        object.__setattr__(self, "anchor", _checked_aware(self.anchor, "interval anchor"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Once:
+    """Fires once, at ``at``."""
+
+    at: datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "at", _checked_aware(self.at, "one-off time"))
+
+
+Trigger = Cron | Every | Once
+
+
+def parse_cron(expression: str) -> Cron:
+    """Validate a cron expression; raise InvalidSchedule naming the problem and the fix."""
+    return Cron(expression=expression)
+
+
+def parse_zone(name: str) -> ZoneInfo:
+    """The IANA time zone called ``name``; InvalidSchedule if there is none."""
+    unknown = InvalidSchedule(
+        f"unknown time zone {name!r}: use an IANA name such as 'Europe/Berlin' or 'UTC'"
+    )
+    if not isinstance(name, str) or not name:
+        raise unknown
+    if name == "localtime":
+        # A file in the zone database that follows each machine's own setting:
+        # nodes configured differently would disagree on when a job fires.
+        raise unknown
+    try:
+        return ZoneInfo(name)
+    # ZoneInfo refuses paths with ValueError, missing keys with ZoneInfoNotFoundError,
+    # and non-zone files in the database directory with ValueError or OSError.
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        raise unknown from exc
+
+
+def every(seconds: float, *, anchor: datetime) -> Every:
+    """An interval trigger; InvalidSchedule for a bad interval or a naive anchor."""
+    return Every(seconds=seconds, anchor=anchor)
+
+
+def once(at: datetime) -> Once:
+    """A one-off trigger; InvalidSchedule for a naive time."""
+    return Once(at=at)
+
+
+def _checked_interval(seconds: object) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise InvalidSchedule(f"invalid interval {seconds!r}: use a number of seconds")
+    if not math.isfinite(seconds) or seconds < MIN_INTERVAL_SECONDS:
+        raise InvalidSchedule(
+            f"invalid interval {seconds!r} seconds: use a finite number of seconds"
+            f" >= {MIN_INTERVAL_SECONDS}"
+        )
+    try:
+        timedelta(seconds=seconds)
+    except OverflowError:
+        raise InvalidSchedule(
+            f"invalid interval {seconds!r} seconds: it is longer than a datetime can span;"
+            " use a shorter interval"
+        ) from None
+    return float(seconds)
+
+
+def _checked_aware(moment: object, what: str) -> datetime:
+    if not isinstance(moment, datetime):
+        raise InvalidSchedule(f"the {what} {moment!r} is not a datetime: pass an aware datetime")
+    if moment.utcoffset() is None:
+        raise InvalidSchedule(
+            f"the {what} {moment.isoformat()!r} has no time zone:"
+            " pass an aware datetime, e.g. with tzinfo=datetime.UTC"
+        )
+    return moment.astimezone(UTC)
+
+
+def _require_aware(moment: datetime, name: str) -> datetime:
+    """``moment`` in UTC; ValueError if it is naive."""
+    if moment.utcoffset() is None:
+        raise ValueError(
+            f"{name}={moment.isoformat()!r} is naive: pass an aware datetime,"
+            " e.g. with tzinfo=datetime.UTC"
+        )
+    return moment.astimezone(UTC)
+
+
+# ---------------------------------------------------------------------------
+# Cron expressions: parsing and validation
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _WallClockCron:
+    """A validated cron expression and what the DST rules need to know about it."""
+
+    expression: str
+    seconds_first: bool
+    every_real_hour: bool
+
+    @property
+    def resolution(self) -> timedelta:
+        return _ONE_SECOND if self.seconds_first else _ONE_MINUTE
+
+    def next_after(self, wall: datetime) -> datetime | None:
+        """The first matching naive wall time strictly after ``wall``; None past year 9999."""
+        # croniter carries its position as a float timestamp, which cannot hold
+        # microseconds exactly; starting from a whole second or minute keeps it exact
+        # and changes nothing, since matches are whole seconds or minutes.
+        start = self._floor(wall)
+        iterator = _croniter_for_this_thread(
+            self.expression, self.seconds_first, threading.get_ident()
+        )
+        try:
+            following: datetime = iterator.get_next(datetime, start_time=start)
+        except (CroniterBadDateError, OverflowError, ValueError):
+            # No match in croniter's 50-year horizon, or the year 9999 was passed.
+            return None
+        return following
+
+    def first_at_or_after(self, wall: datetime) -> datetime | None:
+        """The first matching naive wall time at or after ``wall``."""
+        floor = self._floor(wall)
+        return self.next_after(floor - self.resolution if floor == wall else floor)
+
+    def _floor(self, wall: datetime) -> datetime:
+        if self.seconds_first:
+            return wall.replace(microsecond=0)
+        return wall.replace(second=0, microsecond=0)
+
+
+def _checked_text(expression: object) -> str:
+    if not isinstance(expression, str):
+        raise InvalidSchedule(f"invalid cron expression {expression!r}: it is not a string")
+    return expression
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile(expression: str) -> _WallClockCron:
+    """Validate ``expression`` once; the scheduler asks about the same few expressions."""
+    fields = _fields_of(expression)
+    _reject_hash_and_random(expression, fields)
+    seconds_first = len(fields) == 6
+    _check_each_field(expression, fields, seconds_first)
+    normalised = " ".join(fields)
+    _check_it_fires(expression, normalised, seconds_first)
+    hour_field = fields[2] if seconds_first else fields[1]
+    return _WallClockCron(normalised, seconds_first, every_real_hour="*" in hour_field)
+
+
+def _fields_of(expression: str) -> list[str]:
+    if not expression.isascii():
+        raise _cron_error(expression, "it contains non-ASCII characters")
+    text = expression.strip()
+    if not text:
+        raise _cron_error(expression, "it is empty")
+    if text.startswith("@"):
+        alias = _CRON_ALIASES.get(text.lower())
+        if alias is None:
+            known = ", ".join(_CRON_ALIASES)
+            raise _cron_error(expression, f"unknown alias (known: {known})")
+        text = alias
+    fields = text.split()
+    if len(fields) == 7:
+        raise _cron_error(expression, "it has 7 fields, and a year field is not supported")
+    if len(fields) not in (5, 6):
+        raise _cron_error(expression, f"it has {len(fields)} fields")
+    return fields
+
+
+def _reject_hash_and_random(expression: str, fields: list[str]) -> None:
+    # croniter's H (hash) and R (random) values depend on an id or on chance:
+    # fire times must be the same on every node and after every restart.
+    for field in fields:
+        for value in field.split(","):
+            if _HASH_OR_RANDOM.match(value):
+                raise _cron_error(
+                    expression,
+                    f"{value!r} is a hash or random value, which makes fire times unpredictable",
+                    fix="name the values instead, e.g. '17 * * * *'",
+                )
+
+
+def _check_each_field(expression: str, fields: list[str], seconds_first: bool) -> None:
+    """Find the field croniter refuses, so the message can name it."""
+    names = _FIELD_NAMES_WITH_SECONDS if seconds_first else _FIELD_NAMES
+    for index, (name, value) in enumerate(zip(names, fields, strict=True)):
+        alone = ["*"] * len(fields)
+        alone[index] = value
+        reason = _croniter_refusal(" ".join(alone), seconds_first)
+        if reason is not None:
+            problem = "out of range" if "out of" in reason else "not understood"
+            raise _cron_error(
+                expression,
+                f"{name} {value!r} {problem} (values {_FIELD_VALUES[name]},"
+                " lists a,b, ranges a-b, steps */n)",
+            )
+    reason = _croniter_refusal(" ".join(fields), seconds_first)
+    if reason is not None:
+        raise _cron_error(expression, reason)
+
+
+def _croniter_refusal(expression: str, seconds_first: bool) -> str | None:
+    try:
+        croniter.expand(expression, second_at_beginning=seconds_first)
+    except CroniterError as exc:
+        return str(exc).splitlines()[-1] or type(exc).__name__
+    return None
+
+
+def _check_it_fires(expression: str, normalised: str, seconds_first: bool) -> None:
+    iterator = croniter(normalised, _VALIDATION_START, second_at_beginning=seconds_first)
+    try:
+        iterator.get_next(datetime)
+    except CroniterBadDateError:
+        raise _cron_error(
+            expression,
+            "it never fires (no date matches its day and month fields)",
+            fix="check those fields",
+        ) from None
+
+
+def _cron_error(expression: str, problem: str, *, fix: str = _CRON_USAGE) -> InvalidSchedule:
+    return InvalidSchedule(f"invalid cron expression {expression!r}: {problem}; {fix}")
+
+
+@functools.lru_cache(maxsize=8192)
+def _croniter_for_this_thread(expression: str, seconds_first: bool, thread_id: int) -> croniter:
+    """A croniter owned by one thread: it keeps its position in itself, so sharing
+    one between threads would mix their answers, and building one per call costs
+    four times what a step does. A dead thread's id can be reused, which is safe:
+    only one live thread ever has a given id."""
+    return croniter(expression, _VALIDATION_START, second_at_beginning=seconds_first)
+
+
+# ---------------------------------------------------------------------------
+# Wall clock <-> real instants
+# ---------------------------------------------------------------------------
+
+
+class _WallKind(Enum):
+    REGULAR = "regular"  # happens exactly once
+    REPEATED = "repeated"  # happens twice: the clock went back over it
+    SKIPPED = "skipped"  # never happens: the clock jumped over it
+
+
+@dataclass(frozen=True, slots=True)
+class _Shift:
+    """One change of UTC offset, seen from the wall clock."""
+
+    instant: datetime  # when the offset changed (UTC)
+    start: datetime  # first wall time repeated or skipped (naive)
+    end: datetime  # first wall time after the repeated or skipped ones (naive)
+
+
+def _wall_kind(wall: datetime, zone: ZoneInfo) -> _WallKind:
+    # PEP 495: fold=0 reads a wall time with the offset in force before a change,
+    # fold=1 with the offset after it; they differ only around a change.
+    before = wall.replace(tzinfo=zone, fold=0).utcoffset()
+    after = wall.replace(tzinfo=zone, fold=1).utcoffset()
+    assert before is not None
+    assert after is not None
+    if before == after:
+        return _WallKind.REGULAR
+    # The clock goes back when the offset shrinks, forward when it grows.
+    return _WallKind.REPEATED if before > after else _WallKind.SKIPPED
+
+
+def _instant(wall: datetime, zone: ZoneInfo, fold: int) -> datetime:
+    return wall.replace(tzinfo=zone, fold=fold).astimezone(UTC)
+
+
+def _shift_around(wall: datetime, zone: ZoneInfo) -> _Shift:
+    """The offset change that repeats or skips ``wall``, found to the second.
+
+    Read with the old offset and with the new one, ``wall`` gives two instants
+    with the change between them: the earlier one still has the old offset, the
+    later one the new. Halving that bracket finds the change without assuming it
+    happens at a full hour or moves the clock by one hour. Zone transitions are
+    whole seconds.
+    """
+    old_offset = wall.replace(tzinfo=zone, fold=0).utcoffset()
+    new_offset = wall.replace(tzinfo=zone, fold=1).utcoffset()
+    assert old_offset is not None
+    assert new_offset is not None
+    low, high = sorted(
+        _utc_seconds(wall.replace(tzinfo=zone, fold=fold)) for fold in (0, 1)
+    )  # invariant: low has the old offset, high the new one
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _offset_at(middle, zone) == old_offset:
+            low = middle
+        else:
+            high = middle
+    instant = _EPOCH + timedelta(seconds=high)
+    naive = instant.replace(tzinfo=None)
+    return _Shift(
+        instant=instant,
+        start=naive + min(old_offset, new_offset),
+        end=naive + max(old_offset, new_offset),
+    )
+
+
+def _utc_seconds(moment: datetime) -> int:
+    return (moment - _EPOCH) // _ONE_SECOND
+
+
+def _offset_at(utc_seconds: int, zone: ZoneInfo) -> timedelta | None:
+    return (_EPOCH + timedelta(seconds=utc_seconds)).astimezone(zone).utcoffset()
+
+
+# ---------------------------------------------------------------------------
+# Next fire time
+# ---------------------------------------------------------------------------
+
+
+def next_fire_after(trigger: Trigger, zone: ZoneInfo, after: datetime) -> datetime | None:
+    """The first fire time strictly after ``after``, in UTC; None if there is none.
+
+    ``zone`` is the schedule's time zone: it matters for Cron only.
+    ValueError if ``after`` is naive.
+    """
+    after = _require_aware(after, "after")
+    if isinstance(trigger, Every):
+        return _every_fire(trigger, _first_every_index_after(trigger, after))
+    if isinstance(trigger, Once):
+        return trigger.at if trigger.at > after else None
+    if isinstance(trigger, Cron):
+        return _next_cron_fire(_compile(trigger.expression), zone, after)
+    assert_never(trigger)
+
+
+def fire_times(
+    trigger: Trigger, zone: ZoneInfo, *, after: datetime, until: datetime, limit: int
+) -> list[datetime]:
+    """Fire times ``t`` with ``after < t <= until``, oldest first: the ``limit`` oldest."""
+    after = _require_aware(after, "after")
+    until = _require_aware(until, "until")
+    if limit < 0:
+        raise ValueError(f"limit={limit!r} is negative: pass 0 or more")
+    if until <= after or limit == 0:
+        return []
+    if isinstance(trigger, Every):
+        return _every_fires_between(trigger, after, until, limit)
+    fires: list[datetime] = []
+    following = next_fire_after(trigger, zone, after)
+    while following is not None and following <= until:
+        fires.append(following)
+        if len(fires) == limit:
+            break
+        following = next_fire_after(trigger, zone, following)
+    return fires
+
+
+# Every: integer microseconds, so a million periods later there is no float drift.
+
+
+def _period_microseconds(trigger: Every) -> int:
+    return round(trigger.seconds * 1_000_000)
+
+
+def _first_every_index_after(trigger: Every, after: datetime) -> int:
+    elapsed = (after - trigger.anchor) // _ONE_MICROSECOND
+    if elapsed < 0:
+        return 0
+    return elapsed // _period_microseconds(trigger) + 1
+
+
+def _every_fire(trigger: Every, index: int) -> datetime | None:
+    try:
+        return trigger.anchor + timedelta(microseconds=index * _period_microseconds(trigger))
+    except OverflowError:
+        return None  # past year 9999
+
+
+def _every_fires_between(
+    trigger: Every, after: datetime, until: datetime, limit: int
+) -> list[datetime]:
+    if until < trigger.anchor:
+        return []
+    period = _period_microseconds(trigger)
+    first = _first_every_index_after(trigger, after)
+    last = (until - trigger.anchor) // _ONE_MICROSECOND // period
+    count = max(0, min(limit, last - first + 1))
+    return [
+        trigger.anchor + timedelta(microseconds=(first + step) * period) for step in range(count)
+    ]
+
+
+# Cron: iterate wall times with croniter, then map them to instants by the DST rules.
+
+
+def _next_cron_fire(cron: _WallClockCron, zone: ZoneInfo, after: datetime) -> datetime | None:
+    try:
+        # Converting from UTC sets fold=1 exactly when ``after`` is the second
+        # occurrence of a repeated wall time.
+        local = after.astimezone(zone)
+        if cron.every_real_hour:
+            return _next_fire_in_every_real_hour(cron, zone, local)
+        return _next_fire_once_per_wall_time(cron, zone, local)
+    except OverflowError:
+        return None  # the local time is past year 9999
+
+
+def _next_fire_once_per_wall_time(
+    cron: _WallClockCron, zone: ZoneInfo, local: datetime
+) -> datetime | None:
+    """Specific hours: a repeated wall time fires at its first occurrence, a skipped
+    one at the end of the gap.
+
+    That rule maps later wall times to later (or, inside one gap, equal) instants,
+    so the answer is the first matching wall time after ``local``'s own.
+    """
+    wall = local.replace(tzinfo=None)
+    if local.fold == 1:
+        # Except in the second pass over a repeated period: the first occurrences of
+        # its remaining wall times are already past, so resume after the period.
+        following = cron.first_at_or_after(_shift_around(wall, zone).end)
+    else:
+        following = cron.next_after(wall)
+    if following is None:
+        return None
+    if _wall_kind(following, zone) is _WallKind.SKIPPED:
+        return _shift_around(following, zone).instant
+    return _instant(following, zone, fold=0)
+
+
+def _next_fire_in_every_real_hour(
+    cron: _WallClockCron, zone: ZoneInfo, local: datetime
+) -> datetime | None:
+    """Every hour: each occurrence of a matching wall time fires, skipped ones never.
+
+    First occurrences (fold=0) come in wall-time order, and so do second ones
+    (fold=1), but the second occurrences of a repeated period come after the first
+    occurrences of all of it: New York, 3 Nov 2024, runs 01:00, 01:15, ... 01:45 EDT
+    then 01:00, ... 01:45 EST. So the answer is the earlier of two candidates.
+    """
+    after = local.astimezone(UTC)
+    wall = local.replace(tzinfo=None)
+    candidates: list[datetime] = []
+    if local.fold == 0 and _wall_kind(wall, zone) is _WallKind.REPEATED:
+        # In the first pass over a repeated period: the second pass is still ahead,
+        # including the wall times before ``wall``.
+        shift = _shift_around(wall, zone)
+        repeated = cron.first_at_or_after(shift.start)
+        if repeated is not None and repeated < shift.end:
+            candidates.append(_instant(repeated, zone, fold=1))
+    later = _first_real_instant_from(cron, zone, cron.next_after(wall), after)
+    if later is not None:
+        candidates.append(later)
+    return min(candidates, default=None)
+
+
+def _first_real_instant_from(
+    cron: _WallClockCron, zone: ZoneInfo, wall: datetime | None, after: datetime
+) -> datetime | None:
+    """The earliest instant later than ``after`` at which the clock shows ``wall``
+    or, failing that, one of the matching wall times after it."""
+    while wall is not None:
+        kind = _wall_kind(wall, zone)
+        if kind is _WallKind.SKIPPED:
+            # Jump over the gap rather than stepping through each of its matches
+            # (a per-second job has 3,600 of them in a one-hour gap).
+            wall = cron.first_at_or_after(_shift_around(wall, zone).end)
+            continue
+        for fold in (0, 1) if kind is _WallKind.REPEATED else (0,):
+            instant = _instant(wall, zone, fold)
+            if instant > after:
+                return instant
+        wall = cron.next_after(wall)
+    return None

@@ -1,0 +1,144 @@
+"""Real `celery beat` and `celery worker` processes for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from beat.store import Store
+from tests.conftest import SessionEnv
+
+ROOT = Path(__file__).resolve().parents[2]
+CELERY = [sys.executable, "-m", "celery", "-A", "app"]
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            os.kill(self.pid, signum)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@dataclass
+class Cluster:
+    env: SessionEnv
+    store: Store
+    workdir: Path
+    settings: dict[str, str] = field(default_factory=dict)
+    processes: list[Process] = field(default_factory=list)
+
+    def process_env(self) -> dict[str, str]:
+        dsn = (
+            make_url(self.env.database_url)
+            .set(drivername="postgresql")
+            .render_as_string(hide_password=False)
+        )
+        env = self.env.process_env(
+            HABEAT_IMPORTS="tests.e2e.jobs",
+            E2E_EFFECTS_DSN=dsn,
+            PYTHONPATH=str(ROOT),
+            **self.settings,
+        )
+        env.pop("CELERY_CONFIG_MODULE", None)
+        return env
+
+    def start(self, name: str, *args: str) -> Process:
+        log = self.workdir / f"{name}.log"
+        handle = log.open("wb")
+        popen = subprocess.Popen(
+            [*CELERY, *args],
+            cwd=ROOT,
+            env=self.process_env(),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+        handle.close()
+        process = Process(name=name, popen=popen, log=log)
+        self.processes.append(process)
+        return process
+
+    def beat(self, name: str) -> Process:
+        return self.start(
+            name, "beat", "-l", "info", "--pidfile=", "-s", str(self.workdir / f"{name}-schedule")
+        )
+
+    def worker(self, name: str, concurrency: int = 4) -> Process:
+        return self.start(
+            name,
+            "worker",
+            "-l",
+            "info",
+            "-P",
+            "threads",
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        )
+
+    def leader_holder(self) -> tuple[int, str] | None:
+        info = self.store.leader_info()
+        return None if info is None else (info.epoch, info.holder)
+
+    def leading_process(self) -> Process | None:
+        holder = self.leader_holder()
+        if holder is None:
+            return None
+        pid = int(holder[1].split(":")[1])
+        return next((p for p in self.processes if p.pid == pid and p.alive()), None)
+
+    def stop_all(self, timeout: float = 15) -> None:
+        for process in self.processes:
+            process.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            try:
+                process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.popen.kill()
+                process.popen.wait()
+
+    def effects(self) -> dict[str, int]:
+        with self.store.engine.connect() as conn:
+            rows = conn.execute(text("SELECT task_id, count(*) FROM e2e_effects GROUP BY task_id"))
+            return {row[0]: row[1] for row in rows}
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"===== {p.name} (pid {p.pid}) =====\n{p.output()[-6000:]}" for p in self.processes
+        )
+
+
+def wait_until(condition: Callable[[], object], timeout: float, interval: float = 0.05) -> float:
+    """Poll ``condition`` until truthy; return the seconds waited, or raise AssertionError."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if condition():
+            return time.monotonic() - start
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")

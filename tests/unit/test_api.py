@@ -1,0 +1,73 @@
+"""Validation of schedule definitions: every bad input is refused with a message naming it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from beat.api import MAX_PAYLOAD_BYTES, define, first_fire_at
+from beat.errors import InvalidSchedule
+from beat.tables import MisfirePolicy
+from beat.timing import Cron, Every, Once
+
+
+def test_a_cron_schedule_is_defined_in_its_zone() -> None:
+    definition = define(
+        "report", "tasks.report", cron="30 2 * * *", tz="Europe/Berlin", args=(1, "a")
+    )
+    assert definition.trigger == Cron(expression="30 2 * * *")
+    assert definition.timezone == "Europe/Berlin"
+    assert definition.args == (1, "a")
+    now = datetime(2026, 3, 29, 0, 0, tzinfo=UTC)  # Berlin springs forward at 02:00 local
+    assert first_fire_at(definition, now) == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
+
+
+def test_every_and_at() -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    definition = define("tick", "t", every=timedelta(minutes=5), start_at=start)
+    assert definition.trigger == Every(seconds=300.0, anchor=start)
+    assert first_fire_at(definition, start + timedelta(minutes=7)) == start + timedelta(minutes=10)
+    at = datetime(2020, 1, 1, tzinfo=UTC)
+    assert define("once", "t", at=at).trigger == Once(at=at)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"cron": "61 * * * *"}, "invalid cron expression '61 * * * *'"),
+        ({"cron": "* * *"}, "'* * *'"),
+        ({"cron": "0 3 * * *", "tz": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
+        ({}, "give exactly one of cron, every or at"),
+        ({"cron": "* * * * *", "every": 5}, "got cron, every"),
+        ({"every": 0.5}, "0.5"),
+        ({"at": datetime(2026, 1, 1)}, "has no time zone"),
+        ({"every": 5, "args": "abc"}, "args must be a JSON array"),
+        ({"every": 5, "kwargs": [1]}, "kwargs must be a JSON object"),
+        ({"every": 5, "args": [object()]}, "plain JSON"),
+        ({"every": 5, "args": [float("nan")]}, "plain JSON"),
+        ({"every": 5, "args": ["x" * MAX_PAYLOAD_BYTES]}, "over the 65536-byte limit"),
+        ({"every": 5, "options": {"countdown": 10}}, "countdown"),
+        ({"every": 5, "misfire_policy": "sometimes"}, "unknown misfire policy 'sometimes'"),
+        ({"every": 5, "max_attempts": 0}, "max_attempts"),
+    ],
+)
+def test_bad_input_is_refused_with_a_message_naming_it(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidSchedule) as caught:
+        define("name", "tasks.t", **fields)  # type: ignore[arg-type]
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["", "with space", "x" * 201, "semi;colon"])
+def test_bad_names_are_refused(name: str) -> None:
+    with pytest.raises(InvalidSchedule, match="schedule name"):
+        define(name, "t", every=5)
+
+
+def test_json_payload_is_normalised() -> None:
+    definition = define("n", "t", every=5, args=((1, 2), {"a": (3,)}), misfire_policy="fire_all")
+    assert definition.args == ([1, 2], {"a": [3]})
+    assert definition.misfire_policy is MisfirePolicy.FIRE_ALL
