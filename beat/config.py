@@ -45,6 +45,14 @@ class BeatConfig:
     #: Longest a claim transaction may stay idle before PostgreSQL aborts it
     #: (so a leader paused mid-claim cannot block a takeover).
     claim_idle_timeout: float = 10.0
+    #: A worker's lease on a run; a run whose lease expires is reclaimed by the leader.
+    lease_timeout: float = 30.0
+    #: How often a worker extends its lease (default: a third of the lease).
+    heartbeat_interval: float | None = None
+    #: Attempts of a run whose worker keeps dying before it is marked lost (Celery retries aside).
+    max_attempts: int = 3
+    #: The Redis broker's visibility timeout; a run queued for twice this long is published again.
+    visibility_timeout: float = 3600.0
 
     @classmethod
     def from_celery_conf(cls, conf: Any) -> BeatConfig:
@@ -66,8 +74,19 @@ class BeatConfig:
             raise ConfigError("habeat_standby_poll and habeat_max_wait must be positive")
         if self.claim_batch < 1 or self.max_catchup < 1:
             raise ConfigError("habeat_claim_batch and habeat_max_catchup must be at least 1")
+        if self.lease_timeout < 2 or self.lease_heartbeat >= self.lease_timeout:
+            raise ConfigError(
+                "habeat_lease_timeout must be at least 2 seconds and longer than the heartbeat"
+            )
+        if self.max_attempts < 1:
+            raise ConfigError("habeat_max_attempts must be at least 1")
         if not self.key_prefix:
             raise ConfigError("habeat_key_prefix must not be empty")
+
+    @property
+    def lease_heartbeat(self) -> float:
+        """Three heartbeats per lease, so one slow heartbeat does not lose it."""
+        return self.heartbeat_interval or self.lease_timeout / 3
 
     @property
     def renew_interval(self) -> float:

@@ -71,6 +71,6 @@ def publish_options(run: RunToPublish) -> dict[str, Any]:
     headers = dict(options.pop("headers", None) or {})
     headers[SCHEDULE_HEADER] = run.schedule_name
     headers[FIRE_AT_HEADER] = run.fire_at.isoformat() if run.fire_at else None
-    headers[ATTEMPT_HEADER] = run.attempt
+    headers[ATTEMPT_HEADER] = run.attempt + 1  # the attempt this delivery starts
     options["headers"] = headers
     return options

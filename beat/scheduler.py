@@ -163,6 +163,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 epoch, grace=self.config.outbox_grace, limit=self.config.claim_batch
             )
         )
+        self._reclaim(epoch)
         claim = self.store.claim_due(
             epoch,
             batch=self.config.claim_batch,
@@ -251,6 +252,31 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
 
     def _on_lease_lost(self, reason: str) -> None:
         logger.warning("lost the leader lease: %s; claiming stops", reason)
+
+    def _reclaim(self, epoch: int) -> None:
+        """Publish again the runs of dead workers; mark lost those out of attempts."""
+        reclaim = self.store.reclaim(
+            epoch,
+            stale_queued_after=2 * self.config.visibility_timeout,
+            limit=self.config.claim_batch,
+        )
+        for lost in reclaim.lost:
+            logger.error(
+                "run %s of schedule %s is lost: %s",
+                lost.id,
+                lost.schedule_name,
+                lost.error,
+                extra={"run_id": str(lost.id), "schedule": lost.schedule_name},
+            )
+        for run in reclaim.runs:
+            logger.warning(
+                "publishing run %s of schedule %s again (attempt %d): its worker's lease expired",
+                run.id,
+                run.schedule_name,
+                run.attempt + 1,
+                extra={"run_id": str(run.id), "schedule": run.schedule_name},
+            )
+        self._publish(reclaim.runs)
 
     def _plan(self, due: DueSchedule, now: datetime) -> FirePlan:
         return plan_fires(

@@ -36,6 +36,7 @@ from sqlalchemy import (
     DateTime,
     Engine,
     Row,
+    case,
     cast,
     column,
     create_engine,
@@ -96,6 +97,23 @@ class Claim:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class LostRun:
+    id: uuid.UUID
+    schedule_name: str | None
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reclaim:
+    """What one pass of the reaper did."""
+
+    #: Runs put back in the outbox, to publish again under the same task ID.
+    runs: list[RunToPublish]
+    #: Runs whose attempts are exhausted.
+    lost: list[LostRun]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LeaderInfo:
     name: str
     epoch: int
@@ -118,25 +136,21 @@ def masked_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-class Store:
-    """PostgreSQL access for schedules, runs and the leader row."""
+def create_store_engine(url: str, *, pool_size: int = 5, connect_timeout: int = 5) -> Engine:
+    """An engine on ``url``; no connection is made until first use."""
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": connect_timeout, "application_name": "habeat"},
+    )
 
-    def __init__(self, engine: Engine, *, leader_name: str = "habeat") -> None:
+
+class StoreConnection:
+    """An engine plus the translation of driver errors into domain errors."""
+
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.leader_name = leader_name
-
-    @classmethod
-    def connect(
-        cls, url: str, *, leader_name: str = "habeat", pool_size: int = 5, connect_timeout: int = 5
-    ) -> Store:
-        """A store on ``url``; no connection is made until first use."""
-        engine = create_engine(
-            url,
-            pool_size=pool_size,
-            pool_pre_ping=True,
-            connect_args={"connect_timeout": connect_timeout, "application_name": "habeat"},
-        )
-        return cls(engine, leader_name=leader_name)
 
     @property
     def url(self) -> str:
@@ -165,6 +179,19 @@ class Store:
                     f"lost the connection to PostgreSQL at {self.url} ({_first_line(exc.orig)})"
                 ) from exc
             raise
+
+
+class Store(StoreConnection):
+    """PostgreSQL access for schedules, claims, the outbox and the leader row."""
+
+    def __init__(self, engine: Engine, *, leader_name: str = "habeat") -> None:
+        super().__init__(engine)
+        self.leader_name = leader_name
+
+    @classmethod
+    def connect(cls, url: str, *, leader_name: str = "habeat", pool_size: int = 5) -> Store:
+        """A store on ``url``; no connection is made until first use."""
+        return cls(create_store_engine(url, pool_size=pool_size), leader_name=leader_name)
 
     # -- schema -------------------------------------------------------------------
 
@@ -429,7 +456,7 @@ class Store:
                 options=schedule.options,
                 schedule_name=schedule.name,
                 fire_at=fire_at,
-                attempt=1,
+                attempt=0,
             )
             for schedule, plan in plans
             for fire_at in plan.fire
@@ -527,6 +554,70 @@ class Store:
                 last_fire_at=advanced.c.last_fire_at,
             )
         )
+
+    def reclaim(self, epoch: int, *, stale_queued_after: float, limit: int) -> Reclaim:
+        """The reaper, as leader ``epoch`` (fenced like a claim), in one transaction:
+
+        - a ``running`` run whose lease expired (its worker died or was cut off)
+          goes back to the outbox (``pending``, attempt kept) to be published
+          again under the same task ID, unless it has had ``max_attempts``
+          attempts (Celery retries not counted): then it is ``lost``;
+        - a ``queued`` run published more than ``stale_queued_after`` seconds
+          ago (its message is presumed gone from the broker) goes back to the
+          outbox too; a duplicate message is refused by the worker's guard.
+        """
+        expired = (
+            select(runs.c.id)
+            .where(runs.c.state == RunState.RUNNING.value, runs.c.lease_expires_at < func.now())
+            .order_by(runs.c.lease_expires_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .cte("expired")
+        )
+        exhausted = runs.c.attempt - runs.c.retries >= runs.c.max_attempts
+        lost_error = func.concat(
+            "lease expired on attempt ",
+            runs.c.attempt,
+            " of ",
+            runs.c.max_attempts,
+            " (worker ",
+            func.coalesce(runs.c.worker, "?"),
+            "): attempts exhausted",
+        )
+        reap = (
+            update(runs)
+            .where(runs.c.id == expired.c.id)
+            .values(
+                state=case((exhausted, RunState.LOST.value), else_=RunState.PENDING.value),
+                error=case((exhausted, lost_error), else_=runs.c.error),
+                finished_at=case((exhausted, func.now()), else_=None),
+                epoch=epoch,
+                claimed_at=func.now(),
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+            .returning(*runs.c)
+        )
+        stale = (
+            update(runs)
+            .where(
+                runs.c.state == RunState.QUEUED.value,
+                runs.c.published_at
+                < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_queued_after),
+            )
+            .values(state=RunState.PENDING.value, epoch=epoch, claimed_at=func.now())
+            .returning(*runs.c)
+        )
+        with self._transaction() as conn:
+            self._verify_epoch(conn, epoch)
+            rows = [*conn.execute(reap), *conn.execute(stale)]
+        republish = [_run_from_row(row) for row in rows if row.state == RunState.PENDING.value]
+        lost = [
+            LostRun(id=row.id, schedule_name=row.schedule_name, error=row.error)
+            for row in rows
+            if row.state == RunState.LOST.value
+        ]
+        return Reclaim(runs=republish, lost=lost)
 
     def pending_runs(self, epoch: int, *, grace: float, limit: int) -> list[RunToPublish]:
         """The outbox: runs claimed but not published, by an earlier leader (any age)

@@ -133,7 +133,13 @@ runs = Table(
     Column("state", Text, nullable=False),
     Column("reason", Text),
     Column("epoch", BigInteger),
+    #: Times a worker has started the run (deliveries that passed the idempotency guard).
     Column("attempt", Integer, nullable=False, server_default=text("0")),
+    #: Celery retries so far: a delivery from before the latest retry is a stale duplicate.
+    Column("retries", Integer, nullable=False, server_default=text("0")),
+    #: Deliveries refused by the idempotency guard.
+    Column("duplicate_deliveries", Integer, nullable=False, server_default=text("0")),
+    Column("duration_seconds", Double),
     Column("max_attempts", Integer, nullable=False, server_default=text("3")),
     Column("claimed_at", TZ, nullable=False, server_default=text("now()")),
     Column("published_at", TZ),
@@ -155,6 +161,12 @@ Index(
 )
 # Run history by schedule, newest first.
 Index("ix_beat_runs_schedule_name_fire_at", runs.c.schedule_name, runs.c.fire_at.desc())
+# Runs stuck in the broker.
+Index(
+    "ix_beat_runs_queued_published_at",
+    runs.c.published_at,
+    postgresql_where=text("state = 'queued'"),
+)
 # Leases to reclaim.
 Index(
     "ix_beat_runs_running_lease",

@@ -11,9 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from celery import Celery
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from app.factory import create_app
 from beat.store import Store
 from tests.conftest import SessionEnv
 
@@ -65,13 +67,13 @@ class Cluster:
         env.pop("CELERY_CONFIG_MODULE", None)
         return env
 
-    def start(self, name: str, *args: str) -> Process:
+    def start(self, name: str, *args: str, **env: str) -> Process:
         log = self.workdir / f"{name}.log"
-        handle = log.open("wb")
+        handle = log.open("ab")  # a restarted process appends to its log
         popen = subprocess.Popen(
             [*CELERY, *args],
             cwd=ROOT,
-            env=self.process_env(),
+            env=self.process_env() | env,
             stdout=handle,
             stderr=subprocess.STDOUT,
         )
@@ -85,7 +87,7 @@ class Cluster:
             name, "beat", "-l", "info", "--pidfile=", "-s", str(self.workdir / f"{name}-schedule")
         )
 
-    def worker(self, name: str, concurrency: int = 4) -> Process:
+    def worker(self, name: str, concurrency: int = 4, **env: str) -> Process:
         return self.start(
             name,
             "worker",
@@ -99,7 +101,16 @@ class Cluster:
             f"{name}@%h",
             "--without-gossip",
             "--without-mingle",
+            **env,
         )
+
+    def app(self) -> Celery:
+        """A Celery app on this cluster's broker, to send tasks from the test."""
+        return create_app(self.env.settings())
+
+    def process_for_worker(self, hostname: str) -> Process:
+        name = hostname.split("@")[0]
+        return next(p for p in reversed(self.processes) if p.name == name)
 
     def leader_holder(self) -> tuple[int, str] | None:
         info = self.store.leader_info()

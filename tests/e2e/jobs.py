@@ -1,18 +1,52 @@
-"""Jobs used by the end-to-end tests: each records its execution in PostgreSQL,
-so a test can count how often every run really ran."""
+"""Jobs used by the end-to-end tests. Each writes its effect through the task's
+session, so it commits with the run's completion: a test can count how often
+every run's effect happened."""
 
 from __future__ import annotations
 
-import os
+import time
 
-import psycopg
+from sqlalchemy import text
 
 from app import celery_app
+from tasks.base import IdempotentTask
 
 
-@celery_app.task(name="e2e.record", bind=True)
-def record(self: object, label: str) -> str:
-    task_id = self.request.id  # type: ignore[attr-defined]
-    with psycopg.connect(os.environ["E2E_EFFECTS_DSN"], autocommit=True) as conn:
-        conn.execute("INSERT INTO e2e_effects (task_id, label) VALUES (%s, %s)", (task_id, label))
+def _record_effect(task: IdempotentTask, label: str) -> str:
+    task_id: str = task.request.id
+    task.db.execute(
+        text("INSERT INTO e2e_effects (task_id, label) VALUES (:task_id, :label)"),
+        {"task_id": task_id, "label": label},
+    )
     return task_id
+
+
+@celery_app.task(name="e2e.record", bind=True, base=IdempotentTask)
+def record(self: IdempotentTask, label: str) -> str:
+    return _record_effect(self, label)
+
+
+@celery_app.task(name="e2e.slow", bind=True, base=IdempotentTask)
+def slow(self: IdempotentTask, label: str, seconds: float) -> str:
+    """Works for ``seconds``, checking its lease between steps, then records its effect."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        self.check_lease()
+        time.sleep(0.2)
+    return _record_effect(self, label)
+
+
+@celery_app.task(
+    name="e2e.flaky",
+    bind=True,
+    base=IdempotentTask,
+    autoretry_for=(RuntimeError,),
+    retry_backoff=0.2,
+    retry_jitter=False,
+    max_retries=3,
+)
+def flaky(self: IdempotentTask, label: str, failures: int) -> str:
+    """Fails ``failures`` times (Celery autoretry), then records its effect."""
+    if self.request.retries < failures:
+        raise RuntimeError(f"failure {self.request.retries + 1} of {failures}")
+    return _record_effect(self, label)

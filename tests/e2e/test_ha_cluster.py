@@ -64,6 +64,8 @@ def assert_each_run_executed_once(cluster: Cluster, store: Store) -> None:
     effects = cluster.effects()
     assert set(effects) == run_ids, "executions of runs that do not exist"
     assert max(effects.values()) == 1, "a run executed twice"
+    states = {row.state for row in run_rows(store, task="e2e.record")}
+    assert states == {RunState.SUCCEEDED.value}
 
 
 @pytest.mark.parametrize("beats", [2, 3])
@@ -116,10 +118,11 @@ def test_killing_the_leader_hands_over_within_ttl_and_loses_no_run(
 
     time.sleep(4)
     until = store.now() - timedelta(seconds=1)
-    cluster.stop_all()
     assert_each_fire_time_once(store, anchor, until)
-    # Runs the dead leader had published but not marked may be published twice; the run
-    # table still has one run per fire time, and with the idempotent task base one execution.
+    # Runs the dead leader published but had not marked may be published twice: the
+    # idempotent task base still runs each once.
+    assert_each_run_executed_once(cluster, store)
+    cluster.stop_all()
 
 
 def test_a_clean_shutdown_hands_over_within_a_second(cluster: Cluster, store: Store) -> None:
@@ -147,6 +150,5 @@ def test_a_clean_shutdown_hands_over_within_a_second(cluster: Cluster, store: St
 
     time.sleep(3)
     until = store.now() - timedelta(seconds=1)
-    cluster.stop_all()
     assert_each_fire_time_once(store, anchor, until)
     assert_each_run_executed_once(cluster, store)

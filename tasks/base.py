@@ -1,0 +1,287 @@
+"""The idempotent task base: any Celery task becomes safe to deliver twice.
+
+    @celery_app.task(base=IdempotentTask)
+    def send_invoice(invoice_id: int) -> None: ...
+
+Before the body runs, the delivery takes the run (task ID = run ID) in the
+PostgreSQL run table with one conditional statement; a run that is finished,
+or held by another worker's live lease, is skipped, acknowledged, logged and
+counted (``duplicate_deliveries``). While the body runs, a heartbeat thread
+extends the lease every third of its length; if the lease is lost (another
+worker reclaimed the run), ``self.lease_lost`` turns true and the completion
+is refused. Writes made through ``self.db`` commit in the same transaction as
+the completion record: they happen once, or not at all.
+
+Delivery is at least once (``acks_late``, ``reject_on_worker_lost``, broker
+redelivery, the leader's reaper); completion is at most once per run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from celery import Task
+from celery.exceptions import Ignore, Reject, Retry
+from sqlalchemy.orm import Session
+
+from beat.config import BeatConfig
+from beat.errors import HABeatError, StoreUnavailable
+from beat.run_store import Refused, RunStore, Started
+from beat.tables import RunState
+
+logger = logging.getLogger(__name__)
+
+#: Namespace of the run IDs derived from task IDs that are not UUIDs (caller-chosen keys).
+TASK_ID_NAMESPACE = uuid.UUID("6c1b1f0e-8a43-4c59-9a0e-686162656174")
+#: Seconds a worker that cannot reach PostgreSQL waits before handing a message back.
+REQUEUE_DELAY = 1.0
+#: Longest error text recorded on a run.
+MAX_ERROR_LENGTH = 4000
+
+
+class LeaseLost(HABeatError):
+    """Another worker took over this run (our lease expired): stop; no result is recorded."""
+
+
+def run_id_for(task_id: str) -> uuid.UUID:
+    """The run ID of a task ID: itself if it is a UUID, else a stable UUID derived from it."""
+    try:
+        return uuid.UUID(task_id)
+    except ValueError:
+        return uuid.uuid5(TASK_ID_NAMESPACE, task_id)
+
+
+@dataclass
+class _Execution:
+    """One attempt of one run, held on the task's (thread-local) request."""
+
+    run_id: uuid.UUID
+    owner: str
+    store: RunStore
+    lease_seconds: float
+    heartbeat_every: float
+    lost: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+    session: Session | None = None
+
+    def heartbeat_loop(self) -> None:
+        valid_until = time.monotonic() + self.lease_seconds
+        while not self.stop.wait(self.heartbeat_every):
+            sent_at = time.monotonic()
+            try:
+                if not self.store.heartbeat(
+                    self.run_id, owner=self.owner, lease_seconds=self.lease_seconds
+                ):
+                    self._lose("another worker holds it now")
+                    return
+                valid_until = sent_at + self.lease_seconds
+            except HABeatError as exc:
+                logger.warning("lease heartbeat of run %s failed: %s", self.run_id, exc)
+                if time.monotonic() >= valid_until:
+                    self._lose("its lease expired while PostgreSQL was unreachable")
+                    return
+
+    def _lose(self, reason: str) -> None:
+        self.lost.set()
+        logger.warning(
+            "lost the lease on run %s: %s; its completion will not be recorded",
+            self.run_id,
+            reason,
+            extra={"run_id": str(self.run_id)},
+        )
+
+
+class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
+    """Base class of tasks whose every run completes at most once (see module docstring)."""
+
+    acks_late = True
+    reject_on_worker_lost = True
+    #: Defaults for ``autoretry_for``: exponential back-off (1 s, 2 s, 4 s, ... capped at
+    #: 10 minutes) with full jitter, at most 5 retries.
+    retry_backoff = True
+    retry_backoff_max = 600
+    retry_jitter = True
+    max_retries = 5
+
+    _stores: ClassVar[dict[tuple[int, str], RunStore]] = {}
+    _stores_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    # -- what the task body can use ---------------------------------------------------
+
+    @property
+    def db(self) -> Session:
+        """A session whose writes commit with this run's completion record (or not at all)."""
+        execution = self._execution()
+        if execution is None:
+            raise RuntimeError("self.db is only available while a delivered run executes")
+        if execution.session is None:
+            execution.session = Session(bind=execution.store.engine)
+        return execution.session
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once another worker may have taken this run over: stop work that can be stopped."""
+        execution = self._execution()
+        return execution is not None and execution.lost.is_set()
+
+    def check_lease(self) -> None:
+        """Raise :class:`LeaseLost` if the lease was lost (call it between steps of long work)."""
+        if self.lease_lost:
+            raise LeaseLost
+
+    # -- the guard ----------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.id is None or request.called_directly or request.is_eager:
+            return super().__call__(*args, **kwargs)
+        config = BeatConfig.from_celery_conf(self.app.conf)
+        store = self._run_store(config.database_url)
+        run_id = run_id_for(request.id)
+        owner = f"{request.hostname or 'worker'}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        try:
+            outcome = self._start(store, run_id, owner, config, args, kwargs)
+        except StoreUnavailable as exc:
+            # Without the guard the run must not start, nor be acknowledged as done:
+            # hand the message back so a worker that reaches PostgreSQL takes it.
+            logger.error(
+                "cannot check run %s against the run table, handing it back: %s",
+                run_id,
+                exc,
+                extra={"run_id": str(run_id)},
+            )
+            time.sleep(REQUEUE_DELAY)  # do not spin on the message while cut off
+            raise Reject(str(exc), requeue=True) from exc
+        if isinstance(outcome, Refused):
+            logger.warning(
+                "skipped a duplicate delivery of run %s (%s): it is %s%s",
+                run_id,
+                self.name,
+                outcome.state,
+                f" under the lease of {outcome.lease_owner}" if outcome.lease_owner else "",
+                extra={"run_id": str(run_id), "state": outcome.state},
+            )
+            raise Ignore
+        execution = _Execution(
+            run_id=run_id,
+            owner=owner,
+            store=store,
+            lease_seconds=config.lease_timeout,
+            heartbeat_every=config.lease_heartbeat,
+        )
+        return self._execute(execution, args, kwargs)
+
+    def _start(
+        self,
+        store: RunStore,
+        run_id: uuid.UUID,
+        owner: str,
+        config: BeatConfig,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Started | Refused:
+        request = self.request
+        return store.start(
+            run_id,
+            owner=owner,
+            worker=request.hostname or "",
+            lease_seconds=config.lease_timeout,
+            task=self.name,
+            args=list(args),
+            kwargs=dict(kwargs),
+            options=_publish_options(request),
+            retries=request.retries or 0,
+            max_attempts=config.max_attempts,
+        )
+
+    def _execute(self, execution: _Execution, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.request.habeat_execution = execution
+        heartbeat = threading.Thread(
+            target=execution.heartbeat_loop, name=f"habeat-lease-{execution.run_id}", daemon=True
+        )
+        heartbeat.start()
+        try:
+            result = super().__call__(*args, **kwargs)
+        except Retry:
+            self._finish(execution, RunState.RETRYING, retries=(self.request.retries or 0) + 1)
+            raise
+        except Ignore:
+            self._finish(execution, RunState.CANCELLED, error="ignored by the task")
+            raise
+        except Exception as exc:
+            self._finish(execution, RunState.FAILED, error=_error_text(exc))
+            raise
+        finally:
+            execution.stop.set()
+            heartbeat.join(timeout=5)
+            self.request.habeat_execution = None
+        if not self._finish(execution, RunState.SUCCEEDED):
+            raise Ignore  # another worker owns the run now: its outcome is the one recorded
+        return result
+
+    def _finish(
+        self,
+        execution: _Execution,
+        state: RunState,
+        *,
+        error: str | None = None,
+        retries: int | None = None,
+    ) -> bool:
+        """Record the outcome; with ``self.db`` used, in its transaction (success commits it)."""
+        session = execution.session
+        try:
+            if session is not None and state is not RunState.SUCCEEDED:
+                session.rollback()  # the effects of a failed attempt are not kept
+            recorded = execution.store.finish(
+                execution.run_id,
+                owner=execution.owner,
+                state=state,
+                error=error,
+                retries=retries,
+                conn=None if session is None else session.connection(),
+            )
+            if session is not None:
+                session.commit() if recorded else session.rollback()
+        finally:
+            if session is not None:
+                session.close()
+        if not recorded:
+            logger.warning(
+                "did not record run %s as %s: its lease was taken over by another worker",
+                execution.run_id,
+                state.value,
+                extra={"run_id": str(execution.run_id)},
+            )
+        return recorded
+
+    def _execution(self) -> _Execution | None:
+        execution: _Execution | None = getattr(self.request, "habeat_execution", None)
+        return execution
+
+    @classmethod
+    def _run_store(cls, url: str) -> RunStore:
+        """One engine per process and database: a forked pool child makes its own."""
+        key = (os.getpid(), url)
+        with cls._stores_lock:
+            store = cls._stores.get(key)
+            if store is None:
+                store = cls._stores[key] = RunStore.connect(url)
+        return store
+
+
+def _publish_options(request: Any) -> dict[str, Any]:
+    """Where the delivery came from, so a reclaimed run goes back to the same queue."""
+    delivery = request.delivery_info or {}
+    queue = delivery.get("routing_key")
+    return {"queue": queue} if queue else {}
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 1] + "…"

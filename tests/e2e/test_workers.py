@@ -1,0 +1,220 @@
+"""Real `celery worker` processes killed, cut off from PostgreSQL and sent
+duplicates: every run completes once and its effect exists once."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from beat.store import Store
+from beat.tables import RunState
+from tests.e2e.cluster import Cluster, wait_until
+from tests.e2e.proxy import CuttableProxy
+from tests.integration.helpers import run_rows
+
+pytestmark = pytest.mark.e2e
+
+LEASE = 6.0
+MAX_WAIT = 1.0
+FAST_RECLAIM = {"HABEAT_LEASE_TIMEOUT": str(LEASE), "HABEAT_MAX_WAIT": str(MAX_WAIT)}
+
+
+def run_row(store: Store, task_id: str) -> Any:
+    rows = run_rows(store, id=uuid.UUID(task_id))
+    return rows[0] if rows else None
+
+
+def state_of(store: Store, task_id: str) -> str | None:
+    row = run_row(store, task_id)
+    return None if row is None else row.state
+
+
+def test_a_run_of_a_killed_worker_completes_elsewhere_within_the_lease(
+    cluster: Cluster, store: Store
+) -> None:
+    cluster.settings = FAST_RECLAIM
+    cluster.beat("beat0")  # the leader runs the reaper
+    cluster.worker("worker1", concurrency=1)
+    cluster.worker("worker2", concurrency=1)
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    task_id = str(uuid.uuid4())
+    cluster.app().send_task("e2e.slow", args=["killed", 20], task_id=task_id)
+
+    wait_until(lambda: state_of(store, task_id) == RunState.RUNNING.value, timeout=30)
+    first = run_row(store, task_id)
+    victim = cluster.process_for_worker(first.worker)
+    time.sleep(2)  # mid-job
+    killed_at = time.monotonic()
+    victim.signal(signal.SIGKILL)
+
+    wait_until(lambda: (run_row(store, task_id).attempt or 0) >= 2, timeout=60, interval=0.1)
+    taken_over = time.monotonic() - killed_at
+    print(f"reclaimed {taken_over:.1f}s after SIGKILL (lease {LEASE}s, tick <= {MAX_WAIT}s)")
+    assert taken_over <= LEASE + MAX_WAIT + 2.5, f"reclaim took {taken_over:.1f}s"
+    second = run_row(store, task_id)
+    assert second.worker != first.worker
+
+    wait_until(
+        lambda: state_of(store, task_id) == RunState.SUCCEEDED.value, timeout=60, interval=0.5
+    )
+    assert cluster.effects() == {task_id: 1}, "the effect exists exactly once"
+    assert run_row(store, task_id).attempt == 2
+
+
+def test_one_message_delivered_twice_at_once_runs_its_body_once(
+    cluster: Cluster, store: Store
+) -> None:
+    cluster.settings = FAST_RECLAIM
+    cluster.worker("worker1", concurrency=1)
+    cluster.worker("worker2", concurrency=1)
+    time.sleep(4)  # both consuming
+    task_id = str(uuid.uuid4())
+    app = cluster.app()
+    with app.producer_or_acquire() as producer:
+        for _ in range(2):
+            app.send_task("e2e.slow", args=["twice", 3], task_id=task_id, producer=producer)
+
+    wait_until(
+        lambda: state_of(store, task_id) == RunState.SUCCEEDED.value, timeout=60, interval=0.2
+    )
+    wait_until(lambda: run_row(store, task_id).duplicate_deliveries >= 1, timeout=30, interval=0.2)
+    assert cluster.effects() == {task_id: 1}
+    row = run_row(store, task_id)
+    assert (row.attempt, row.duplicate_deliveries) == (1, 1), "one ran, one was refused and counted"
+    logs = "".join(p.output() for p in cluster.processes)
+    assert "skipped a duplicate delivery of run" in logs
+
+
+def test_a_worker_cut_off_from_postgres_does_not_complete_a_run_taken_over(
+    cluster: Cluster, store: Store
+) -> None:
+    url = make_url(cluster.env.database_url)
+    proxy = CuttableProxy(url.host or "127.0.0.1", url.port or 5432)
+    try:
+        cluster.settings = FAST_RECLAIM
+        cluster.beat("beat0")
+        behind_proxy = url.set(port=proxy.port).render_as_string(hide_password=False)
+        cluster.worker("worker1", concurrency=1, DATABASE_URL=behind_proxy)
+        wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+        task_id = str(uuid.uuid4())
+        cluster.app().send_task("e2e.slow", args=["partitioned", 12], task_id=task_id)
+        wait_until(lambda: state_of(store, task_id) == RunState.RUNNING.value, timeout=30)
+        cluster.worker("worker2", concurrency=1)
+
+        proxy.cut()
+        wait_until(
+            lambda: run_row(store, task_id).worker.startswith("worker2"), timeout=60, interval=0.2
+        )
+        proxy.heal()  # worker1 comes back while worker2 runs the job
+
+        wait_until(
+            lambda: state_of(store, task_id) == RunState.SUCCEEDED.value, timeout=60, interval=0.5
+        )
+        time.sleep(LEASE)  # give worker1 every chance to (wrongly) record its completion
+        assert cluster.effects() == {task_id: 1}
+        row = run_row(store, task_id)
+        assert row.worker.startswith("worker2")
+        assert row.state == RunState.SUCCEEDED.value
+        assert "lost the lease on run" in cluster.processes[1].output()
+    finally:
+        proxy.close()
+
+
+def test_celery_autoretry_keeps_the_run_and_counts_attempts(cluster: Cluster, store: Store) -> None:
+    cluster.worker("worker1", concurrency=2)
+    task_id = str(uuid.uuid4())
+    cluster.app().send_task("e2e.flaky", args=["flaky", 2], task_id=task_id)
+    wait_until(
+        lambda: state_of(store, task_id) == RunState.SUCCEEDED.value, timeout=60, interval=0.2
+    )
+    row = run_row(store, task_id)
+    assert (row.attempt, row.retries) == (3, 2)
+    assert cluster.effects() == {task_id: 1}
+
+
+def test_attempts_exhausted_end_lost_and_nothing_loops(cluster: Cluster, store: Store) -> None:
+    cluster.settings = FAST_RECLAIM | {"HABEAT_MAX_ATTEMPTS": "1"}
+    cluster.beat("beat0")
+    worker = cluster.worker("worker1", concurrency=1)
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    task_id = str(uuid.uuid4())
+    cluster.app().send_task("e2e.slow", args=["doomed", 30], task_id=task_id)
+    wait_until(lambda: state_of(store, task_id) == RunState.RUNNING.value, timeout=30)
+    worker.signal(signal.SIGKILL)
+    cluster.worker("worker2", concurrency=1)
+
+    wait_until(lambda: state_of(store, task_id) == RunState.LOST.value, timeout=60, interval=0.2)
+    time.sleep(LEASE + 2 * MAX_WAIT)
+    row = run_row(store, task_id)
+    assert row.state == RunState.LOST.value
+    assert row.attempt == 1
+    assert "attempts exhausted" in row.error
+    assert cluster.effects() == {}
+    assert "is lost" in cluster.processes[0].output()
+
+
+@pytest.fixture
+def rng() -> random.Random:
+    seed = int(time.time())
+    print(f"soak seed {seed}")
+    return random.Random(seed)
+
+
+def test_soak_2000_runs_with_random_worker_kills(
+    cluster: Cluster, store: Store, rng: random.Random
+) -> None:
+    total = 2000
+    cluster.settings = FAST_RECLAIM | {"HABEAT_VISIBILITY_TIMEOUT": "15"}
+    cluster.beat("beat0")
+    names = ["worker1", "worker2", "worker3"]
+    for name in names:
+        cluster.worker(name, concurrency=4)
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    task_ids = [str(uuid.uuid4()) for _ in range(total)]
+    stop = threading.Event()
+    kills: list[str] = []
+
+    def kill_randomly() -> None:
+        while not stop.wait(rng.uniform(1.0, 3.0)):
+            name = rng.choice(names)
+            cluster.process_for_worker(name).signal(signal.SIGKILL)
+            kills.append(name)
+            cluster.worker(name, concurrency=4)
+
+    killer = threading.Thread(target=kill_randomly, daemon=True)
+    started = time.monotonic()
+    killer.start()
+    app = cluster.app()
+    with app.producer_or_acquire() as producer:
+        for index, task_id in enumerate(task_ids):
+            app.send_task("e2e.record", args=[f"soak-{index}"], task_id=task_id, producer=producer)
+    with contextlib.suppress(AssertionError):  # kill for 20 s at most
+        wait_until(lambda: len(cluster.effects()) >= total, timeout=20, interval=1)
+    stop.set()  # stop killing; let the reaper and redelivery finish the rest
+    killer.join()
+    wait_until(lambda: len(cluster.effects()) >= total, timeout=240, interval=1)
+    elapsed = time.monotonic() - started
+
+    effects = cluster.effects()
+    rows = [row for row in run_rows(store, task="e2e.record")]
+    states: dict[str, int] = {}
+    for row in rows:
+        states[row.state] = states.get(row.state, 0) + 1
+    duplicates = sum(row.duplicate_deliveries for row in rows)
+    reclaimed = sum(1 for row in rows if row.attempt > 1)
+    print(
+        f"soak: {total} runs, {len(kills)} worker kills, {elapsed:.0f}s, states {states},"
+        f" {reclaimed} runs started more than once, {duplicates} duplicate deliveries refused"
+    )
+    assert set(effects) == set(task_ids), "no run lost"
+    assert max(effects.values()) == 1, "no effect doubled"
+    assert states == {RunState.SUCCEEDED.value: total}
+    assert len(kills) >= 3, "the soak really killed workers"

@@ -1,0 +1,179 @@
+"""The idempotency guard, leases, completion and the reaper, against real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from beat.api import Schedules
+from beat.errors import StaleEpoch
+from beat.run_store import Refused, RunStore, Started
+from beat.store import Store
+from beat.tables import RunState
+from tests.integration.helpers import run_rows
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def run_store(store: Store) -> RunStore:
+    return RunStore(store.engine)
+
+
+def start(
+    run_store: RunStore, run_id: uuid.UUID, owner: str, **overrides: Any
+) -> Started | Refused:
+    fields: dict[str, Any] = {
+        "owner": owner,
+        "worker": owner,
+        "lease_seconds": 30,
+        "task": "t",
+        "args": [1],
+        "kwargs": {},
+        "options": {"queue": "q"},
+        "retries": 0,
+        "max_attempts": 2,
+    }
+    fields.update(overrides)
+    return run_store.start(run_id, **fields)
+
+
+def expire_leases(store: Store) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE beat_runs SET lease_expires_at = now() - interval '1 second'"))
+
+
+def test_concurrent_deliveries_of_one_run_start_it_once(run_store: RunStore, store: Store) -> None:
+    run_id = uuid.uuid4()
+    barrier = threading.Barrier(8)
+
+    def deliver(index: int) -> Started | Refused:
+        barrier.wait()
+        return start(run_store, run_id, f"w{index}")
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(deliver, range(8)))
+    assert sum(isinstance(o, Started) for o in outcomes) == 1
+    refused = [o for o in outcomes if isinstance(o, Refused)]
+    assert {o.state for o in refused} == {RunState.RUNNING.value}
+    (row,) = run_rows(store)
+    assert row.duplicate_deliveries == 7, "every refused duplicate is counted"
+    assert row.options == {"queue": "q"}, "an ad hoc run keeps its payload for the reaper"
+
+
+def test_a_finished_run_refuses_deliveries_and_completion_is_guarded_by_the_lease(
+    run_store: RunStore, store: Store
+) -> None:
+    run_id = uuid.uuid4()
+    assert start(run_store, run_id, "a") == Started(attempt=1)
+    assert not run_store.finish(run_id, owner="b", state=RunState.SUCCEEDED), "not b's lease"
+    assert run_store.finish(run_id, owner="a", state=RunState.SUCCEEDED)
+    assert not run_store.finish(run_id, owner="a", state=RunState.SUCCEEDED), "completes once"
+    assert start(run_store, run_id, "c") == Refused(
+        state=RunState.SUCCEEDED.value, lease_owner=None
+    )
+    (row,) = run_rows(store)
+    assert row.state == RunState.SUCCEEDED.value
+    assert row.duration_seconds is not None
+
+
+def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced(
+    run_store: RunStore, store: Store
+) -> None:
+    run_id = uuid.uuid4()
+    assert isinstance(start(run_store, run_id, "a"), Started)
+    assert run_store.heartbeat(run_id, owner="a", lease_seconds=30)
+    assert isinstance(start(run_store, run_id, "b"), Refused), "a's lease is live"
+    expire_leases(store)
+    assert start(run_store, run_id, "b") == Started(attempt=2)
+    assert not run_store.heartbeat(run_id, owner="a", lease_seconds=30), (
+        "a learns it lost the lease"
+    )
+    assert not run_store.finish(run_id, owner="a", state=RunState.SUCCEEDED)
+    assert run_store.finish(run_id, owner="b", state=RunState.SUCCEEDED)
+
+
+def test_a_retry_lets_the_next_delivery_in_but_not_a_stale_duplicate(run_store: RunStore) -> None:
+    run_id = uuid.uuid4()
+    assert isinstance(start(run_store, run_id, "a"), Started)
+    assert run_store.finish(run_id, owner="a", state=RunState.RETRYING, retries=1, error="boom")
+    assert isinstance(start(run_store, run_id, "old", retries=0), Refused), (
+        "a copy of the first delivery"
+    )
+    assert start(run_store, run_id, "b", retries=1) == Started(attempt=2)
+
+
+def test_effects_commit_with_the_completion_or_not_at_all(
+    run_store: RunStore, store: Store
+) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(text("CREATE TABLE IF NOT EXISTS effects (run_id uuid)"))
+        conn.execute(text("TRUNCATE effects"))
+    kept, discarded = uuid.uuid4(), uuid.uuid4()
+    for run_id in (kept, discarded):
+        assert isinstance(start(run_store, run_id, "a"), Started)
+    expire_leases(store)
+    assert isinstance(start(run_store, discarded, "b"), Started)  # b took `discarded` over
+
+    for run_id in (kept, discarded):
+        with Session(bind=store.engine) as session:
+            session.execute(text("INSERT INTO effects VALUES (:id)"), {"id": run_id})
+            recorded = run_store.finish(
+                run_id, owner="a", state=RunState.SUCCEEDED, conn=session.connection()
+            )
+            session.commit() if recorded else session.rollback()
+
+    with store.engine.connect() as conn:
+        effects = [row[0] for row in conn.execute(text("SELECT run_id FROM effects"))]
+    assert effects == [kept]
+
+
+def test_the_reaper_republishes_expired_runs_and_marks_exhausted_ones_lost(
+    run_store: RunStore, store: Store
+) -> None:
+    assert store.take_leadership(1, "leader")
+    again, exhausted = uuid.uuid4(), uuid.uuid4()
+    assert isinstance(start(run_store, again, "a", max_attempts=2), Started)
+    assert isinstance(start(run_store, exhausted, "a", max_attempts=1), Started)
+    expire_leases(store)
+
+    reclaim = store.reclaim(1, stale_queued_after=3600, limit=100)
+
+    assert [run.id for run in reclaim.runs] == [again]
+    assert reclaim.runs[0].options == {"queue": "q"}
+    assert [lost.id for lost in reclaim.lost] == [exhausted]
+    assert "attempts exhausted" in reclaim.lost[0].error
+    states = {row.id: row.state for row in run_rows(store)}
+    assert states == {again: RunState.PENDING.value, exhausted: RunState.LOST.value}
+    assert store.reclaim(1, stale_queued_after=3600, limit=100).runs == [], "nothing loops"
+    # The second attempt dies too: now `again` is out of attempts as well.
+    store.mark_published([again])
+    assert start(run_store, again, "b", max_attempts=2) == Started(attempt=2)
+    expire_leases(store)
+    assert [lost.id for lost in store.reclaim(1, stale_queued_after=3600, limit=100).lost] == [
+        again
+    ]
+
+
+def test_the_reaper_is_fenced_and_republishes_runs_stuck_in_the_queue(store: Store) -> None:
+    schedules = Schedules(store)
+    schedules.create("s", "t", at=datetime.now(UTC), allow_unregistered=True)
+    assert store.take_leadership(1, "leader")
+    from tests.integration.test_store import planner
+
+    claim = store.claim_due(1, batch=10, plan=planner)
+    store.mark_published([run.id for run in claim.runs])
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE beat_runs SET published_at = now() - interval '3 hours'"))
+    assert store.take_leadership(2, "next")
+    with pytest.raises(StaleEpoch):
+        store.reclaim(1, stale_queued_after=7200, limit=10)
+    reclaim = store.reclaim(2, stale_queued_after=7200, limit=10)
+    assert [run.id for run in reclaim.runs] == [claim.runs[0].id]
