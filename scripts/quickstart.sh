@@ -32,7 +32,10 @@ start() { # name, celery arguments...
   "${CELERY[@]}" "$@" >"$LOGS/$name.log" 2>&1 &
   pids+=($!)
 }
+stopping=
 stop() {
+  [ -z "$stopping" ] || return 0
+  stopping=1
   echo; echo "quickstart: stopping the cluster"
   kill -TERM "${pids[@]}" 2>/dev/null || true
   wait "${pids[@]}" 2>/dev/null || true
