@@ -1,28 +1,64 @@
-"""``celery -A app schedules ...``: manage schedules without opening psql.
+"""``celery -A app schedules ...``: operate the scheduler without opening psql.
+
+Commands: add, update, show, list, pause, resume, remove, trigger, runs,
+leader, sync, migrate, prune, health. Each takes ``--json`` for scripts (one
+JSON document on stdout; for commands that change something, an object
+describing the result). Human output is an aligned table.
 
 Exit codes: 0 ok, 2 bad input (nothing written), 1 failure (e.g. a database
-that cannot be reached). Each error is one line that says what to do.
+that cannot be reached, or ``health`` finding a problem). Each error is one
+line on stderr that says what to do.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 import click
+import redis
 from celery.bin.base import CeleryCommand
+from sqlalchemy.exc import SQLAlchemyError
 
-from beat.api import Schedules
-from beat.errors import ConfigError, HABeatError, InvalidSchedule, ScheduleExists, ScheduleNotFound
+from beat import code_schedules, timing
+from beat.api import Schedules, first_fire_at
+from beat.config import BeatConfig
+from beat.errors import (
+    ConfigError,
+    HABeatError,
+    InvalidSchedule,
+    LeaseUnavailable,
+    ScheduleExists,
+    ScheduleNotFound,
+)
+from beat.leader import lock_key
 from beat.models import Schedule
+from beat.ops_store import FINISHED_STATES, LastRun, OpsStore, RunRecord
+from beat.store import LeaderInfo
+from beat.tables import MisfirePolicy, OverlapPolicy, RunState
 from beat.timing import Cron, Every, Once
 
 #: Errors that mean "your input is wrong" (exit 2); every other error exits 1.
 INPUT_ERRORS = (InvalidSchedule, ScheduleExists, ScheduleNotFound, ConfigError)
+#: Fire times ``show`` lists.
+UPCOMING = 5
+#: Runs ``show`` lists.
+RECENT_RUNS = 10
+#: Longest error text in a table cell (``--json`` gives it whole).
+ERROR_WIDTH = 60
+#: Seconds a Redis call of the CLI may take.
+REDIS_TIMEOUT = 3.0
+
+_MISFIRE_POLICIES = [policy.value for policy in MisfirePolicy]
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[smhdw])+$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -41,12 +77,33 @@ def _errors_as_exit_codes() -> Iterator[None]:
 
 
 def _schedules(ctx: click.Context, *, check_schema: bool = True) -> Schedules:
-    """The schedules of the app; refuses (exit 1) a database whose schema is not current."""
+    """The schedules of the app; refuses (exit 1) a database whose schema is not current.
+
+    The store's connections are closed when the command ends.
+    """
     with _errors_as_exit_codes():
         manager = Schedules.for_app(ctx.obj.app)
+        ctx.call_on_close(manager.store.dispose)
         if check_schema:
             manager.store.check_schema()
         return manager
+
+
+def _ops(manager: Schedules) -> OpsStore:
+    """The operator's queries, on the same connection pool as ``manager``."""
+    return OpsStore(manager.store.engine)
+
+
+def _config(ctx: click.Context) -> BeatConfig:
+    with _errors_as_exit_codes():
+        return BeatConfig.from_celery_conf(ctx.obj.app.conf)
+
+
+def _echo_json(document: Any) -> None:
+    click.echo(json.dumps(document, indent=2))
+
+
+# -- option parsing -------------------------------------------------------------------
 
 
 def _json_argument(
@@ -80,10 +137,69 @@ def _parse_at(_ctx: click.Context, _param: click.Parameter, value: str | None) -
     return moment
 
 
+def parse_duration(text: str) -> timedelta:
+    """``30d``, ``12h``, ``1h30m``, ``90s``, ``2w``; ValueError for anything else or zero."""
+    compact = text.strip().lower()
+    if not _DURATION.match(compact):
+        raise ValueError(f"{text!r} is not a duration such as 30d, 12h, 1h30m or 90s")
+    seconds = sum(
+        float(amount) * _DURATION_UNITS[unit] for amount, unit in _DURATION_PART.findall(compact)
+    )
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is zero: give a positive duration")
+    return timedelta(seconds=seconds)
+
+
+def _parse_duration(_ctx: click.Context, _param: click.Parameter, value: str) -> timedelta:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _parse_optional_seconds(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> float | None:
+    return None if value is None else _parse_duration(ctx, param, value).total_seconds()
+
+
+def _parse_required_at(ctx: click.Context, param: click.Parameter, value: str) -> datetime:
+    moment = _parse_at(ctx, param, value)
+    assert moment is not None
+    return moment
+
+
+def _parse_since(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> datetime | timedelta | None:
+    """A duration back from now (``2h``), or an ISO 8601 time (UTC unless it has an offset)."""
+    if value is None:
+        return None
+    if _DURATION.match(value.strip().lower()):
+        return _parse_duration(ctx, param, value)
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a duration (2h, 30m, 7d) nor an ISO 8601 time"
+            " (2027-01-31T09:00:00+00:00)"
+        ) from None
+    return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
+
+
+def _json_option(function: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="one JSON document on stdout, for scripts"
+    )(function)
+
+
+# -- the command group ------------------------------------------------------------------
+
+
 @click.group(cls=click.Group)
 @click.pass_context
 def schedules(ctx: click.Context) -> None:
-    """Manage the highly-available beat's schedules (stored in PostgreSQL)."""
+    """Operate the highly-available beat: schedules (in PostgreSQL), runs, leader, health."""
 
 
 def _command(**kwargs: Any) -> Callable[[Callable[..., Any]], click.Command]:
@@ -91,37 +207,65 @@ def _command(**kwargs: Any) -> Callable[[Callable[..., Any]], click.Command]:
 
 
 @_command()
+@_json_option
 @click.pass_context
-def migrate(ctx: click.Context) -> None:
+def migrate(ctx: click.Context, as_json: bool) -> None:
     """Create or upgrade the scheduler's tables (safe to run any time, from several places)."""
     manager = _schedules(ctx, check_schema=False)
     with _errors_as_exit_codes():
         revision = manager.store.migrate()
+    if as_json:
+        _echo_json({"revision": revision, "database": manager.store.url})
+        return
     click.echo(f"schema is at revision {revision} ({manager.store.url})")
+
+
+_DEFINITION_OPTIONS = (
+    click.option("--cron", help="cron expression: 5 fields, or 6 with seconds first"),
+    click.option("--every", type=float, help="interval in seconds (>= 1)"),
+    click.option("--at", "at", callback=_parse_at, help="one-off time, ISO 8601 with offset"),
+    click.option("--tz", help="IANA time zone of the cron fields, e.g. Europe/Berlin"),
+    click.option(
+        "--args", "args", callback=_json_argument(list, "a JSON array"), help="JSON array"
+    ),
+    click.option(
+        "--kwargs", "kwargs", callback=_json_argument(dict, "a JSON object"), help="JSON object"
+    ),
+    click.option("--queue", help="queue to publish to"),
+    click.option(
+        "--in", "in_seconds", callback=_parse_optional_seconds, help="one-off in a while: 90s, 10m"
+    ),
+    click.option("--start-at", callback=_parse_at, help="no fire time before this (ISO 8601)"),
+    click.option("--end-at", callback=_parse_at, help="no fire time after this; then it disables"),
+    click.option("--max-runs", type=click.IntRange(min=1), help="at most this many runs"),
+    click.option("--jitter", type=click.FloatRange(min=0), help="random delay up to N seconds"),
+    click.option(
+        "--overlap-policy",
+        type=click.Choice([policy.value for policy in OverlapPolicy]),
+        help="while the previous run is active (default allow)",
+    ),
+    click.option(
+        "--allow-unregistered", is_flag=True, help="accept a task name this app does not know"
+    ),
+)
+
+
+def _definition_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_DEFINITION_OPTIONS):
+        function = option(function)
+    return function
 
 
 @_command()
 @click.argument("name")
 @click.argument("task")
-@click.option("--cron", help="cron expression: 5 fields, or 6 with seconds first")
-@click.option("--every", type=float, help="interval in seconds (>= 1)")
-@click.option("--at", "at", callback=_parse_at, help="one-off time, ISO 8601 with offset")
-@click.option("--tz", help="IANA time zone of the cron fields, e.g. Europe/Berlin")
-@click.option("--args", "args", callback=_json_argument(list, "a JSON array"), help="JSON array")
-@click.option(
-    "--kwargs", "kwargs", callback=_json_argument(dict, "a JSON object"), help="JSON object"
-)
-@click.option("--queue", help="queue to publish to")
-@click.option(
-    "--misfire-policy", type=click.Choice(["fire_once", "fire_all", "skip"]), default="fire_once"
-)
+@_definition_options
+@click.option("--misfire-policy", type=click.Choice(_MISFIRE_POLICIES), default="fire_once")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=3)
 @click.option("--paused", is_flag=True, help="create it paused")
-@click.option(
-    "--allow-unregistered", is_flag=True, help="accept a task name this app does not know"
-)
+@_json_option
 @click.pass_context
-def add(ctx: click.Context, /, name: str, task: str, **options: Any) -> None:
+def add(ctx: click.Context, /, name: str, task: str, as_json: bool, **options: Any) -> None:
     """Add schedule NAME that runs TASK (give one of --cron, --every, --at)."""
     manager = _schedules(ctx)
     fields = {key: value for key, value in options.items() if value is not None}
@@ -129,19 +273,85 @@ def add(ctx: click.Context, /, name: str, task: str, **options: Any) -> None:
     allow = fields.pop("allow_unregistered", False)
     with _errors_as_exit_codes():
         created = manager.create(name, task, allow_unregistered=allow, **fields)
+    if as_json:
+        _echo_json(schedule_document(created))
+        return
     click.echo(f"added {created.name}: next fire {_time(created.next_fire_at)}")
 
 
+@_command()
+@click.argument("name")
+@click.option("--task", help="run this task instead")
+@_definition_options
+@click.option("--misfire-policy", type=click.Choice(_MISFIRE_POLICIES))
+@click.option("--max-attempts", type=click.IntRange(min=1))
+@_json_option
+@click.pass_context
+def update(ctx: click.Context, /, name: str, as_json: bool, **options: Any) -> None:
+    """Change schedule NAME: only the options given change; new timing recomputes the next fire."""
+    allow = options.pop("allow_unregistered")
+    changes = {key: value for key, value in options.items() if value is not None}
+    if not changes:
+        _fail("nothing to change: give at least one option, e.g. --cron '0 * * * *'", 2)
+    manager = _schedules(ctx)
+    with _errors_as_exit_codes():
+        updated = manager.update(name, allow_unregistered=allow, **changes)
+    if as_json:
+        _echo_json(schedule_document(updated))
+        return
+    click.echo(f"updated {updated.name}: next fire {_time(updated.next_fire_at)}")
+
+
+@_command()
+@click.argument("name")
+@_json_option
+@click.pass_context
+def show(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Show schedule NAME: its definition, next fire times and latest runs."""
+    manager = _schedules(ctx)
+    ops = _ops(manager)
+    with _errors_as_exit_codes():
+        schedule = manager.get(name)
+        upcoming = upcoming_fires(schedule, ops.ping(), UPCOMING)
+        recent = ops.runs(schedule_name=name, limit=RECENT_RUNS)
+    zone = timing.parse_zone(schedule.definition.timezone)
+    if as_json:
+        _echo_json(
+            schedule_document(schedule)
+            | {
+                "upcoming": [
+                    {"utc": _iso(moment), "local": _iso(moment.astimezone(zone))}
+                    for moment in upcoming
+                ],
+                "recent_runs": [run_document(run) for run in recent],
+            }
+        )
+        return
+    click.echo(_definition_text(schedule))
+    click.echo("")
+    click.echo(_upcoming_text(schedule, upcoming))
+    click.echo("")
+    click.echo(f"latest runs ({len(recent)})")
+    if recent:
+        click.echo(_runs_table(recent))
+
+
 @_command(name="list")
-@click.option("--json", "as_json", is_flag=True, help="one JSON document, for scripts")
+@_json_option
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool) -> None:
-    """List all schedules."""
+    """List all schedules, with their next fire time and the state of their latest run."""
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
         found = manager.list()
+        last = _ops(manager).last_runs()
     if as_json:
-        click.echo(json.dumps([schedule_document(s) for s in found], indent=2))
+        _echo_json(
+            [
+                schedule_document(s) | {"last_run": _last_run_document(last.get(s.name))}
+                for s in found
+            ]
+        )
         return
     rows = [
         (
@@ -151,21 +361,418 @@ def list_(ctx: click.Context, as_json: bool) -> None:
             s.definition.timezone,
             "yes" if s.definition.enabled else "paused",
             _time(s.next_fire_at),
+            last[s.name].state.value if s.name in last else "-",
         )
         for s in found
     ]
-    click.echo(_table(("NAME", "TASK", "SCHEDULE", "ZONE", "ENABLED", "NEXT FIRE (UTC)"), rows))
+    header = ("NAME", "TASK", "SCHEDULE", "ZONE", "ENABLED", "NEXT FIRE (UTC)", "LAST RUN")
+    click.echo(_table(header, rows))
 
 
 @_command()
 @click.argument("name")
+@_json_option
 @click.pass_context
-def remove(ctx: click.Context, name: str) -> None:
+def pause(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Stop firing schedule NAME (fire times while paused are not made up on resume)."""
+    manager = _schedules(ctx)
+    with _errors_as_exit_codes():
+        paused = manager.pause(name)
+    if as_json:
+        _echo_json(schedule_document(paused))
+        return
+    click.echo(f"paused {paused.name}")
+
+
+@_command()
+@click.argument("name")
+@_json_option
+@click.pass_context
+def resume(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Fire schedule NAME again, from its next fire time after now."""
+    manager = _schedules(ctx)
+    with _errors_as_exit_codes():
+        resumed = manager.resume(name)
+    if as_json:
+        _echo_json(schedule_document(resumed))
+        return
+    click.echo(f"resumed {resumed.name}: next fire {_time(resumed.next_fire_at)}")
+
+
+@_command()
+@click.argument("name")
+@_json_option
+@click.pass_context
+def remove(ctx: click.Context, name: str, as_json: bool) -> None:
     """Remove schedule NAME (its run history is kept)."""
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
         manager.delete(name)
+    if as_json:
+        _echo_json({"removed": name})
+        return
     click.echo(f"removed {name}")
+
+
+@_command()
+@click.argument("name")
+@_json_option
+@click.pass_context
+def trigger(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Run schedule NAME once, now (even if paused); prints the run ID (= Celery task ID).
+
+    The leader publishes the run at its next tick; the schedule's next fire time is unchanged.
+    """
+    manager = _schedules(ctx)
+    with _errors_as_exit_codes():
+        run = _ops(manager).trigger(name)
+    if as_json:
+        _echo_json(run_document(run))
+        return
+    click.echo(f"triggered {name}: run {run.id} (the leader publishes it at its next tick)")
+
+
+@_command()
+@click.argument("name")
+@click.option("--from", "start", required=True, callback=_parse_required_at, help="ISO 8601")
+@click.option("--to", "end", required=True, callback=_parse_required_at, help="ISO 8601")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@_json_option
+@click.pass_context
+def backfill(
+    ctx: click.Context, name: str, start: datetime, end: datetime, limit: int, as_json: bool
+) -> None:
+    """Create runs of NAME for its fire times between --from and --to (missing ones only)."""
+    manager = _schedules(ctx)
+    with _errors_as_exit_codes():
+        created = manager.backfill(name, start=start, end=end, limit=limit)
+    if as_json:
+        _echo_json([run_document(run) for run in created])
+        return
+    click.echo(f"backfilled {name}: {len(created)} runs queued")
+
+
+@_command()
+@click.argument("name", required=False)
+@click.option("--state", type=click.Choice([state.value for state in RunState]))
+@click.option(
+    "--since",
+    callback=_parse_since,
+    help="only runs since: a duration back from now (2h, 30m, 7d) or an ISO 8601 time (UTC)",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@_json_option
+@click.pass_context
+def runs(
+    ctx: click.Context,
+    name: str | None,
+    state: str | None,
+    since: datetime | timedelta | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Run history, newest first: of schedule NAME, or of all (also of removed schedules)."""
+    manager = _schedules(ctx)
+    with _errors_as_exit_codes():
+        found = _ops(manager).runs(
+            schedule_name=name,
+            state=None if state is None else RunState(state),
+            since=since,
+            limit=limit,
+        )
+    if as_json:
+        _echo_json([run_document(run) for run in found])
+        return
+    if not found:
+        click.echo("no runs match")
+        return
+    click.echo(_runs_table(found))
+
+
+@_command()
+@_json_option
+@click.pass_context
+def leader(ctx: click.Context, as_json: bool) -> None:
+    """Which process leads: holder, epoch and since when (PostgreSQL), lease expiry (Redis)."""
+    config = _config(ctx)
+    manager = _schedules(ctx)
+    with _errors_as_exit_codes():
+        info = manager.store.leader_info()
+        now = _ops(manager).ping()
+        lease = read_lease(config)
+    if as_json:
+        _echo_json(_leader_document(info, lease))
+        return
+    click.echo(_leader_text(info, lease, now))
+
+
+@_command()
+@_json_option
+@click.pass_context
+def sync(ctx: click.Context, as_json: bool) -> None:
+    """Push the schedules defined in code (beat_schedule, @periodic) to PostgreSQL now.
+
+    Beat does the same when it starts. Unchanged ones keep their runtime state
+    (a pause survives); code schedules no longer in code are removed.
+    """
+    manager = _schedules(ctx)
+    app = ctx.obj.app
+    try:
+        app.loader.import_default_modules()
+    except ImportError as exc:
+        _fail(f"cannot import the task modules ({exc}): fix the module or HABEAT_IMPORTS", 1)
+    with _errors_as_exit_codes():
+        definitions = code_schedules.collect(app, default_tz=manager.default_tz)
+        report = manager.store.sync_code_schedules(definitions, first_fire_at)
+    if as_json:
+        _echo_json(asdict(report))
+        return
+    click.echo(
+        f"synced {len(definitions)} code schedules: {len(report.created)} created,"
+        f" {len(report.updated)} updated, {len(report.unchanged)} unchanged,"
+        f" {len(report.removed)} removed"
+    )
+    for outcome in ("created", "updated", "removed"):
+        for schedule_name in getattr(report, outcome):
+            click.echo(f"  {outcome} {schedule_name}")
+    for schedule_name in report.conflicts:
+        click.echo(
+            f"Warning: code schedule {schedule_name} not synced: a schedule created at runtime"
+            " has that name (rename one of them)",
+            err=True,
+        )
+
+
+@_command()
+@click.option(
+    "--older-than",
+    required=True,
+    callback=_parse_duration,
+    help="age of finished runs to delete, e.g. 30d, 12h, 1h30m",
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1, max=100_000),
+    default=1000,
+    show_default=True,
+    help="rows deleted per transaction",
+)
+@_json_option
+@click.pass_context
+def prune(ctx: click.Context, older_than: timedelta, batch: int, as_json: bool) -> None:
+    """Delete finished runs (succeeded, failed, lost, skipped, cancelled) older than a cutoff.
+
+    Age counts from finished_at (from claimed_at where that is missing). Runs still
+    pending, queued, running or retrying are never deleted. Deletes --batch rows per
+    transaction, so the run table is never locked for long.
+    """
+    manager = _schedules(ctx)
+    with _errors_as_exit_codes():
+        report = _ops(manager).prune(older_than, batch=batch)
+    if as_json:
+        _echo_json(
+            {
+                "deleted": report.deleted,
+                "batches": report.batches,
+                "cutoff": _iso(report.cutoff),
+                "states": [state.value for state in FINISHED_STATES],
+            }
+        )
+        return
+    click.echo(
+        f"deleted {report.deleted} finished runs older than {_time(report.cutoff)} UTC"
+        f" ({report.batches} batches of at most {batch})"
+    )
+
+
+@_command()
+@_json_option
+@click.pass_context
+def health(ctx: click.Context, as_json: bool) -> None:
+    """Exit 0 if PostgreSQL answers, the schema is current, Redis answers and a leader
+    holds a valid lease; else exit 1 with one line per failing check."""
+    config = _config(ctx)
+    manager = _schedules(ctx, check_schema=False)
+    checks = health_checks(manager, config)
+    healthy = all(check.ok for check in checks)
+    if as_json:
+        _echo_json(
+            {
+                "healthy": healthy,
+                "checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks},
+            }
+        )
+    else:
+        for check in checks:
+            if check.ok:
+                click.echo(f"ok  {check.name:<8}  {check.detail}")
+            else:
+                click.echo(f"Error: {check.name}: {check.detail}", err=True)
+    if not healthy:
+        sys.exit(1)
+
+
+# -- the leader lease, read from Redis --------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LeaseStatus:
+    """The lock key of the leader lease as Redis holds it now."""
+
+    key: str
+    #: The token stored in the key (the leader's holder ID); None when no one holds it.
+    holder: str | None
+    #: Milliseconds until the key expires; None when no one holds it.
+    ttl_ms: int | None
+    #: Where Redis is, password hidden.
+    where: str
+
+
+def read_lease(config: BeatConfig) -> LeaseStatus:
+    """The lock key's value and PTTL, read together (one MULTI); LeaseUnavailable if Redis
+    does not answer."""
+    key = lock_key(config.key_prefix)
+    client = redis.Redis.from_url(
+        config.redis_url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT
+    )
+    kwargs = client.connection_pool.connection_kwargs
+    where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+    try:
+        pipe = client.pipeline(transaction=True)
+        pipe.get(key)
+        pipe.pttl(key)
+        value, ttl_ms = pipe.execute()
+    except redis.RedisError as exc:
+        raise LeaseUnavailable(
+            f"Redis at {where} is unreachable ({exc}): start it"
+            " (`docker compose up -d redis`) or set REDIS_URL"
+        ) from exc
+    finally:
+        client.close()
+    holder = value.decode() if isinstance(value, bytes) else value
+    return LeaseStatus(
+        key=key,
+        holder=holder,
+        ttl_ms=int(ttl_ms) if holder is not None and int(ttl_ms) >= 0 else None,
+        where=where,
+    )
+
+
+def lease_is_valid(info: LeaderInfo | None, lease: LeaseStatus) -> bool:
+    """A leader holds a valid lease: the lock exists and names the holder of the leader row."""
+    return info is not None and lease.holder is not None and lease.holder == info.holder
+
+
+def _leader_document(info: LeaderInfo | None, lease: LeaseStatus) -> dict[str, Any]:
+    return {
+        "leader": None
+        if info is None
+        else {"holder": info.holder, "epoch": info.epoch, "since": _iso(info.acquired_at)},
+        "lease": {
+            "key": lease.key,
+            "holder": lease.holder,
+            "expires_in_seconds": None if lease.ttl_ms is None else lease.ttl_ms / 1000,
+        },
+        "valid": lease_is_valid(info, lease),
+    }
+
+
+def _leader_text(info: LeaderInfo | None, lease: LeaseStatus, now: datetime) -> str:
+    rows: list[tuple[str, str]] = []
+    if info is None:
+        rows.append(("leader", "none has ever led (no leader row)"))
+    else:
+        held_for = _duration_text(now - info.acquired_at)
+        rows += [
+            ("holder", info.holder),
+            ("epoch", str(info.epoch)),
+            ("since", f"{_time(info.acquired_at)} UTC ({held_for} ago)"),
+        ]
+    if lease.holder is None:
+        rows.append(("lease", f"free: nobody holds {lease.key}"))
+    else:
+        expiry = "no expiry" if lease.ttl_ms is None else f"expires in {lease.ttl_ms / 1000:.1f}s"
+        rows.append(("lease", f"{lease.key} held by {lease.holder}, {expiry}"))
+    rows.append(("status", _leader_status(info, lease)))
+    return _table(("", ""), rows, show_header=False)
+
+
+def _leader_status(info: LeaderInfo | None, lease: LeaseStatus) -> str:
+    if lease_is_valid(info, lease):
+        return "leading"
+    if lease.holder is None:
+        return (
+            f"nobody holds the lease {lease.key}: start `celery -A app beat`"
+            " (a standby takes over within the lock TTL)"
+        )
+    recorded = "no process" if info is None else info.holder
+    return (
+        f"the lease is held by {lease.holder} but the leader row names {recorded}:"
+        " a takeover is in progress, check again in a few seconds"
+    )
+
+
+# -- health -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def health_checks(manager: Schedules, config: BeatConfig) -> list[Check]:
+    """postgres, schema, redis, leader: each passes or says what is wrong."""
+    store = manager.store
+    postgres = _probe("postgres", _ops(manager).ping, f"PostgreSQL at {store.url} answers")
+    schema = (
+        _probe("schema", store.check_schema, "schema is current")
+        if postgres.ok
+        else _not_checked("schema", "PostgreSQL does not answer")
+    )
+    try:
+        lease = read_lease(config)
+    except LeaseUnavailable as exc:
+        redis_down = Check(name="redis", ok=False, detail=str(exc))
+        return [postgres, schema, redis_down, _not_checked("leader", "Redis does not answer")]
+    redis_up = Check(name="redis", ok=True, detail=f"Redis at {lease.where} answers")
+    if not schema.ok:
+        return [postgres, schema, redis_up, _not_checked("leader", "the schema is not current")]
+    return [postgres, schema, redis_up, _leader_check(manager, lease)]
+
+
+def _leader_check(manager: Schedules, lease: LeaseStatus) -> Check:
+    try:
+        info = manager.store.leader_info()
+    except (HABeatError, SQLAlchemyError) as exc:
+        return Check(name="leader", ok=False, detail=_first_line(exc))
+    if info is not None and lease_is_valid(info, lease):
+        expiry = "" if lease.ttl_ms is None else f", lease expires in {lease.ttl_ms / 1000:.1f}s"
+        return Check(
+            name="leader", ok=True, detail=f"{info.holder} leads (epoch {info.epoch}{expiry})"
+        )
+    return Check(name="leader", ok=False, detail=_leader_status(info, lease))
+
+
+def _probe(name: str, action: Callable[[], object], success: str) -> Check:
+    try:
+        action()
+    except (HABeatError, SQLAlchemyError) as exc:
+        return Check(name=name, ok=False, detail=_first_line(exc))
+    return Check(name=name, ok=True, detail=success)
+
+
+def _not_checked(name: str, because: str) -> Check:
+    return Check(name=name, ok=False, detail=f"not checked: {because}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# -- schedules: documents and text --------------------------------------------------------
 
 
 def spec_text(schedule: Schedule) -> str:
@@ -192,9 +799,138 @@ def schedule_document(schedule: Schedule) -> dict[str, Any]:
         "origin": definition.origin.value,
         "misfire_policy": definition.misfire_policy.value,
         "max_attempts": definition.max_attempts,
+        "overlap_policy": definition.overlap_policy.value,
+        "jitter_seconds": definition.jitter_seconds,
+        "start_at": _iso(definition.start_at),
+        "end_at": _iso(definition.end_at),
+        "max_runs": definition.max_runs,
+        "runs_count": schedule.runs_count,
+        "disabled_reason": schedule.disabled_reason,
         "next_fire_at": _iso(schedule.next_fire_at),
         "last_fire_at": _iso(schedule.last_fire_at),
     }
+
+
+def upcoming_fires(schedule: Schedule, now: datetime, count: int) -> list[datetime]:
+    """The next ``count`` fire times: from the stored next fire time, or, for a paused
+    schedule, those it would have if resumed ``now``."""
+    definition = schedule.definition
+    zone = timing.parse_zone(definition.timezone)
+    following = schedule.next_fire_at
+    if not definition.enabled and not isinstance(definition.trigger, Once):
+        following = timing.next_fire_after(definition.trigger, zone, now)
+    found: list[datetime] = []
+    while following is not None and len(found) < count:
+        found.append(following)
+        following = timing.next_fire_after(definition.trigger, zone, following)
+    return found
+
+
+def _definition_text(schedule: Schedule) -> str:
+    definition = schedule.definition
+    rows = [
+        ("name", definition.name),
+        ("task", definition.task),
+        ("schedule", spec_text(schedule)),
+        ("zone", definition.timezone),
+        ("enabled", "yes" if definition.enabled else "paused"),
+        ("origin", definition.origin.value),
+        ("args", json.dumps(list(definition.args))),
+        ("kwargs", json.dumps(definition.kwargs)),
+        ("options", json.dumps(definition.options)),
+        ("misfire policy", definition.misfire_policy.value),
+        ("max attempts", str(definition.max_attempts)),
+        ("next fire", f"{_time(schedule.next_fire_at)} UTC"),
+        ("last fire", f"{_time(schedule.last_fire_at)} UTC" if schedule.last_fire_at else "-"),
+        ("created", f"{_time(schedule.created_at)} UTC"),
+        ("updated", f"{_time(schedule.updated_at)} UTC"),
+    ]
+    return _table(("", ""), rows, show_header=False)
+
+
+def _upcoming_text(schedule: Schedule, upcoming: Sequence[datetime]) -> str:
+    zone_name = schedule.definition.timezone
+    title = "next fire times" + ("" if schedule.definition.enabled else " (if resumed now)")
+    if not upcoming:
+        return f"{title}: none (a one-off that has fired)"
+    zone = timing.parse_zone(zone_name)
+    rows = [
+        (moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z"), _time(moment))
+        for moment in upcoming
+    ]
+    return f"{title}\n" + _table((zone_name, "UTC"), rows, indent="  ")
+
+
+# -- runs: documents and text ---------------------------------------------------------------
+
+
+def run_document(run: RunRecord) -> dict[str, Any]:
+    lateness = run.lateness
+    return {
+        "id": str(run.id),
+        "schedule": run.schedule_name,
+        "task": run.task,
+        "state": run.state.value,
+        "fire_at": _iso(run.fire_at),
+        "claimed_at": _iso(run.claimed_at),
+        "published_at": _iso(run.published_at),
+        "started_at": _iso(run.started_at),
+        "finished_at": _iso(run.finished_at),
+        "lateness_seconds": None if lateness is None else lateness.total_seconds(),
+        "duration_seconds": run.duration_seconds,
+        "worker": run.worker,
+        "attempt": run.attempt,
+        "max_attempts": run.max_attempts,
+        "retries": run.retries,
+        "duplicate_deliveries": run.duplicate_deliveries,
+        "epoch": run.epoch,
+        "reason": run.reason,
+        "error": run.error,
+        "args": run.args,
+        "kwargs": run.kwargs,
+    }
+
+
+def _last_run_document(last: LastRun | None) -> dict[str, Any] | None:
+    if last is None:
+        return None
+    return {"id": str(last.id), "state": last.state.value, "fire_at": _iso(last.fire_at)}
+
+
+def _runs_table(found: Sequence[RunRecord]) -> str:
+    header = (
+        "RUN ID",
+        "SCHEDULE",
+        "FIRE TIME (UTC)",
+        "PUBLISHED",
+        "STARTED",
+        "FINISHED",
+        "LATENESS",
+        "WORKER",
+        "ATTEMPT",
+        "STATE",
+        "ERROR",
+    )
+    rows = [
+        (
+            str(run.id),
+            run.schedule_name or "-",
+            _time(run.fire_at) if run.fire_at else "-",
+            _time_near(run.published_at, run.fire_at),
+            _time_near(run.started_at, run.fire_at),
+            _time_near(run.finished_at, run.fire_at),
+            "-" if run.lateness is None else _duration_text(run.lateness),
+            run.worker or "-",
+            f"{run.attempt}/{run.max_attempts}",
+            run.state.value,
+            _truncate(run.error or run.reason or ""),
+        )
+        for run in found
+    ]
+    return _table(header, rows)
+
+
+# -- formatting ---------------------------------------------------------------------------
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -202,13 +938,52 @@ def _iso(moment: datetime | None) -> str | None:
 
 
 def _time(moment: datetime | None) -> str:
-    return "finished" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
+    return "finished" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
-    lines = [
-        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in (header, *rows)
-    ]
-    return "\n".join(lines)
+def _time_near(moment: datetime | None, reference: datetime | None) -> str:
+    """A time of day when it falls on the reference's (UTC) day, else date and time."""
+    if moment is None:
+        return "-"
+    moment = moment.astimezone(UTC)
+    if reference is not None and reference.astimezone(UTC).date() == moment.date():
+        return moment.strftime("%H:%M:%S.%f")[:-3]
+    return _time(moment)
+
+
+def _duration_text(delta: timedelta) -> str:
+    seconds = delta.total_seconds()
+    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
+    if seconds < 60:
+        return f"{sign}{seconds:.3f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{sign}{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{sign}{hours}h{minutes:02d}m"
+    return f"{sign}{hours // 24}d{hours % 24:02d}h"
+
+
+def _truncate(text: str, width: int = ERROR_WIDTH) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    show_header: bool = True,
+    indent: str = "",
+) -> str:
+    lines = [columns, *rows] if show_header else list(rows)
+    if not lines:
+        return ""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(*lines, strict=True)]
+    return "\n".join(indent + _aligned(row, widths) for row in lines)
+
+
+def _aligned(row: Sequence[str], widths: Sequence[int]) -> str:
+    cells = (str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+    return "  ".join(cells).rstrip()

@@ -97,7 +97,6 @@ class Settings:
             "task_reject_on_worker_lost": True,
             "worker_prefetch_multiplier": 1,
             "worker_send_task_events": True,
-            "task_send_sent_event": True,
             "timezone": self.timezone,
             "enable_utc": True,
             "imports": (*TASK_MODULES, *self.imports),

@@ -21,15 +21,18 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from beat import timing
 from beat.config import BeatConfig
 from beat.errors import InvalidSchedule, UnknownTask
 from beat.models import Schedule, ScheduleDefinition
 from beat.store import Store
-from beat.tables import MisfirePolicy, Origin
+from beat.tables import MisfirePolicy, Origin, OverlapPolicy
 from beat.timing import Trigger
+
+if TYPE_CHECKING:
+    from beat.ops_store import RunRecord
 
 #: Largest JSON encoding of a schedule's args and kwargs together (they travel in every message).
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -58,19 +61,36 @@ def define(
     max_attempts: int = 3,
     origin: Origin = Origin.API,
     start_at: datetime | None = None,
+    end_at: datetime | None = None,
+    max_runs: int | None = None,
+    overlap_policy: OverlapPolicy | str = OverlapPolicy.ALLOW,
+    jitter: float = 0.0,
+    in_seconds: float | None = None,
     default_tz: str = "UTC",
 ) -> ScheduleDefinition:
     """Validate a schedule; raise :class:`InvalidSchedule` naming the first problem.
 
     Exactly one of ``cron`` (5 fields, or 6 with seconds first), ``every``
-    (seconds or a timedelta; first run one period after ``start_at``, default
-    now) and ``at`` (an aware datetime: one run, at once if it is past).
+    (seconds or a timedelta; first run at ``start_at`` if given, else one
+    period from now), ``at`` (an aware datetime: one run, at once if it is
+    past) and ``in_seconds`` (one run that many seconds from now). The window:
+    no fire time before ``start_at`` or after ``end_at``, at most ``max_runs``
+    runs; a schedule past its window disables itself.
     """
     _check_name(name)
     _check_task_name(task)
     zone_name = tz or default_tz
     timing.parse_zone(zone_name)
+    if in_seconds is not None:
+        if at is not None or not _positive_number(in_seconds, allow_zero=True):
+            raise InvalidSchedule(
+                f"in_seconds must be a number >= 0 (and no `at`), got {in_seconds!r}"
+            )
+        at = datetime.now(UTC) + timedelta(seconds=in_seconds)
     trigger = _trigger(cron=cron, every=every, at=at, start_at=start_at)
+    _check_window(start_at, end_at, max_runs)
+    if not _positive_number(jitter, allow_zero=True):
+        raise InvalidSchedule(f"jitter must be a number of seconds >= 0, got {jitter!r}")
     payload_args, payload_kwargs = _check_payload(args, kwargs)
     publish_options = _check_options(options, queue)
     policy = _misfire_policy(misfire_policy)
@@ -88,7 +108,49 @@ def define(
         misfire_policy=policy,
         max_attempts=max_attempts,
         origin=origin,
+        overlap_policy=_overlap_policy(overlap_policy),
+        jitter_seconds=float(jitter),
+        start_at=start_at,
+        end_at=end_at,
+        max_runs=max_runs,
     )
+
+
+def _positive_number(value: object, *, allow_zero: bool = False) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    return value >= 0 if allow_zero else value > 0
+
+
+def _check_window(start_at: datetime | None, end_at: datetime | None, max_runs: int | None) -> None:
+    for label, moment in (("start_at", start_at), ("end_at", end_at)):
+        if moment is not None and (not isinstance(moment, datetime) or moment.utcoffset() is None):
+            raise InvalidSchedule(
+                f"{label} must be an aware datetime (with a UTC offset), got {moment!r}"
+            )
+    if start_at is not None and end_at is not None and end_at <= start_at:
+        raise InvalidSchedule(
+            f"end_at {end_at.isoformat()} is not after start_at {start_at.isoformat()}"
+        )
+    if max_runs is not None and (
+        isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
+    ):
+        raise InvalidSchedule(f"max_runs must be a whole number >= 1, got {max_runs!r}")
+
+
+def _overlap_policy(value: OverlapPolicy | str) -> OverlapPolicy:
+    return _choice(OverlapPolicy, value, "overlap policy")
+
+
+PolicyT = TypeVar("PolicyT", MisfirePolicy, OverlapPolicy)
+
+
+def _choice(kind: type[PolicyT], value: PolicyT | str, what: str) -> PolicyT:
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(member.value for member in kind)
+        raise InvalidSchedule(f"unknown {what} {value!r}: use one of {choices}") from None
 
 
 def first_fire_at(definition: ScheduleDefinition, now: datetime) -> datetime | None:
@@ -100,7 +162,13 @@ def first_fire_at(definition: ScheduleDefinition, now: datetime) -> datetime | N
     if isinstance(trigger, timing.Once):
         return trigger.at
     zone = timing.parse_zone(definition.timezone)
-    return timing.next_fire_after(trigger, zone, now)
+    after = now
+    if definition.start_at is not None and definition.start_at > now:
+        after = definition.start_at - timedelta(microseconds=1)  # start_at itself may fire
+    first = timing.next_fire_after(trigger, zone, after)
+    if first is not None and definition.end_at is not None and first > definition.end_at:
+        return None
+    return first
 
 
 def _trigger(
@@ -201,11 +269,7 @@ def _check_options(options: Mapping[str, Any] | None, queue: str | None) -> dict
 
 
 def _misfire_policy(value: MisfirePolicy | str) -> MisfirePolicy:
-    try:
-        return MisfirePolicy(value)
-    except ValueError:
-        choices = ", ".join(policy.value for policy in MisfirePolicy)
-        raise InvalidSchedule(f"unknown misfire policy {value!r}: use one of {choices}") from None
+    return _choice(MisfirePolicy, value, "misfire policy")
 
 
 class Schedules:
@@ -291,6 +355,41 @@ class Schedules:
                 " if only the workers import it"
             )
 
+    def backfill(
+        self, name: str, *, start: datetime, end: datetime, limit: int = 100
+    ) -> Sequence[RunRecord]:
+        """Create the runs of schedule ``name`` for its fire times in ``start`` .. ``end``
+        (oldest first, at most ``limit``: like the misfire policy fire_all). Fire times
+        that already have a run are left alone. Returns the runs created."""
+        from beat.ops_store import OpsStore
+
+        if start.utcoffset() is None or end.utcoffset() is None or end < start:
+            raise InvalidSchedule("backfill needs aware start and end times, end not before start")
+        schedule = self.get(name)
+        trigger = schedule.definition.trigger
+        zone = timing.parse_zone(schedule.definition.timezone)
+        first = timing.next_fire_after(trigger, zone, start - timedelta(microseconds=1))
+        if first is None or first > end:
+            return []
+        times = [first, *timing.fire_times(trigger, zone, after=first, until=end, limit=limit)]
+        if len(times) > limit:
+            raise InvalidSchedule(
+                f"{start.isoformat()} .. {end.isoformat()} holds more than {limit} fire times"
+                f" of {name}: backfill a shorter window"
+            )
+        return OpsStore(self.store.engine).backfill(name, times)
+
+    def trigger(self, name: str) -> str:
+        """Run schedule ``name`` once, now, besides its timing (paused or not); the run ID.
+
+        The run is queued in PostgreSQL and the leader publishes it at its next tick
+        (woken at once), with the run ID as the Celery task ID. ``next_fire_at`` is
+        not touched. Raises :class:`ScheduleNotFound` for an unknown name.
+        """
+        from beat.ops_store import OpsStore  # kept local: the operator's SQL lives there
+
+        return str(OpsStore(self.store.engine).trigger(name).id)
+
 
 def _redefine(
     current: ScheduleDefinition, changes: Mapping[str, Any], default_tz: str
@@ -305,18 +404,23 @@ def _redefine(
         "misfire_policy": current.misfire_policy,
         "max_attempts": current.max_attempts,
         "origin": current.origin,
+        "overlap_policy": current.overlap_policy,
+        "jitter": current.jitter_seconds,
+        "end_at": current.end_at,
+        "max_runs": current.max_runs,
     }
-    timing_keys = {"cron", "every", "at", "start_at"}
+    timing_keys = {"cron", "every", "at", "in_seconds", "start_at"}
     if not timing_keys & set(changes):
-        fields |= _trigger_fields(current.trigger)
+        fields |= _trigger_fields(current)
     fields |= dict(changes)
     task = fields.pop("task", current.task)
     return define(current.name, task, default_tz=default_tz, **fields)
 
 
-def _trigger_fields(trigger: Trigger) -> dict[str, Any]:
+def _trigger_fields(current: ScheduleDefinition) -> dict[str, Any]:
+    trigger = current.trigger
     if isinstance(trigger, timing.Cron):
-        return {"cron": trigger.expression}
+        return {"cron": trigger.expression, "start_at": current.start_at}
     if isinstance(trigger, timing.Every):
         return {"every": trigger.seconds, "start_at": trigger.anchor}
     return {"at": trigger.at}

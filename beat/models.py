@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from beat.tables import MisfirePolicy, Origin
+from beat.tables import MisfirePolicy, Origin, OverlapPolicy
 from beat.timing import Trigger
 
 
@@ -35,6 +35,17 @@ class ScheduleDefinition:
     misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_ONCE
     max_attempts: int = 3
     origin: Origin = Origin.API
+    overlap_policy: OverlapPolicy = OverlapPolicy.ALLOW
+    #: Each run is published a stable random delay of up to this many seconds after its fire time.
+    jitter_seconds: float = 0.0
+    #: The window: no fire time before start_at or after end_at, at most max_runs runs.
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    max_runs: int | None = None
+
+    def __post_init__(self) -> None:
+        require_aware(self.start_at, "start_at")
+        require_aware(self.end_at, "end_at")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,6 +58,8 @@ class Schedule:
     last_fire_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    runs_count: int = 0
+    disabled_reason: str | None = None
 
     def __post_init__(self) -> None:
         require_aware(self.next_fire_at, "next_fire_at")
@@ -72,9 +85,18 @@ class DueSchedule:
     misfire_policy: MisfirePolicy
     max_attempts: int
     next_fire_at: datetime
+    overlap_policy: OverlapPolicy = OverlapPolicy.ALLOW
+    jitter_seconds: float = 0.0
+    end_at: datetime | None = None
+    max_runs: int | None = None
+    runs_count: int = 0
+    #: The schedule's runs not yet started (pending, queued, retrying) and running, at claim time.
+    waiting: int = 0
+    running: int = 0
 
     def __post_init__(self) -> None:
         require_aware(self.next_fire_at, "next_fire_at")
+        require_aware(self.end_at, "end_at")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,6 +115,10 @@ class FirePlan:
     skipped: tuple[SkippedFire, ...]
     #: The schedule's next fire time after this claim; None when it never fires again.
     next_fire_at: datetime | None
+    #: Set when the schedule's window is over: it is disabled, and this says why.
+    disable_reason: str | None = None
+    #: Cancel the schedule's active runs before these fire (overlap policy cancel_previous).
+    cancel_active: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -107,6 +133,8 @@ class RunToPublish:
     schedule_name: str | None
     fire_at: datetime | None
     attempt: int
+    #: Not published before this (jitter); None: at once.
+    not_before: datetime | None = None
 
     def __post_init__(self) -> None:
         require_aware(self.fire_at, "fire_at")

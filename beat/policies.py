@@ -14,17 +14,30 @@ while) and follow the schedule's misfire policy:
 Every misfire that does not run is recorded as a ``skipped`` run, so history
 shows what was missed and why; past ``max_catchup`` records, one summary record
 at the most recent skipped fire time stands for the rest and says how many.
+
+Then the schedule's window (``end_at``, ``max_runs``: a schedule past it is
+disabled, with the reason) and its overlap policy, given the runs of the
+schedule still waiting or running when claimed:
+
+- ``allow``: every fire time runs;
+- ``skip``: nothing runs while a previous run is active; else only the latest;
+- ``queue_one``: nothing runs while a previous run is waiting; else only the latest;
+- ``cancel_previous``: the latest runs and the active ones are cancelled.
+
+Fire times that lose to a newer one in the same claim are recorded as skipped.
 """
 
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from beat.models import DueSchedule, FirePlan, SkippedFire
-from beat.tables import MisfirePolicy
+from beat.tables import MisfirePolicy, OverlapPolicy
 from beat.timing import Every, Trigger, fire_times, next_fire_after
 
 #: Resolution of the search for the last fire time before an instant (fire times are >= 1 s apart).
@@ -37,6 +50,66 @@ def plan_fires(
     due: DueSchedule, now: datetime, *, misfire_grace: float, max_catchup: int
 ) -> FirePlan:
     """Plan one claim of ``due`` at database time ``now`` (``due.next_fire_at <= now``)."""
+    plan = _plan_misfires(due, now, misfire_grace=misfire_grace, max_catchup=max_catchup)
+    return _apply_overlap(due, _apply_window(due, plan))
+
+
+def jitter_delay(run_id: uuid.UUID, max_seconds: float) -> timedelta:
+    """A delay in [0, max_seconds) that depends only on the run ID: a re-claim keeps it."""
+    if max_seconds <= 0:
+        return timedelta(0)
+    fraction = (run_id.int % 1_000_003) / 1_000_003
+    return timedelta(seconds=fraction * max_seconds)
+
+
+def _apply_window(due: DueSchedule, plan: FirePlan) -> FirePlan:
+    fire, next_fire_at, reason = list(plan.fire), plan.next_fire_at, None
+    if due.end_at is not None:
+        fire = [t for t in fire if t <= due.end_at]
+        if next_fire_at is not None and next_fire_at > due.end_at:
+            next_fire_at, reason = None, f"its window ended at {due.end_at.isoformat()}"
+    if due.max_runs is not None:
+        remaining = max(due.max_runs - due.runs_count, 0)
+        if len(fire) >= remaining and (next_fire_at is not None or len(fire) > remaining):
+            fire = fire[:remaining]
+            next_fire_at, reason = None, f"it reached its max_runs of {due.max_runs}"
+    if reason is None and fire == list(plan.fire):
+        return plan
+    return replace(plan, fire=tuple(fire), next_fire_at=next_fire_at, disable_reason=reason)
+
+
+def _apply_overlap(due: DueSchedule, plan: FirePlan) -> FirePlan:
+    policy = due.overlap_policy
+    if policy is OverlapPolicy.ALLOW or not plan.fire:
+        return plan
+    latest, earlier = plan.fire[-1], plan.fire[:-1]
+    superseded = tuple(
+        SkippedFire(fire_at=t, reason="overlap: a newer fire time in the same claim")
+        for t in earlier
+    )
+    blocked_by = {
+        OverlapPolicy.SKIP: due.waiting + due.running,
+        OverlapPolicy.QUEUE_ONE: due.waiting,
+    }.get(policy, 0)
+    if blocked_by:
+        reason = f"overlap ({policy.value}): the previous run is still active"
+        skipped = tuple(SkippedFire(fire_at=t, reason=reason) for t in plan.fire)
+        return replace(plan, fire=(), skipped=_merged(plan.skipped, skipped))
+    cancel = policy is OverlapPolicy.CANCEL_PREVIOUS and due.waiting + due.running > 0
+    return replace(
+        plan, fire=(latest,), skipped=_merged(plan.skipped, superseded), cancel_active=cancel
+    )
+
+
+def _merged(
+    first: tuple[SkippedFire, ...], second: tuple[SkippedFire, ...]
+) -> tuple[SkippedFire, ...]:
+    return tuple(sorted((*first, *second), key=lambda skip: skip.fire_at))
+
+
+def _plan_misfires(
+    due: DueSchedule, now: datetime, *, misfire_grace: float, max_catchup: int
+) -> FirePlan:
     cutoff = now - timedelta(seconds=misfire_grace)
     first = due.next_fire_at
     if first > cutoff:

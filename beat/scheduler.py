@@ -175,6 +175,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if self.after_claim_commit is not None:
             self.after_claim_commit(claim)
         self._publish(claim.runs)
+        self._revoke(claim.cancelled)
         if claim.schedules_claimed >= self.config.claim_batch:
             return  # more are due: claim again at once
         until_next = self.store.seconds_until_next_fire()
@@ -291,6 +292,16 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if result.error is not None:
             raise result.error
 
+    def _revoke(self, run_ids: list[Any]) -> None:
+        """Tell workers to drop cancelled runs still in the queue (best effort: the run
+        table already refuses them, and a running one loses its lease)."""
+        if not run_ids:
+            return
+        try:
+            self.app.control.revoke([str(run_id) for run_id in run_ids])
+        except Exception as exc:  # the broadcast is an optimisation only
+            logger.warning("could not broadcast the revocation of %d runs: %s", len(run_ids), exc)
+
     def _report_claim(self, claim: Claim) -> None:
         lateness = max(
             ((claim.now - run.fire_at).total_seconds() for run in claim.runs if run.fire_at),
@@ -308,6 +319,14 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 "lateness_max": lateness,
             },
         )
+        for name, reason in claim.disabled:
+            logger.warning(
+                "schedule %s disabled itself: %s", name, reason, extra={"schedule": name}
+            )
+        if claim.cancelled:
+            logger.warning(
+                "cancelled %d active runs (overlap policy cancel_previous)", len(claim.cancelled)
+            )
         for run in claim.runs:
             logger.debug(
                 "claimed run %s of schedule %s for %s",

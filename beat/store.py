@@ -24,7 +24,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -35,7 +35,10 @@ from sqlalchemy import (
     Connection,
     DateTime,
     Engine,
+    Integer,
     Row,
+    Text,
+    and_,
     case,
     cast,
     column,
@@ -62,10 +65,12 @@ from beat.errors import (
     StoreUnavailable,
 )
 from beat.models import DueSchedule, FirePlan, RunToPublish, Schedule, ScheduleDefinition
+from beat.policies import jitter_delay
 from beat.tables import (
     SCHEDULES_CHANNEL,
     MisfirePolicy,
     Origin,
+    OverlapPolicy,
     RunState,
     TriggerKind,
     leader,
@@ -78,6 +83,8 @@ logger = logging.getLogger(__name__)
 
 #: Channel a leader notifies when it hands over cleanly, so standbys take over at once.
 LEADER_RELEASED_CHANNEL = "beat_leader_released"
+#: States of a run that has not finished: what overlap policies look at.
+ACTIVE_STATES = ("pending", "queued", "running", "retrying")
 #: Serialises the sync of code-defined schedules between beat processes starting together.
 SYNC_LOCK_ID = 0x6861_6265_6174_01
 
@@ -94,6 +101,12 @@ class Claim:
     #: Schedules claimed; equal to the batch size when more may be due.
     schedules_claimed: int
     skipped: int
+    #: Runs cancelled by the overlap policy cancel_previous (to revoke).
+    cancelled: list[uuid.UUID] = field(default_factory=list)
+    #: Runs left in the outbox until their jittered time.
+    deferred: int = 0
+    #: Schedules disabled because their window ended, with the reason.
+    disabled: list[tuple[str, str | None]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -269,6 +282,10 @@ class Store(StoreConnection):
                 update(schedules)
                 .where(schedules.c.id == row.id)
                 .values(**values_, next_fire_at=next_fire_at, updated_at=func.now())
+                .values(
+                    # A schedule enabled again starts afresh: its old disable reason goes.
+                    disabled_reason=None if definition.enabled else schedules.c.disabled_reason
+                )
                 .returning(schedules)
             ).one()
         return _schedule_from_row(updated)
@@ -423,14 +440,74 @@ class Store(StoreConnection):
             )
             self._verify_epoch(conn, epoch)
             now = conn.execute(select(func.now())).scalar_one()
-            due = [_due_from_row(row) for row in conn.execute(_due_query(batch))]
+            due = self._with_active_runs(
+                conn, [_due_from_row(row) for row in conn.execute(_due_query(batch))]
+            )
             if not due:
                 return Claim(runs=[], now=now, schedules_claimed=0, skipped=0)
             plans = [(schedule, plan(schedule, now)) for schedule in due]
-            to_publish = self._insert_runs(conn, epoch, plans)
-            skipped = self._insert_skipped(conn, epoch, plans)
+            cancelled = self._cancel_active(conn, plans)
+            inserted = self._insert_runs(conn, epoch, plans)
+            skipped = self._insert_skipped(conn, epoch, plans, now)
             self._advance(conn, plans)
-        return Claim(runs=to_publish, now=now, schedules_claimed=len(due), skipped=skipped)
+        # Jittered runs stay in the outbox until their time; the rest are published now.
+        to_publish = [run for run in inserted if run.not_before is None or run.not_before <= now]
+        return Claim(
+            runs=to_publish,
+            now=now,
+            schedules_claimed=len(due),
+            skipped=skipped,
+            cancelled=cancelled,
+            deferred=len(inserted) - len(to_publish),
+            disabled=[(s.name, p.disable_reason) for s, p in plans if p.disable_reason],
+        )
+
+    @staticmethod
+    def _with_active_runs(conn: Connection, due: list[DueSchedule]) -> list[DueSchedule]:
+        """Add each schedule's waiting and running runs (where an overlap policy needs them)."""
+        ids = [s.id for s in due if s.overlap_policy is not OverlapPolicy.ALLOW]
+        if not ids:
+            return due
+        waiting_states = [RunState.PENDING.value, RunState.QUEUED.value, RunState.RETRYING.value]
+        counts = {
+            row.schedule_id: (row.waiting, row.running)
+            for row in conn.execute(
+                select(
+                    runs.c.schedule_id,
+                    func.count().filter(runs.c.state.in_(waiting_states)).label("waiting"),
+                    func.count().filter(runs.c.state == RunState.RUNNING.value).label("running"),
+                )
+                .where(runs.c.schedule_id.in_(ids), runs.c.state.in_(ACTIVE_STATES))
+                .group_by(runs.c.schedule_id)
+            )
+        }
+        return [
+            replace(s, waiting=counts[s.id][0], running=counts[s.id][1]) if s.id in counts else s
+            for s in due
+        ]
+
+    @staticmethod
+    def _cancel_active(
+        conn: Connection, plans: list[tuple[DueSchedule, FirePlan]]
+    ) -> list[uuid.UUID]:
+        """Cancel the active runs of schedules whose overlap policy is cancel_previous."""
+        ids = [schedule.id for schedule, plan in plans if plan.cancel_active]
+        if not ids:
+            return []
+        return list(
+            conn.scalars(
+                update(runs)
+                .where(runs.c.schedule_id.in_(ids), runs.c.state.in_(ACTIVE_STATES))
+                .values(
+                    state=RunState.CANCELLED.value,
+                    finished_at=func.now(),
+                    reason="overlap (cancel_previous): a newer run of the schedule started",
+                    lease_owner=None,
+                    lease_expires_at=None,
+                )
+                .returning(runs.c.id)
+            )
+        )
 
     def _verify_epoch(self, conn: Connection, epoch: int) -> None:
         current = conn.execute(
@@ -447,41 +524,21 @@ class Store(StoreConnection):
     def _insert_runs(
         conn: Connection, epoch: int, plans: list[tuple[DueSchedule, FirePlan]]
     ) -> list[RunToPublish]:
-        candidates = [
-            RunToPublish(
-                id=uuid.uuid4(),
-                task=schedule.task,
-                args=schedule.args,
-                kwargs=schedule.kwargs,
-                options=schedule.options,
-                schedule_name=schedule.name,
-                fire_at=fire_at,
-                attempt=0,
-            )
-            for schedule, plan in plans
-            for fire_at in plan.fire
-        ]
-        if not candidates:
+        rows = []
+        for schedule, plan in plans:
+            for fire_at in plan.fire:
+                row = new_run_values(
+                    schedule,
+                    fire_at=fire_at,
+                    state=RunState.PENDING,
+                    epoch=epoch,
+                    attempt=0,
+                    max_attempts=schedule.max_attempts,
+                )
+                row["not_before"] = _jittered(row["id"], fire_at, schedule.jitter_seconds)
+                rows.append(row)
+        if not rows:
             return []
-        schedule_ids = {schedule.name: schedule.id for schedule, _ in plans}
-        max_attempts = {schedule.name: schedule.max_attempts for schedule, _ in plans}
-        rows = [
-            {
-                "id": run.id,
-                "schedule_id": schedule_ids[run.schedule_name or ""],
-                "schedule_name": run.schedule_name,
-                "task": run.task,
-                "args": run.args,
-                "kwargs": run.kwargs,
-                "options": run.options,
-                "fire_at": run.fire_at,
-                "state": RunState.PENDING.value,
-                "epoch": epoch,
-                "attempt": run.attempt,
-                "max_attempts": max_attempts[run.schedule_name or ""],
-            }
-            for run in candidates
-        ]
         inserted = set(
             conn.scalars(
                 pg_insert(runs)
@@ -490,32 +547,26 @@ class Store(StoreConnection):
                 rows,
             )
         )
-        if len(inserted) < len(candidates):
+        if len(inserted) < len(rows):
             logger.warning(
                 "%d fire times were claimed before and were not claimed again",
-                len(candidates) - len(inserted),
+                len(rows) - len(inserted),
             )
-        return [run for run in candidates if run.id in inserted]
+        return [_run_from_values(row) for row in rows if row["id"] in inserted]
 
     @staticmethod
     def _insert_skipped(
-        conn: Connection, epoch: int, plans: list[tuple[DueSchedule, FirePlan]]
+        conn: Connection, epoch: int, plans: list[tuple[DueSchedule, FirePlan]], now: datetime
     ) -> int:
         rows = [
-            {
-                "id": uuid.uuid4(),
-                "schedule_id": schedule.id,
-                "schedule_name": schedule.name,
-                "task": schedule.task,
-                "args": schedule.args,
-                "kwargs": schedule.kwargs,
-                "options": schedule.options,
-                "fire_at": skip.fire_at,
-                "state": RunState.SKIPPED.value,
-                "reason": skip.reason,
-                "epoch": epoch,
-                "finished_at": func.now(),
-            }
+            new_run_values(
+                schedule,
+                fire_at=skip.fire_at,
+                state=RunState.SKIPPED,
+                reason=skip.reason,
+                epoch=epoch,
+                finished_at=now,
+            )
             for schedule, plan in plans
             for skip in plan.skipped
         ]
@@ -525,7 +576,7 @@ class Store(StoreConnection):
                 rows,
             )
             logger.warning(
-                "recorded %d skipped fire times (misfire policy)",
+                "recorded %d skipped fire times (misfire or overlap policy)",
                 len(rows),
                 extra={"skipped": len(rows)},
             )
@@ -538,20 +589,32 @@ class Store(StoreConnection):
             column("id", BigInteger),
             column("next_fire_at", DateTime(timezone=True)),
             column("last_fire_at", DateTime(timezone=True)),
+            column("fired", Integer),
+            column("disable_reason", Text),
             name="advanced",
         ).data(
             [
-                (schedule.id, plan.next_fire_at, _last_fire(plan, schedule))
+                (
+                    schedule.id,
+                    plan.next_fire_at,
+                    _last_fire(plan, schedule),
+                    len(plan.fire),
+                    plan.disable_reason,
+                )
                 for schedule, plan in plans
             ]
         )
+        # The casts type NULLs (a finished one-off, no reason) that VALUES alone leaves as text.
+        reason = cast(advanced.c.disable_reason, Text)
         conn.execute(
             update(schedules)
             .where(schedules.c.id == advanced.c.id)
-            # The cast types a NULL (a finished one-off) that VALUES alone would leave as text.
             .values(
                 next_fire_at=cast(advanced.c.next_fire_at, DateTime(timezone=True)),
                 last_fire_at=advanced.c.last_fire_at,
+                runs_count=schedules.c.runs_count + advanced.c.fired,
+                enabled=and_(schedules.c.enabled, reason.is_(None)),
+                disabled_reason=func.coalesce(reason, schedules.c.disabled_reason),
             )
         )
 
@@ -625,10 +688,12 @@ class Store(StoreConnection):
         query = (
             select(runs)
             .where(runs.c.state == RunState.PENDING.value)
+            .where(or_(runs.c.not_before.is_(None), runs.c.not_before <= func.now()))
             .where(
                 or_(
                     runs.c.epoch.is_distinct_from(epoch),
                     runs.c.claimed_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, grace),
+                    runs.c.not_before.is_not(None),  # a jittered run whose time has come
                 )
             )
             .order_by(runs.c.claimed_at)
@@ -650,10 +715,19 @@ class Store(StoreConnection):
             ).rowcount
 
     def seconds_until_next_fire(self) -> float | None:
-        """Seconds until the earliest enabled fire time (negative if overdue), or None."""
-        query = select(
-            func.extract("epoch", func.min(schedules.c.next_fire_at) - func.now())
-        ).where(schedules.c.enabled, schedules.c.next_fire_at.is_not(None))
+        """Seconds until the earliest enabled fire time or jittered run (negative if
+        overdue), or None."""
+        next_fire = (
+            select(func.min(schedules.c.next_fire_at))
+            .where(schedules.c.enabled, schedules.c.next_fire_at.is_not(None))
+            .scalar_subquery()
+        )
+        next_jittered = (
+            select(func.min(runs.c.not_before))
+            .where(runs.c.state == RunState.PENDING.value, runs.c.not_before.is_not(None))
+            .scalar_subquery()
+        )
+        query = select(func.extract("epoch", func.least(next_fire, next_jittered) - func.now()))
         with self._transaction() as conn:
             seconds = conn.execute(query).scalar_one_or_none()
         return None if seconds is None else float(seconds)
@@ -740,6 +814,11 @@ def _due_query(batch: int) -> Any:
             schedules.c.misfire_policy,
             schedules.c.max_attempts,
             schedules.c.next_fire_at,
+            schedules.c.overlap_policy,
+            schedules.c.jitter_seconds,
+            schedules.c.end_at,
+            schedules.c.max_runs,
+            schedules.c.runs_count,
         )
         .where(schedules.c.enabled, schedules.c.next_fire_at <= func.now())
         .order_by(schedules.c.next_fire_at)
@@ -783,6 +862,11 @@ def _definition_values(definition: ScheduleDefinition) -> dict[str, Any]:
         "max_attempts": definition.max_attempts,
         "origin": definition.origin.value,
         "code_hash": None,
+        "overlap_policy": definition.overlap_policy.value,
+        "jitter_seconds": definition.jitter_seconds,
+        "start_at": definition.start_at,
+        "end_at": definition.end_at,
+        "max_runs": definition.max_runs,
     }
 
 
@@ -799,6 +883,11 @@ def _schedule_from_row(row: Row[Any]) -> Schedule:
         misfire_policy=MisfirePolicy(row.misfire_policy),
         max_attempts=row.max_attempts,
         origin=Origin(row.origin),
+        overlap_policy=OverlapPolicy(row.overlap_policy),
+        jitter_seconds=row.jitter_seconds,
+        start_at=row.start_at,
+        end_at=row.end_at,
+        max_runs=row.max_runs,
     )
     return Schedule(
         id=row.id,
@@ -807,6 +896,8 @@ def _schedule_from_row(row: Row[Any]) -> Schedule:
         last_fire_at=row.last_fire_at,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        runs_count=row.runs_count,
+        disabled_reason=row.disabled_reason,
     )
 
 
@@ -823,6 +914,45 @@ def _due_from_row(row: Row[Any]) -> DueSchedule:
         misfire_policy=MisfirePolicy(row.misfire_policy),
         max_attempts=row.max_attempts,
         next_fire_at=row.next_fire_at,
+        overlap_policy=OverlapPolicy(row.overlap_policy),
+        jitter_seconds=row.jitter_seconds,
+        end_at=row.end_at,
+        max_runs=row.max_runs,
+        runs_count=row.runs_count,
+    )
+
+
+def new_run_values(
+    schedule: Any, *, fire_at: datetime | None, state: RunState, **columns: Any
+) -> dict[str, Any]:
+    """Columns of a new run of ``schedule`` (a stored or a due schedule), with a
+    snapshot of its payload, so the run can be published again whatever becomes
+    of the schedule."""
+    return {
+        "id": uuid.uuid4(),
+        "schedule_id": schedule.id,
+        "schedule_name": schedule.name,
+        "task": schedule.task,
+        "args": schedule.args,
+        "kwargs": schedule.kwargs,
+        "options": schedule.options,
+        "fire_at": fire_at,
+        "state": state.value,
+        **columns,
+    }
+
+
+def _run_from_values(values: dict[str, Any]) -> RunToPublish:
+    return RunToPublish(
+        id=values["id"],
+        task=values["task"],
+        args=values["args"],
+        kwargs=values["kwargs"],
+        options=values["options"],
+        schedule_name=values["schedule_name"],
+        fire_at=values["fire_at"],
+        attempt=values["attempt"],
+        not_before=values["not_before"],
     )
 
 
@@ -837,6 +967,10 @@ def _run_from_row(row: Row[Any]) -> RunToPublish:
         fire_at=row.fire_at,
         attempt=row.attempt,
     )
+
+
+def _jittered(run_id: uuid.UUID, fire_at: datetime, jitter_seconds: float) -> datetime | None:
+    return fire_at + jitter_delay(run_id, jitter_seconds) if jitter_seconds > 0 else None
 
 
 def _last_fire(plan: FirePlan, schedule: DueSchedule) -> datetime:

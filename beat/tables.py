@@ -57,6 +57,15 @@ class MisfirePolicy(enum.StrEnum):
     SKIP = "skip"
 
 
+class OverlapPolicy(enum.StrEnum):
+    """What happens to a fire time while the schedule's previous run is still queued or running."""
+
+    ALLOW = "allow"
+    SKIP = "skip"
+    QUEUE_ONE = "queue_one"
+    CANCEL_PREVIOUS = "cancel_previous"
+
+
 class RunState(enum.StrEnum):
     PENDING = "pending"
     QUEUED = "queued"
@@ -97,6 +106,15 @@ schedules = Table(
     Column("max_attempts", Integer, nullable=False, server_default=text("3")),
     Column("next_fire_at", TZ),
     Column("last_fire_at", TZ),
+    Column("overlap_policy", Text, nullable=False, server_default=OverlapPolicy.ALLOW.value),
+    Column("jitter_seconds", Double, nullable=False, server_default="0"),
+    #: The window: no fire time before start_at or after end_at, at most max_runs runs.
+    Column("start_at", TZ),
+    Column("end_at", TZ),
+    Column("max_runs", Integer),
+    Column("runs_count", Integer, nullable=False, server_default="0"),
+    #: Why the scheduler disabled the schedule (its window ended), for people to read.
+    Column("disabled_reason", Text),
     Column("created_at", TZ, nullable=False, server_default=text("now()")),
     Column("updated_at", TZ, nullable=False, server_default=text("now()")),
     CheckConstraint(_in("trigger_kind", TriggerKind), name="ck_beat_schedules_trigger_kind"),
@@ -109,6 +127,9 @@ schedules = Table(
         name="ck_beat_schedules_trigger_fields",
     ),
     CheckConstraint("max_attempts >= 1", name="ck_beat_schedules_max_attempts"),
+    CheckConstraint(_in("overlap_policy", OverlapPolicy), name="ck_beat_schedules_overlap_policy"),
+    CheckConstraint("jitter_seconds >= 0", name="ck_beat_schedules_jitter"),
+    CheckConstraint("max_runs IS NULL OR max_runs >= 1", name="ck_beat_schedules_max_runs"),
 )
 
 # Cost per tick is proportional to the runs due, not to the schedules stored.
@@ -140,6 +161,8 @@ runs = Table(
     #: Deliveries refused by the idempotency guard.
     Column("duplicate_deliveries", Integer, nullable=False, server_default=text("0")),
     Column("duration_seconds", Double),
+    #: A jittered run is published no earlier than this.
+    Column("not_before", TZ),
     Column("max_attempts", Integer, nullable=False, server_default=text("3")),
     Column("claimed_at", TZ, nullable=False, server_default=text("now()")),
     Column("published_at", TZ),
@@ -161,6 +184,12 @@ Index(
 )
 # Run history by schedule, newest first.
 Index("ix_beat_runs_schedule_name_fire_at", runs.c.schedule_name, runs.c.fire_at.desc())
+# The overlap policies look up a schedule's active runs in every claim.
+Index(
+    "ix_beat_runs_active_by_schedule",
+    runs.c.schedule_id,
+    postgresql_where=text("state IN ('pending', 'queued', 'running', 'retrying')"),
+)
 # Runs stuck in the broker.
 Index(
     "ix_beat_runs_queued_published_at",

@@ -253,7 +253,8 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
                 session.close()
         if not recorded:
             logger.warning(
-                "did not record run %s as %s: its lease was taken over by another worker",
+                "did not record run %s as %s:"
+                " this worker no longer holds it (taken over or cancelled)",
                 execution.run_id,
                 state.value,
                 extra={"run_id": str(execution.run_id)},

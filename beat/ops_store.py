@@ -1,0 +1,329 @@
+"""The operator's SQL: run history, manual triggers, pruning and health probes.
+
+Everything ``celery -A app schedules`` needs beyond the schedule CRUD of
+:class:`beat.store.Store`. Like the other stores, it returns domain objects
+and raises domain errors, and time is the database's ``now()``.
+
+A manual trigger is an outbox entry: a ``pending`` run with no epoch. The
+leader publishes pending runs of any other epoch at its next tick (see
+``Store.pending_runs``), and the ``NOTIFY`` sent in the same transaction wakes
+it at once. The schedule's ``next_fire_at`` is not touched.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Row, delete, func, insert, literal, select, true
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from beat.errors import ScheduleNotFound
+from beat.store import StoreConnection, create_store_engine, new_run_values
+from beat.tables import SCHEDULES_CHANNEL, RunState, runs, schedules
+
+#: States a run never leaves: only these are pruned.
+FINISHED_STATES = (
+    RunState.SUCCEEDED,
+    RunState.FAILED,
+    RunState.LOST,
+    RunState.SKIPPED,
+    RunState.CANCELLED,
+)
+#: ``reason`` of a run made by :meth:`OpsStore.trigger`, to tell it from scheduled ones.
+TRIGGER_REASON = "triggered manually"
+BACKFILL_REASON = "backfill"
+
+#: A point in time, or a distance back from the database's ``now()``.
+Since = datetime | timedelta
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunRecord:
+    """One row of the run history, as shown to an operator."""
+
+    id: uuid.UUID
+    schedule_name: str | None
+    task: str
+    state: RunState
+    fire_at: datetime | None
+    claimed_at: datetime
+    published_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker: str | None
+    attempt: int
+    max_attempts: int
+    retries: int
+    duplicate_deliveries: int
+    duration_seconds: float | None
+    epoch: int | None
+    reason: str | None
+    error: str | None
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+    @property
+    def lateness(self) -> timedelta | None:
+        """How long after its fire time the run was handed to the broker."""
+        if self.published_at is None or self.fire_at is None:
+            return None
+        return self.published_at - self.fire_at
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LastRun:
+    """The newest run of a schedule (by fire time)."""
+
+    id: uuid.UUID
+    state: RunState
+    fire_at: datetime | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PruneReport:
+    deleted: int
+    #: Transactions that deleted at least one row.
+    batches: int
+    #: Finished runs older than this were deleted (database time).
+    cutoff: datetime
+
+
+class OpsStore(StoreConnection):
+    """Queries and maintenance for operators (see the module docstring)."""
+
+    @classmethod
+    def connect(cls, url: str, *, pool_size: int = 2) -> OpsStore:
+        """A store on ``url``; no connection is made until first use."""
+        return cls(create_store_engine(url, pool_size=pool_size))
+
+    # -- health -------------------------------------------------------------------
+
+    def ping(self) -> datetime:
+        """The database's time: proof that PostgreSQL answers."""
+        with self._transaction() as conn:
+            now: datetime = conn.execute(select(func.now())).scalar_one()
+        return now
+
+    # -- run history --------------------------------------------------------------
+
+    def runs(
+        self,
+        *,
+        schedule_name: str | None = None,
+        state: RunState | None = None,
+        since: Since | None = None,
+        limit: int = 20,
+    ) -> list[RunRecord]:
+        """Runs newest first (by fire time, or claim time for runs without one)."""
+        when = _run_time()
+        query = select(runs).order_by(when.desc(), runs.c.id).limit(limit)
+        if schedule_name is not None:
+            query = query.where(runs.c.schedule_name == schedule_name)
+        if state is not None:
+            query = query.where(runs.c.state == state.value)
+        if since is not None:
+            query = query.where(when >= _moment(since))
+        with self._transaction() as conn:
+            return [_record_from_row(row) for row in conn.execute(query)]
+
+    def run(self, run_id: uuid.UUID) -> RunRecord | None:
+        with self._transaction() as conn:
+            row = conn.execute(select(runs).where(runs.c.id == run_id)).one_or_none()
+        return None if row is None else _record_from_row(row)
+
+    def last_runs(self) -> dict[str, LastRun]:
+        """The newest run of every schedule that has one, by schedule name.
+
+        One index probe per schedule (``LATERAL ... LIMIT 1`` on the history index).
+        """
+        newest = (
+            select(runs.c.id, runs.c.state, runs.c.fire_at)
+            .where(runs.c.schedule_name == schedules.c.name)
+            .order_by(runs.c.fire_at.desc())
+            .limit(1)
+            .lateral("newest")
+        )
+        query = select(schedules.c.name, newest.c.id, newest.c.state, newest.c.fire_at).join(
+            newest, true()
+        )
+        with self._transaction() as conn:
+            return {
+                row.name: LastRun(id=row.id, state=RunState(row.state), fire_at=row.fire_at)
+                for row in conn.execute(query)
+            }
+
+    # -- operations ---------------------------------------------------------------
+
+    def trigger(self, name: str) -> RunRecord:
+        """Queue one run of schedule ``name`` now, outside its timing (even if paused).
+
+        One ``INSERT ... SELECT`` plus a ``NOTIFY`` that wakes the leader, in one
+        transaction; the leader publishes the run at its next tick.
+        """
+        run_id = uuid.uuid4()
+        source = select(
+            literal(run_id, runs.c.id.type),
+            schedules.c.id,
+            schedules.c.name,
+            schedules.c.task,
+            schedules.c.args,
+            schedules.c.kwargs,
+            schedules.c.options,
+            func.now(),
+            literal(RunState.PENDING.value),
+            literal(TRIGGER_REASON),
+            schedules.c.max_attempts,
+        ).where(schedules.c.name == name)
+        statement = (
+            insert(runs)
+            .from_select(
+                [
+                    "id",
+                    "schedule_id",
+                    "schedule_name",
+                    "task",
+                    "args",
+                    "kwargs",
+                    "options",
+                    "fire_at",
+                    "state",
+                    "reason",
+                    "max_attempts",
+                ],
+                source,
+            )
+            .returning(*runs.c)
+        )
+        with self._transaction() as conn:
+            row = conn.execute(statement).one_or_none()
+            if row is None:
+                raise ScheduleNotFound(
+                    f"no schedule named '{name}': `celery -A app schedules list` shows them"
+                )
+            conn.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "trigger")))
+        return _record_from_row(row)
+
+    def backfill(self, name: str, fire_times: list[datetime]) -> list[RunRecord]:
+        """Queue one run of schedule ``name`` per fire time, skipping fire times that
+        already have a run (unique per schedule and fire time), and wake the leader."""
+        with self._transaction() as conn:
+            schedule = conn.execute(select(schedules).where(schedules.c.name == name)).one_or_none()
+            if schedule is None:
+                raise ScheduleNotFound(
+                    f"no schedule named '{name}': `celery -A app schedules list` shows them"
+                )
+            rows = [
+                new_run_values(
+                    schedule,
+                    fire_at=fire_at,
+                    state=RunState.PENDING,
+                    reason=BACKFILL_REASON,
+                    max_attempts=schedule.max_attempts,
+                )
+                for fire_at in fire_times
+            ]
+            inserted = (
+                list(
+                    conn.execute(
+                        pg_insert(runs)
+                        .on_conflict_do_nothing(constraint="uq_beat_runs_schedule_fire_at")
+                        .returning(*runs.c),
+                        rows,
+                    )
+                )
+                if rows
+                else []
+            )
+            conn.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "backfill")))
+        return sorted((_record_from_row(row) for row in inserted), key=lambda r: r.fire_at or 0)
+
+    def prune(
+        self,
+        older_than: timedelta,
+        *,
+        batch: int = 1000,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> PruneReport:
+        """Delete finished runs whose ``finished_at`` (else ``claimed_at``) is older
+        than ``older_than``, ``batch`` rows per transaction, so no lock is held long.
+
+        The cutoff is fixed once, at the start. Rows locked by someone else are
+        skipped (they are not finished business for long). ``on_batch`` gets the
+        row count of every transaction that deleted something.
+        """
+        if batch < 1:
+            raise ValueError(f"batch={batch!r}: must be at least 1")
+        with self._transaction() as conn:
+            cutoff: datetime = conn.execute(select(func.now() - older_than)).scalar_one()
+        deleted = batches = 0
+        while True:
+            count = self._prune_batch(cutoff, batch)
+            if count:
+                deleted, batches = deleted + count, batches + 1
+                if on_batch is not None:
+                    on_batch(count)
+            if count < batch:
+                return PruneReport(deleted=deleted, batches=batches, cutoff=cutoff)
+
+    def _prune_batch(self, cutoff: datetime, batch: int) -> int:
+        doomed = (
+            select(runs.c.id)
+            .where(
+                runs.c.state.in_([state.value for state in FINISHED_STATES]),
+                func.coalesce(runs.c.finished_at, runs.c.claimed_at) < cutoff,
+            )
+            .limit(batch)
+            .with_for_update(skip_locked=True)
+        )
+        with self._transaction() as conn:
+            return conn.execute(delete(runs).where(runs.c.id.in_(doomed))).rowcount
+
+
+def _run_time() -> ColumnElement[datetime]:
+    """When a run belongs in history: its fire time, else (a run sent with ``delay()``)
+    when it was recorded."""
+    return func.coalesce(runs.c.fire_at, runs.c.claimed_at)
+
+
+def _moment(since: Since) -> Any:
+    if isinstance(since, timedelta):
+        return func.now() - since
+    return since
+
+
+def _record_from_row(row: Row[Any]) -> RunRecord:
+    return RunRecord(
+        id=row.id,
+        schedule_name=row.schedule_name,
+        task=row.task,
+        state=RunState(row.state),
+        fire_at=row.fire_at,
+        claimed_at=row.claimed_at,
+        published_at=row.published_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        worker=row.worker,
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
+        retries=row.retries,
+        duplicate_deliveries=row.duplicate_deliveries,
+        duration_seconds=row.duration_seconds,
+        epoch=row.epoch,
+        reason=row.reason,
+        error=row.error,
+        args=list(row.args),
+        kwargs=dict(row.kwargs),
+    )
+
+
+__all__ = [
+    "FINISHED_STATES",
+    "LastRun",
+    "OpsStore",
+    "PruneReport",
+    "RunRecord",
+]
