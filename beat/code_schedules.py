@@ -4,7 +4,9 @@ starts (``Store.sync_code_schedules``).
 
 ``beat_schedule`` entries take the usual Celery forms (``crontab(...)``,
 a number of seconds, a ``timedelta``, ``celery.schedules.schedule``) and also a
-cron string. Solar schedules are refused: they have no cron equivalent.
+cron string. Solar schedules are refused: they have no cron equivalent. An
+entry may also carry this scheduler's rules (``SCHEDULE_ENTRY_EXTRAS``:
+``misfire_policy``, ``overlap_policy``, ``jitter``, windows...).
 """
 
 from __future__ import annotations
@@ -20,6 +22,21 @@ from beat.errors import ConfigError, InvalidSchedule
 from beat.models import ScheduleDefinition
 from beat.tables import Origin
 from beat.timing import Cron, Every, Once
+
+#: Keys a ``beat_schedule`` entry may carry beyond Celery's own (our scheduling rules).
+SCHEDULE_ENTRY_EXTRAS = frozenset(
+    {
+        "tz",
+        "misfire_policy",
+        "overlap_policy",
+        "jitter",
+        "start_at",
+        "end_at",
+        "max_runs",
+        "max_attempts",
+        "enabled",
+    }
+)
 
 #: Attribute of a task object that holds the schedules given by :func:`periodic`.
 TASK_SCHEDULES_ATTRIBUTE = "habeat_schedules"
@@ -132,6 +149,14 @@ def _from_beat_schedule(name: str, entry: Mapping[str, Any], app_tz: str) -> Sch
         "tz": app_tz,
     }
     fields |= _timing_of(entry["schedule"], where)
+    fields |= {key: entry[key] for key in SCHEDULE_ENTRY_EXTRAS if entry.get(key) is not None}
+    unknown = sorted(
+        set(entry)
+        - {"task", "schedule", "args", "kwargs", "options", "relative"}
+        - SCHEDULE_ENTRY_EXTRAS
+    )
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
     return _define(name, entry["task"], fields, where)
 
 

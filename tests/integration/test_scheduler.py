@@ -257,3 +257,33 @@ def test_periodic_decorator_defines_a_schedule(
     local = stored.next_fire_at.astimezone(ZoneInfo("Europe/Berlin"))
     assert (local.hour, local.minute, local.weekday() < 5) == (9, 0, True)
     assert stored.next_fire_at - datetime.now(UTC) < timedelta(days=4)
+
+
+def test_beat_schedule_entries_carry_the_scheduling_rules(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
+    conf = {
+        "beat_schedule": {
+            "sync": {
+                "task": "tasks.demo.add",
+                "schedule": 60.0,
+                "misfire_policy": "skip",
+                "overlap_policy": "skip",
+                "jitter": 5,
+                "max_runs": 10,
+            }
+        }
+    }
+    make_scheduler(conf).tick()
+    definition = Schedules(store).get("sync").definition
+    assert (definition.misfire_policy.value, definition.overlap_policy.value) == ("skip", "skip")
+    assert (definition.jitter_seconds, definition.max_runs) == (5.0, 10)
+
+
+def test_a_beat_schedule_entry_with_an_unknown_key_stops_beat_at_start(
+    make_scheduler: SchedulerFactory,
+) -> None:
+    from beat.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"beat_schedule\['x'\]: unknown key\(s\) overlap"):
+        make_scheduler({"beat_schedule": {"x": {"task": "t", "schedule": 5.0, "overlap": "skip"}}})
