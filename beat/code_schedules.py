@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 from beat.api import define
 from beat.errors import ConfigError, InvalidSchedule
 from beat.models import ScheduleDefinition
+from beat.store import definition_values
 from beat.tables import Origin
-from beat.timing import Cron, Every, Once
 
 #: Keys a ``beat_schedule`` entry may carry beyond Celery's own (our scheduling rules).
 SCHEDULE_ENTRY_EXTRAS = frozenset(
@@ -105,26 +105,11 @@ def collect(app: Any, *, default_tz: str) -> list[tuple[ScheduleDefinition, str]
 
 
 def definition_hash(definition: ScheduleDefinition) -> str:
-    """A stable hash of what code says; an interval's anchor (set at sync) is not part of it."""
-    trigger = definition.trigger
-    if isinstance(trigger, Cron):
-        timing: Any = ["cron", trigger.expression]
-    elif isinstance(trigger, Every):
-        timing = ["every", trigger.seconds]
-    else:
-        assert isinstance(trigger, Once)
-        timing = ["once", trigger.at.isoformat()]
-    document = {
-        "task": definition.task,
-        "timing": timing,
-        "timezone": definition.timezone,
-        "args": list(definition.args),
-        "kwargs": definition.kwargs,
-        "options": definition.options,
-        "enabled": definition.enabled,
-        "misfire_policy": definition.misfire_policy.value,
-        "max_attempts": definition.max_attempts,
-    }
+    """A stable hash of what code says: every column the definition sets, except the
+    anchor of an interval (set when it is first synced) and the bookkeeping ones."""
+    document = definition_values(definition)
+    for column in ("anchor_at", "origin", "code_hash"):
+        document.pop(column)
     encoded = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(encoded.encode()).hexdigest()
 

@@ -234,7 +234,7 @@ class Store(StoreConnection):
                 now = conn.execute(select(func.now())).scalar_one()
                 row = conn.execute(
                     insert(schedules)
-                    .values(**_definition_values(definition), next_fire_at=first_fire(now))
+                    .values(**definition_values(definition), next_fire_at=first_fire(now))
                     .returning(schedules)
                 ).one()
         except IntegrityError as exc:
@@ -275,7 +275,7 @@ class Store(StoreConnection):
             if row is None:
                 raise _not_found(name)
             definition, next_fire_at = build(_schedule_from_row(row), now)
-            values_ = _definition_values(definition)
+            values_ = definition_values(definition)
             values_.pop("origin")  # a schedule keeps its origin
             values_.pop("code_hash")
             updated = conn.execute(
@@ -347,7 +347,7 @@ class Store(StoreConnection):
         first_fire: Callable[[ScheduleDefinition, datetime], datetime | None],
         report: SyncReport,
     ) -> None:
-        values_ = _definition_values(definition) | {"code_hash": code_hash}
+        values_ = definition_values(definition) | {"code_hash": code_hash}
         if row is None:
             conn.execute(
                 insert(schedules).values(**values_, next_fire_at=first_fire(definition, now))
@@ -849,7 +849,8 @@ def _trigger_values(trigger: Trigger) -> dict[str, Any]:
     return blank | {"trigger_kind": TriggerKind.ONCE.value, "run_at": trigger.at}
 
 
-def _definition_values(definition: ScheduleDefinition) -> dict[str, Any]:
+def definition_values(definition: ScheduleDefinition) -> dict[str, Any]:
+    """The ``beat_schedules`` columns that a definition sets."""
     return _trigger_values(definition.trigger) | {
         "name": definition.name,
         "task": definition.task,

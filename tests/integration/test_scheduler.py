@@ -278,6 +278,9 @@ def test_beat_schedule_entries_carry_the_scheduling_rules(
     definition = Schedules(store).get("sync").definition
     assert (definition.misfire_policy.value, definition.overlap_policy.value) == ("skip", "skip")
     assert (definition.jitter_seconds, definition.max_runs) == (5.0, 10)
+    conf["beat_schedule"]["sync"]["overlap_policy"] = "queue_one"  # the code changes
+    make_scheduler(conf).tick()
+    assert Schedules(store).get("sync").definition.overlap_policy.value == "queue_one"
 
 
 def test_a_beat_schedule_entry_with_an_unknown_key_stops_beat_at_start(
