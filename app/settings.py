@@ -16,6 +16,9 @@
 | HABEAT_LEASE_TIMEOUT | 30 | seconds a worker's lease on a run lasts without a heartbeat |
 | HABEAT_MAX_ATTEMPTS | 3 | attempts of a run whose workers die, before it is marked lost |
 | HABEAT_IMPORTS | (none) | extra comma-separated task modules to import |
+| HABEAT_METRICS_PORT | (none: off) | port of beat's Prometheus endpoint `/metrics` (0: off) |
+| HABEAT_WORKER_METRICS_PORT | (none: off) | port of a worker's Prometheus endpoint (0: off) |
+| PROMETHEUS_MULTIPROC_DIR | (none) | prefork workers: empty dir where pool children keep metrics |
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class Settings:
     max_attempts: int = 3
     broker_key_prefix: str = ""
     imports: tuple[str, ...] = ()
+    metrics_port: int | None = None
+    worker_metrics_port: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -73,6 +78,8 @@ class Settings:
             imports=tuple(
                 name.strip() for name in env.get("HABEAT_IMPORTS", "").split(",") if name.strip()
             ),
+            metrics_port=_port(env, "HABEAT_METRICS_PORT"),
+            worker_metrics_port=_port(env, "HABEAT_WORKER_METRICS_PORT"),
         )
 
     def celery_config(self) -> dict[str, Any]:
@@ -83,6 +90,9 @@ class Settings:
             # (kombu's default throttle): redelivery then waits only for the timeout.
             "unacked_restore_interval": 10,
             "unacked_restore_throttle": 1,
+            # The sweep holds a Redis mutex for milliseconds; a worker killed while
+            # holding it would block every sweep for kombu's default 300 s.
+            "unacked_mutex_expire": 30,
         }
         if self.broker_key_prefix:
             transport_options["global_keyprefix"] = self.broker_key_prefix
@@ -114,6 +124,8 @@ class Settings:
             "habeat_lease_timeout": self.lease_timeout,
             "habeat_max_attempts": self.max_attempts,
             "habeat_visibility_timeout": self.visibility_timeout,
+            "habeat_metrics_port": self.metrics_port,
+            "habeat_worker_metrics_port": self.worker_metrics_port,
             # A worker that loses the broker connection cancels what it runs: the
             # broker will redeliver it anyway, and the lease keeps the run single.
             "worker_cancel_long_running_tasks_on_connection_loss": True,
@@ -141,3 +153,17 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
     if value <= 0:
         raise ConfigError(f"{name}={raw!r} must be positive")
     return value
+
+
+def _port(env: Mapping[str, str], name: str) -> int | None:
+    """A TCP port, or None when unset, empty or 0 (off)."""
+    raw = env.get(name, "").strip()
+    if raw in {"", "0"}:
+        return None
+    try:
+        port = int(raw)
+    except ValueError:
+        port = -1
+    if not 0 < port <= 65535:
+        raise ConfigError(f"{name}={raw!r} must be a TCP port (1-65535), or 0 or unset for none")
+    return port

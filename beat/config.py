@@ -53,6 +53,11 @@ class BeatConfig:
     max_attempts: int = 3
     #: The Redis broker's visibility timeout; a run queued for twice this long is published again.
     visibility_timeout: float = 3600.0
+    #: TCP port of beat's Prometheus endpoint (``/metrics``), opened on the first tick;
+    #: None or 0: no endpoint.
+    metrics_port: int | None = None
+    #: Address the metrics endpoints bind to (beat's, and a worker's when it has a port).
+    metrics_address: str = "0.0.0.0"
 
     @classmethod
     def from_celery_conf(cls, conf: Any) -> BeatConfig:
@@ -80,6 +85,10 @@ class BeatConfig:
             )
         if self.max_attempts < 1:
             raise ConfigError("habeat_max_attempts must be at least 1")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(
+                f"habeat_metrics_port={self.metrics_port}: must be a TCP port (0 or unset: off)"
+            )
         if not self.key_prefix:
             raise ConfigError("habeat_key_prefix must not be empty")
 

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 from celery.beat import Scheduler
 
-from beat import code_schedules
+from beat import code_schedules, metrics
 from beat.api import first_fire_at
 from beat.config import BeatConfig
 from beat.dispatch import publish_runs
@@ -92,6 +93,9 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._closed = False
         self._errors = _ErrorReporter()
         self._code: list[Any] = []
+        self._metrics_started = False
+        #: Skip records planned by the claim in progress, by reason (counted once it commits).
+        self._planned_skips: Counter[str] = Counter()
         kwargs["max_interval"] = self.config.max_wait
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
@@ -104,14 +108,18 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass of the loop; returns 0 (it waited itself) or a back-off delay."""
+        self._start_metrics()
         try:
             self._tick()
         except StaleEpoch as exc:
             self._step_down(str(exc))
         except Exception as exc:  # an error here would kill beat: log, back off, retry
+            metrics.TICK_ERRORS.inc()
             return self._errors.failed(exc)
         else:
             self._errors.succeeded()
+        finally:
+            self._report_leadership()
         return 0.0
 
     def sync(self) -> None:
@@ -123,6 +131,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             return
         self._closed = True
         if self._lease is not None and self._epoch is not None:
+            released = False
             try:
                 released = self._lease.release()
                 if released and self._store is not None:
@@ -130,6 +139,11 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 logger.warning("released the leader lease (epoch %s)", self._epoch)
             except Exception as exc:  # shutting down: the TTL frees the lease anyway
                 logger.warning("could not release the leader lease cleanly: %s", exc)
+            metrics.LEADERSHIP_CHANGES.labels(
+                change=metrics.RELEASED if released else metrics.LOST
+            ).inc()
+            metrics.LEADER.set(0)
+            metrics.LEADER_EPOCH.set(0)
         if self._listener is not None:
             self._listener.close()
         super().close()
@@ -161,20 +175,16 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._publish(
             self.store.pending_runs(
                 epoch, grace=self.config.outbox_grace, limit=self.config.claim_batch
-            )
+            ),
+            source="outbox",
         )
         self._reclaim(epoch)
-        claim = self.store.claim_due(
-            epoch,
-            batch=self.config.claim_batch,
-            plan=self._plan,
-            idle_timeout=self.config.claim_idle_timeout,
-        )
+        claim, duration = self._claim(epoch)
         if claim.schedules_claimed:
-            self._report_claim(claim)
+            self._report_claim(claim, duration)
         if self.after_claim_commit is not None:
             self.after_claim_commit(claim)
-        self._publish(claim.runs)
+        self._publish(claim.runs, source="claim")
         self._revoke(claim.cancelled)
         if claim.schedules_claimed >= self.config.claim_batch:
             return  # more are due: claim again at once
@@ -211,6 +221,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             if lease.is_held():
                 return self._epoch
             self._epoch = None  # the renewer already said why
+            metrics.LEADERSHIP_CHANGES.labels(change=metrics.LOST).inc()
         epoch = lease.try_acquire(self.store.current_epoch())
         if epoch is None:
             return None
@@ -224,6 +235,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             return None
         self._epoch = epoch
         lease.start_renewing()
+        metrics.LEADERSHIP_CHANGES.labels(change=metrics.ACQUIRED).inc()
+        self._report_leadership()
         logger.warning(
             "this process now leads (epoch %d, holder %s)",
             epoch,
@@ -244,6 +257,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
 
     def _step_down(self, reason: str) -> None:
         logger.warning("stepping down as leader: %s", reason)
+        if self._epoch is not None:
+            metrics.LEADERSHIP_CHANGES.labels(change=metrics.LOST).inc()
         self._epoch = None
         if self._lease is not None:
             try:
@@ -253,6 +268,53 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
 
     def _on_lease_lost(self, reason: str) -> None:
         logger.warning("lost the leader lease: %s; claiming stops", reason)
+        metrics.LEADER.set(0)  # at once: the next tick counts the change
+        metrics.LEADER_EPOCH.set(0)
+
+    def _report_leadership(self) -> None:
+        epoch = self.epoch
+        metrics.LEADER.set(0 if epoch is None else 1)
+        metrics.LEADER_EPOCH.set(epoch or 0)
+
+    def _start_metrics(self) -> None:
+        """Open the metrics endpoint on the first tick (never in __init__), if configured."""
+        if self._metrics_started:
+            return
+        self._metrics_started = True
+        port = self.config.metrics_port
+        if not port:
+            return
+        try:
+            metrics.start_metrics_server(port, self.config.metrics_address)
+        except OSError as exc:  # scheduling matters more than its metrics
+            logger.error(
+                "cannot serve metrics on %s:%d (%s): beat runs without its metrics endpoint;"
+                " free the port or change habeat_metrics_port (HABEAT_METRICS_PORT)",
+                self.config.metrics_address,
+                port,
+                exc,
+            )
+
+    def _claim(self, epoch: int) -> tuple[Claim, float]:
+        """One claim transaction, counted; returns the claim and its duration in seconds."""
+        self._planned_skips.clear()
+        started = time.monotonic()
+        claim = self.store.claim_due(
+            epoch,
+            batch=self.config.claim_batch,
+            plan=self._plan,
+            idle_timeout=self.config.claim_idle_timeout,
+        )
+        duration = time.monotonic() - started
+        metrics.CLAIM_DURATION.observe(duration)
+        if claim.schedules_claimed:
+            metrics.CLAIMS.inc()
+        metrics.RUNS_CLAIMED.inc(len(claim.runs) + claim.deferred)
+        for reason, count in self._planned_skips.items():
+            metrics.RUNS_SKIPPED.labels(reason=reason).inc(count)
+        self._planned_skips.clear()
+        metrics.RUNS_CANCELLED.inc(len(claim.cancelled))
+        return claim, duration
 
     def _reclaim(self, epoch: int) -> None:
         """Publish again the runs of dead workers; mark lost those out of attempts."""
@@ -261,6 +323,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             stale_queued_after=2 * self.config.visibility_timeout,
             limit=self.config.claim_batch,
         )
+        metrics.LEASES_RECLAIMED.inc(len(reclaim.runs))
+        metrics.RUNS_LOST.inc(len(reclaim.lost))
         for lost in reclaim.lost:
             logger.error(
                 "run %s of schedule %s is lost: %s",
@@ -277,20 +341,41 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 run.attempt + 1,
                 extra={"run_id": str(run.id), "schedule": run.schedule_name},
             )
-        self._publish(reclaim.runs)
+        self._publish(reclaim.runs, source="reclaim")
 
     def _plan(self, due: DueSchedule, now: datetime) -> FirePlan:
-        return plan_fires(
+        plan = plan_fires(
             due, now, misfire_grace=self.config.misfire_grace, max_catchup=self.config.max_catchup
         )
+        for skip in plan.skipped:  # every reason starts with "misfire" or "overlap"
+            reason = "overlap" if skip.reason.startswith("overlap") else "misfire"
+            self._planned_skips[reason] += 1
+        return plan
 
-    def _publish(self, runs: list[RunToPublish]) -> None:
+    def _publish(self, runs: list[RunToPublish], *, source: str) -> None:
+        """Publish ``runs`` (from the ``claim``, the ``outbox`` or the ``reclaim``er)."""
         if not runs:
             return
         result = publish_runs(self.app, runs)
         self.store.mark_published(result.published)
+        self._count_published(runs, result.published, source)
         if result.error is not None:
+            metrics.PUBLISH_ERRORS.inc()
             raise result.error
+
+    @staticmethod
+    def _count_published(runs: list[RunToPublish], published: list[Any], source: str) -> None:
+        metrics.RUNS_PUBLISHED.inc(len(published))
+        done = set(published)
+        now = datetime.now(UTC)
+        for run in runs:
+            if run.id not in done:
+                continue
+            if source == "outbox" and run.not_before is None:
+                metrics.OUTBOX_REPUBLISHED.inc()  # a jittered run's time came: not a repair
+            if source != "reclaim" and run.fire_at is not None:
+                due = max(run.fire_at, run.not_before or run.fire_at)
+                metrics.RUN_LATENESS.observe(max(0.0, (now - due).total_seconds()))
 
     def _revoke(self, run_ids: list[Any]) -> None:
         """Tell workers to drop cancelled runs still in the queue (best effort: the run
@@ -302,21 +387,23 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         except Exception as exc:  # the broadcast is an optimisation only
             logger.warning("could not broadcast the revocation of %d runs: %s", len(run_ids), exc)
 
-    def _report_claim(self, claim: Claim) -> None:
+    def _report_claim(self, claim: Claim, duration: float) -> None:
         lateness = max(
             ((claim.now - run.fire_at).total_seconds() for run in claim.runs if run.fire_at),
             default=0.0,
         )
         logger.info(
-            "claimed %d runs from %d schedules (max lateness %.3fs, %d skipped)",
+            "claimed %d runs from %d schedules in %.3fs (max lateness %.3fs, %d skipped)",
             len(claim.runs),
             claim.schedules_claimed,
+            duration,
             lateness,
             claim.skipped,
             extra={
                 "runs": len(claim.runs),
                 "schedules": claim.schedules_claimed,
                 "lateness_max": lateness,
+                "claim_seconds": duration,
             },
         )
         for name, reason in claim.disabled:

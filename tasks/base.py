@@ -9,8 +9,10 @@ or held by another worker's live lease, is skipped, acknowledged, logged and
 counted (``duplicate_deliveries``). While the body runs, a heartbeat thread
 extends the lease every third of its length; if the lease is lost (another
 worker reclaimed the run), ``self.lease_lost`` turns true and the completion
-is refused. Writes made through ``self.db`` commit in the same transaction as
-the completion record: they happen once, or not at all.
+is refused. These events are also counted as ``habeat_worker_*`` Prometheus
+metrics (see ``beat.metrics``; endpoint: ``HABEAT_WORKER_METRICS_PORT``).
+Writes made through ``self.db`` commit in the same transaction as the
+completion record: they happen once, or not at all.
 
 Delivery is at least once (``acks_late``, ``reject_on_worker_lost``, broker
 redelivery, the leader's reaper); completion is at most once per run.
@@ -28,8 +30,10 @@ from typing import Any, ClassVar
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
+from celery.signals import worker_init
 from sqlalchemy.orm import Session
 
+from beat import metrics
 from beat.config import BeatConfig
 from beat.errors import HABeatError, StoreUnavailable
 from beat.run_store import Refused, RunStore, Started
@@ -69,6 +73,7 @@ class _Execution:
     lost: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
     session: Session | None = None
+    started: float = field(default_factory=time.monotonic)
 
     def heartbeat_loop(self) -> None:
         valid_until = time.monotonic() + self.lease_seconds
@@ -89,6 +94,7 @@ class _Execution:
 
     def _lose(self, reason: str) -> None:
         self.lost.set()
+        metrics.WORKER_LEASE_LOSSES.inc()
         logger.warning(
             "lost the lease on run %s: %s; its completion will not be recorded",
             self.run_id,
@@ -156,9 +162,11 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
                 exc,
                 extra={"run_id": str(run_id)},
             )
+            metrics.WORKER_REQUEUED.inc()
             time.sleep(REQUEUE_DELAY)  # do not spin on the message while cut off
             raise Reject(str(exc), requeue=True) from exc
         if isinstance(outcome, Refused):
+            metrics.WORKER_DUPLICATE_DELIVERIES.inc()
             logger.warning(
                 "skipped a duplicate delivery of run %s (%s): it is %s%s",
                 run_id,
@@ -251,6 +259,10 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         finally:
             if session is not None:
                 session.close()
+        if recorded and state.value in metrics.WORKER_RUN_STATES:
+            metrics.WORKER_RUN_DURATION.labels(state=state.value).observe(
+                time.monotonic() - execution.started
+            )
         if not recorded:
             logger.warning(
                 "did not record run %s as %s:"
@@ -274,6 +286,40 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             if store is None:
                 store = cls._stores[key] = RunStore.connect(url)
         return store
+
+
+@worker_init.connect
+def _serve_worker_metrics(sender: Any = None, **_: Any) -> None:
+    """Open the worker's metrics endpoint in its main process, if
+    ``habeat_worker_metrics_port`` is set (``HABEAT_WORKER_METRICS_PORT``)."""
+    app: Any = getattr(sender, "app", None)
+    port = None if app is None else app.conf.get("habeat_worker_metrics_port")
+    if not port:
+        return
+    address = app.conf.get("habeat_metrics_address") or "0.0.0.0"
+    prefork = _is_prefork(sender)
+    if prefork and not metrics.multiprocess_mode():
+        logger.warning(
+            "the prefork pool runs tasks in child processes: the metrics endpoint on port %s"
+            " shows their counts only with %s set to an empty directory; set it, or use"
+            " -P threads",
+            port,
+            metrics.MULTIPROC_ENV,
+        )
+    try:
+        metrics.start_metrics_server(int(port), address, multiprocess=prefork)
+    except OSError as exc:  # running tasks matters more than their metrics
+        logger.error("cannot serve worker metrics on %s:%s: %s", address, port, exc)
+
+
+def _is_prefork(worker: Any) -> bool:
+    from celery import concurrency
+
+    try:
+        pool = concurrency.get_implementation(worker.pool_cls)
+    except Exception:  # an unknown pool: assume it shares our process
+        return False
+    return getattr(pool, "__module__", "") == "celery.concurrency.prefork"
 
 
 def _publish_options(request: Any) -> dict[str, Any]:
