@@ -260,7 +260,11 @@ def _definition_options(function: Callable[..., Any]) -> Callable[..., Any]:
 @click.argument("name")
 @click.argument("task")
 @_definition_options
-@click.option("--misfire-policy", type=click.Choice(_MISFIRE_POLICIES), default="fire_once")
+@click.option(
+    "--misfire-policy",
+    type=click.Choice(_MISFIRE_POLICIES),
+    help="when fire times were missed (default: HABEAT_MISFIRE_POLICY, fire_once)",
+)
 @click.option("--max-attempts", type=click.IntRange(min=1), default=3)
 @click.option("--paused", is_flag=True, help="create it paused")
 @_json_option
@@ -522,7 +526,9 @@ def sync(ctx: click.Context, as_json: bool) -> None:
     except ImportError as exc:
         _fail(f"cannot import the task modules ({exc}): fix the module or HABEAT_IMPORTS", 1)
     with _errors_as_exit_codes():
-        definitions = code_schedules.collect(app, default_tz=manager.default_tz)
+        definitions = code_schedules.collect(
+            app, default_tz=manager.default_tz, defaults=manager.defaults
+        )
         report = manager.store.sync_code_schedules(definitions, first_fire_at)
     if as_json:
         _echo_json(asdict(report))

@@ -12,6 +12,8 @@
 | HABEAT_CLAIM_BATCH | 1000 | schedules claimed per transaction |
 | HABEAT_MISFIRE_GRACE | 60 | seconds late before a fire time is a misfire |
 | HABEAT_TIMEZONE | UTC | zone of schedules created without one |
+| HABEAT_MISFIRE_POLICY | fire_once | misfire policy of schedules created without one |
+| HABEAT_OVERLAP_POLICY | allow | overlap policy of schedules created without one |
 | HABEAT_VISIBILITY_TIMEOUT | 3600 | seconds before the Redis broker redelivers an unacked message |
 | HABEAT_LEASE_TIMEOUT | 30 | seconds a worker's lease on a run lasts without a heartbeat |
 | HABEAT_MAX_ATTEMPTS | 3 | attempts of a run whose workers die, before it is marked lost |
@@ -48,6 +50,8 @@ class Settings:
     claim_batch: int = 1000
     misfire_grace: float = 60.0
     timezone: str = "UTC"
+    misfire_policy: str = "fire_once"
+    overlap_policy: str = "allow"
     visibility_timeout: int = 3600
     lease_timeout: float = 30.0
     max_attempts: int = 3
@@ -71,6 +75,8 @@ class Settings:
             claim_batch=int(_number(env, "HABEAT_CLAIM_BATCH", 1000)),
             misfire_grace=_number(env, "HABEAT_MISFIRE_GRACE", 60.0),
             timezone=env.get("HABEAT_TIMEZONE", "UTC"),
+            misfire_policy=env.get("HABEAT_MISFIRE_POLICY", "fire_once"),
+            overlap_policy=env.get("HABEAT_OVERLAP_POLICY", "allow"),
             visibility_timeout=int(_number(env, "HABEAT_VISIBILITY_TIMEOUT", 3600)),
             lease_timeout=_number(env, "HABEAT_LEASE_TIMEOUT", 30.0),
             max_attempts=int(_number(env, "HABEAT_MAX_ATTEMPTS", 3)),
@@ -121,6 +127,8 @@ class Settings:
             "habeat_claim_batch": self.claim_batch,
             "habeat_misfire_grace": self.misfire_grace,
             "habeat_default_timezone": self.timezone,
+            "habeat_default_misfire_policy": self.misfire_policy,
+            "habeat_default_overlap_policy": self.overlap_policy,
             "habeat_lease_timeout": self.lease_timeout,
             "habeat_max_attempts": self.max_attempts,
             "habeat_visibility_timeout": self.visibility_timeout,

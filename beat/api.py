@@ -275,22 +275,37 @@ def _misfire_policy(value: MisfirePolicy | str) -> MisfirePolicy:
 class Schedules:
     """Create and steer schedules in the store (the CLI is a thin layer over this)."""
 
-    def __init__(self, store: Store, *, app: Any | None = None, default_tz: str = "UTC") -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        app: Any | None = None,
+        default_tz: str = "UTC",
+        defaults: Mapping[str, Any] | None = None,
+    ) -> None:
         self.store = store
         self.app = app
         self.default_tz = default_tz
+        #: Fields a new schedule gets when the caller leaves them out (settings).
+        self.defaults = dict(defaults or {})
 
     @classmethod
     def for_app(cls, app: Any) -> Schedules:
         """Schedules of a Celery app configured for this scheduler (``habeat_*`` keys)."""
         config = BeatConfig.from_celery_conf(app.conf)
         store = Store.connect(config.database_url, leader_name=config.key_prefix)
-        return cls(store, app=app, default_tz=config.default_timezone)
+        return cls(
+            store,
+            app=app,
+            default_tz=config.default_timezone,
+            defaults=config.schedule_defaults(),
+        )
 
     def create(
         self, name: str, task: str, *, allow_unregistered: bool = False, **fields: Any
     ) -> Schedule:
         """Validate and store a new schedule; see :func:`define` for the fields."""
+        fields = {**self.defaults, **fields}
         fields.setdefault("default_tz", self.default_tz)
         definition = define(name, task, **fields)
         if not allow_unregistered:

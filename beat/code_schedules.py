@@ -83,23 +83,27 @@ def periodic(
     return attach
 
 
-def collect(app: Any, *, default_tz: str) -> list[tuple[ScheduleDefinition, str]]:
+def collect(
+    app: Any, *, default_tz: str, defaults: Mapping[str, Any] | None = None
+) -> list[tuple[ScheduleDefinition, str]]:
     """Every code-defined schedule of ``app``, validated, with a hash of its definition.
 
     Raises :class:`ConfigError` naming the entry at fault: a schedule in code
     that cannot run is a bug to fix before deploying, not something to skip.
     """
     app_tz = default_tz if app.conf.timezone is None else str(app.conf.timezone)
+    base = dict(defaults or {})
     found: dict[str, ScheduleDefinition] = {}
     for name, entry in (app.conf.beat_schedule or {}).items():
-        _add(found, _from_beat_schedule(name, entry, app_tz), f"beat_schedule[{name!r}]")
+        definition = _from_beat_schedule(name, entry, app_tz, base)
+        _add(found, definition, f"beat_schedule[{name!r}]")
     for task_name, task in sorted(app.tasks.items()):
         for entry in getattr(task, TASK_SCHEDULES_ATTRIBUTE, []):
             schedule_name = entry.get("name") or task_name
             fields = {
                 key: value for key, value in entry.items() if key != "name" and value is not None
             }
-            fields.setdefault("tz", app_tz)
+            fields = {"tz": app_tz, **base, **fields}
             _add(found, _define(schedule_name, task_name, fields), f"@periodic on {task_name}")
     return [(definition, definition_hash(definition)) for definition in found.values()]
 
@@ -123,11 +127,14 @@ def _add(found: dict[str, ScheduleDefinition], definition: ScheduleDefinition, w
     found[definition.name] = definition
 
 
-def _from_beat_schedule(name: str, entry: Mapping[str, Any], app_tz: str) -> ScheduleDefinition:
+def _from_beat_schedule(
+    name: str, entry: Mapping[str, Any], app_tz: str, defaults: Mapping[str, Any]
+) -> ScheduleDefinition:
     where = f"beat_schedule[{name!r}]"
     if "task" not in entry or "schedule" not in entry:
         raise ConfigError(f"{where} needs 'task' and 'schedule'")
     fields: dict[str, Any] = {
+        **defaults,
         "args": list(entry.get("args") or ()),
         "kwargs": dict(entry.get("kwargs") or {}),
         "options": {k: v for k, v in (entry.get("options") or {}).items()},

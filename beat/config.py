@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from beat.errors import ConfigError
+from beat.tables import MisfirePolicy, OverlapPolicy
 
 #: Prefix of every key this package reads from ``app.conf``.
 CONF_PREFIX = "habeat_"
@@ -42,6 +43,9 @@ class BeatConfig:
     max_catchup: int = 100
     #: Time zone of schedules created without one.
     default_timezone: str = "UTC"
+    #: Misfire and overlap policies of schedules created without one.
+    default_misfire_policy: str = "fire_once"
+    default_overlap_policy: str = "allow"
     #: Longest a claim transaction may stay idle before PostgreSQL aborts it
     #: (so a leader paused mid-claim cannot block a takeover).
     claim_idle_timeout: float = 10.0
@@ -83,6 +87,14 @@ class BeatConfig:
             raise ConfigError(
                 "habeat_lease_timeout must be at least 2 seconds and longer than the heartbeat"
             )
+        policies = (
+            (self.default_misfire_policy, MisfirePolicy, "habeat_default_misfire_policy"),
+            (self.default_overlap_policy, OverlapPolicy, "habeat_default_overlap_policy"),
+        )
+        for value, kind, key in policies:
+            if value not in {member.value for member in kind}:
+                choices = ", ".join(member.value for member in kind)
+                raise ConfigError(f"{key}={value!r}: use one of {choices}")
         if self.max_attempts < 1:
             raise ConfigError("habeat_max_attempts must be at least 1")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
@@ -91,6 +103,13 @@ class BeatConfig:
             )
         if not self.key_prefix:
             raise ConfigError("habeat_key_prefix must not be empty")
+
+    def schedule_defaults(self) -> dict[str, str]:
+        """Fields a schedule gets when its definition leaves them out."""
+        return {
+            "misfire_policy": self.default_misfire_policy,
+            "overlap_policy": self.default_overlap_policy,
+        }
 
     @property
     def lease_heartbeat(self) -> float:

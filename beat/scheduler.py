@@ -104,7 +104,11 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
     def setup_schedule(self) -> None:
         """Validate code-defined schedules now, so a broken one stops beat at start."""
         self.app.loader.import_default_modules()
-        self._code = code_schedules.collect(self.app, default_tz=self.config.default_timezone)
+        self._code = code_schedules.collect(
+            self.app,
+            default_tz=self.config.default_timezone,
+            defaults=self.config.schedule_defaults(),
+        )
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass of the loop; returns 0 (it waited itself) or a back-off delay."""

@@ -163,3 +163,14 @@ def test_misfire_policies_record_what_did_not_run(
     skipped = [row for row in rows if row.state == RunState.SKIPPED.value]
     assert len(skipped) == 22 - runs
     assert all(row.reason.startswith("misfire") for row in skipped)
+
+
+def test_new_schedules_take_the_policy_defaults_of_the_settings(store: Store) -> None:
+    schedules = Schedules(store, defaults={"misfire_policy": "skip", "overlap_policy": "skip"})
+    plain = schedules.create("plain", "t", every=5, allow_unregistered=True)
+    own = schedules.create("own", "t", every=5, overlap_policy="allow", allow_unregistered=True)
+    assert (plain.definition.misfire_policy.value, plain.definition.overlap_policy.value) == (
+        "skip",
+        "skip",
+    )
+    assert own.definition.overlap_policy.value == "allow"
