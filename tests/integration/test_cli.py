@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -135,24 +135,6 @@ def app(test_env: SessionEnv, store: Store, redis_client: redis.Redis) -> Celery
 @pytest.fixture
 def cli(app: Celery) -> Cli:
     return lambda *args: invoke(app, *args)
-
-
-@pytest.fixture
-def make_scheduler(test_env: SessionEnv) -> Iterator[Callable[..., HAScheduler]]:
-    created: list[HAScheduler] = []
-
-    def factory(**settings: Any) -> HAScheduler:
-        scheduler = HAScheduler(
-            app=create_app(test_env.settings(**{"lock_ttl": 3.0, "max_wait": 0.2, **settings}))
-        )
-        created.append(scheduler)
-        return scheduler
-
-    yield factory
-    for scheduler in created:
-        scheduler.close()
-        if scheduler._store is not None:
-            scheduler._store.dispose()
 
 
 # -- schedules: add, show, list, update, pause, resume, remove ---------------------------------

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import socket
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,27 +36,6 @@ pytestmark = pytest.mark.integration
 
 SchedulerFactory = Callable[..., HAScheduler]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-@pytest.fixture
-def make_scheduler(
-    test_env: SessionEnv, store: Store, redis_client: redis.Redis
-) -> Iterator[SchedulerFactory]:
-    """As in test_scheduler.py: schedulers on this session's database and lease."""
-    created: list[HAScheduler] = []
-
-    def factory(conf: dict[str, Any] | None = None, **settings: Any) -> HAScheduler:
-        app = create_app(test_env.settings(**{"lock_ttl": 2.0, "max_wait": 0.2, **settings}))
-        app.conf.update(conf or {})
-        scheduler = HAScheduler(app=app)
-        created.append(scheduler)
-        return scheduler
-
-    yield factory
-    for scheduler in created:
-        scheduler.close()
-        if scheduler._store is not None:
-            scheduler._store.dispose()
 
 
 def free_port() -> int:

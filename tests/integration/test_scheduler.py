@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -14,7 +14,6 @@ import pytest
 import redis
 from celery.schedules import crontab
 
-from app.factory import create_app
 from beat.api import Schedules
 from beat.code_schedules import periodic
 from beat.leader import lock_key
@@ -37,32 +36,6 @@ SchedulerFactory = Callable[..., HAScheduler]
 
 class SimulatedCrash(BaseException):
     """Stands for the process dying: not an Exception, so tick() does not swallow it."""
-
-
-@pytest.fixture
-def make_scheduler(
-    test_env: SessionEnv, store: Store, redis_client: redis.Redis
-) -> Iterator[SchedulerFactory]:
-    created: list[HAScheduler] = []
-
-    def factory(
-        conf: dict[str, Any] | None = None,
-        prepare: Callable[[Any], None] | None = None,
-        **settings: Any,
-    ) -> HAScheduler:
-        app = create_app(test_env.settings(**{"lock_ttl": 2.0, "max_wait": 0.2, **settings}))
-        app.conf.update(conf or {})
-        if prepare is not None:
-            prepare(app)  # e.g. define tasks, as task modules do before beat starts
-        scheduler = HAScheduler(app=app)
-        created.append(scheduler)
-        return scheduler
-
-    yield factory
-    for scheduler in created:
-        scheduler.close()
-        if scheduler._store is not None:
-            scheduler._store.dispose()
 
 
 def test_leader_claims_and_publishes_with_the_run_id_as_task_id(

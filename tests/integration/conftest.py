@@ -1,0 +1,44 @@
+"""Fixtures of the integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from app.factory import create_app
+from beat.scheduler import HAScheduler
+from beat.store import Store
+from tests.conftest import SessionEnv
+
+SchedulerFactory = Callable[..., HAScheduler]
+
+
+@pytest.fixture
+def make_scheduler(
+    test_env: SessionEnv, store: Store, redis_client: redis.Redis
+) -> Iterator[SchedulerFactory]:
+    """In-process schedulers on this session's database and lease (a short TTL and
+    wait), closed at the end: ``make_scheduler(conf=..., prepare=..., **settings)``."""
+    created: list[HAScheduler] = []
+
+    def factory(
+        conf: dict[str, Any] | None = None,
+        prepare: Callable[[Any], None] | None = None,
+        **settings: Any,
+    ) -> HAScheduler:
+        app = create_app(test_env.settings(**{"lock_ttl": 2.0, "max_wait": 0.2, **settings}))
+        app.conf.update(conf or {})
+        if prepare is not None:
+            prepare(app)  # e.g. define tasks, as task modules do before beat starts
+        scheduler = HAScheduler(app=app)
+        created.append(scheduler)
+        return scheduler
+
+    yield factory
+    for scheduler in created:
+        scheduler.close()
+        if scheduler._store is not None:
+            scheduler._store.dispose()
