@@ -39,9 +39,16 @@ def create_second_schedules(store: Store) -> datetime:
 
 
 def assert_each_fire_time_once(store: Store, anchor: datetime, until: datetime) -> int:
-    """Every 1-second fire time in (anchor, until] has exactly one run, none is left pending."""
+    """Every 1-second fire time in (anchor, until] has exactly one run, none is left pending.
+
+    Runs claimed after ``until`` may be pending: a beat stopped between a claim's
+    commit and its publish leaves them to the next leader (the outbox), and these
+    tests stop every beat."""
     rows = run_rows(store, task="e2e.record")
-    assert all(row.state != RunState.PENDING.value for row in rows), "runs left unpublished"
+    stuck = [
+        row.fire_at for row in rows if row.state == RunState.PENDING.value and row.fire_at <= until
+    ]
+    assert not stuck, f"runs left unpublished: {stuck}"
     expected = int((until - anchor).total_seconds())
     for index in range(SCHEDULES):
         fire_times = sorted(
@@ -59,12 +66,13 @@ def assert_each_fire_time_once(store: Store, anchor: datetime, until: datetime) 
 
 
 def assert_each_run_executed_once(cluster: Cluster, store: Store) -> None:
-    run_ids = {str(row.id) for row in run_rows(store, task="e2e.record")}
+    published = [row for row in run_rows(store, task="e2e.record") if row.state != "pending"]
+    run_ids = {str(row.id) for row in published}
     wait_until(lambda: set(cluster.effects()) >= run_ids, timeout=60, interval=0.5)
     effects = cluster.effects()
     assert set(effects) == run_ids, "executions of runs that do not exist"
     assert max(effects.values()) == 1, "a run executed twice"
-    states = {row.state for row in run_rows(store, task="e2e.record")}
+    states = {row.state for row in run_rows(store, task="e2e.record")} - {RunState.PENDING.value}
     assert states == {RunState.SUCCEEDED.value}
 
 
