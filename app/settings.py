@@ -12,6 +12,7 @@
 | HABEAT_CLAIM_BATCH | 1000 | schedules claimed per transaction |
 | HABEAT_MISFIRE_GRACE | 60 | seconds late before a fire time is a misfire |
 | HABEAT_TIMEZONE | UTC | zone of schedules created without one |
+| HABEAT_HISTORY_RETENTION_DAYS | 30 | the leader deletes finished runs older than this (0: keep) |
 | HABEAT_MISFIRE_POLICY | fire_once | misfire policy of schedules created without one |
 | HABEAT_OVERLAP_POLICY | allow | overlap policy of schedules created without one |
 | HABEAT_VISIBILITY_TIMEOUT | 3600 | seconds before the Redis broker redelivers an unacked message |
@@ -50,6 +51,7 @@ class Settings:
     claim_batch: int = 1000
     misfire_grace: float = 60.0
     timezone: str = "UTC"
+    history_retention_days: float = 30.0
     misfire_policy: str = "fire_once"
     overlap_policy: str = "allow"
     visibility_timeout: int = 3600
@@ -75,6 +77,9 @@ class Settings:
             claim_batch=int(_number(env, "HABEAT_CLAIM_BATCH", 1000)),
             misfire_grace=_number(env, "HABEAT_MISFIRE_GRACE", 60.0),
             timezone=env.get("HABEAT_TIMEZONE", "UTC"),
+            history_retention_days=_number(
+                env, "HABEAT_HISTORY_RETENTION_DAYS", 30.0, allow_zero=True
+            ),
             misfire_policy=env.get("HABEAT_MISFIRE_POLICY", "fire_once"),
             overlap_policy=env.get("HABEAT_OVERLAP_POLICY", "allow"),
             visibility_timeout=int(_number(env, "HABEAT_VISIBILITY_TIMEOUT", 3600)),
@@ -127,6 +132,7 @@ class Settings:
             "habeat_claim_batch": self.claim_batch,
             "habeat_misfire_grace": self.misfire_grace,
             "habeat_default_timezone": self.timezone,
+            "habeat_history_retention_days": self.history_retention_days,
             "habeat_default_misfire_policy": self.misfire_policy,
             "habeat_default_overlap_policy": self.overlap_policy,
             "habeat_lease_timeout": self.lease_timeout,
@@ -148,7 +154,9 @@ def _database_url(url: str) -> str:
     return url
 
 
-def _number(env: Mapping[str, str], name: str, default: float) -> float:
+def _number(
+    env: Mapping[str, str], name: str, default: float, *, allow_zero: bool = False
+) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -158,7 +166,7 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigError(
             f"{name}={raw!r} is not a number: set it to a number of seconds (or a count)"
         ) from None
-    if value <= 0:
+    if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{name}={raw!r} must be positive")
     return value
 

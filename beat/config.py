@@ -55,6 +55,8 @@ class BeatConfig:
     heartbeat_interval: float | None = None
     #: Attempts of a run whose worker keeps dying before it is marked lost (Celery retries aside).
     max_attempts: int = 3
+    #: Finished runs older than this many days are deleted by the leader (0: keep them all).
+    history_retention_days: float = 30.0
     #: The Redis broker's visibility timeout; a run queued for twice this long is published again.
     visibility_timeout: float = 3600.0
     #: TCP port of beat's Prometheus endpoint (``/metrics``), opened on the first tick;

@@ -247,13 +247,15 @@ class OpsStore(StoreConnection):
         *,
         batch: int = 1000,
         on_batch: Callable[[int], None] | None = None,
+        max_batches: int | None = None,
     ) -> PruneReport:
         """Delete finished runs whose ``finished_at`` (else ``claimed_at``) is older
         than ``older_than``, ``batch`` rows per transaction, so no lock is held long.
 
         The cutoff is fixed once, at the start. Rows locked by someone else are
         skipped (they are not finished business for long). ``on_batch`` gets the
-        row count of every transaction that deleted something.
+        row count of every transaction that deleted something. ``max_batches``
+        bounds the work of one call (the leader prunes a little on every pass).
         """
         if batch < 1:
             raise ValueError(f"batch={batch!r}: must be at least 1")
@@ -266,7 +268,7 @@ class OpsStore(StoreConnection):
                 deleted, batches = deleted + count, batches + 1
                 if on_batch is not None:
                     on_batch(count)
-            if count < batch:
+            if count < batch or (max_batches is not None and batches >= max_batches):
                 return PruneReport(deleted=deleted, batches=batches, cutoff=cutoff)
 
     def _prune_batch(self, cutoff: datetime, batch: int) -> int:

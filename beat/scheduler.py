@@ -20,7 +20,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
@@ -33,6 +33,7 @@ from beat.dispatch import publish_runs
 from beat.errors import HABeatError, StaleEpoch
 from beat.leader import LeaderLease
 from beat.models import DueSchedule, FirePlan, RunToPublish
+from beat.ops_store import OpsStore
 from beat.policies import plan_fires
 from beat.store import Claim, ScheduleChangeListener, Store
 
@@ -40,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 #: Longest pause between attempts while PostgreSQL or Redis is unreachable.
 MAX_BACKOFF = 5.0
+#: The leader prunes run history at most this often (seconds), one batch of this many rows.
+RETENTION_INTERVAL = 60.0
+RETENTION_BATCH = 1000
 #: A failure that repeats is logged again at most this often (seconds).
 REPEAT_LOG_INTERVAL = 30.0
 
@@ -94,6 +98,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._errors = _ErrorReporter()
         self._code: list[Any] = []
         self._metrics_started = False
+        self._next_retention = 0.0  # time.monotonic() of the next history prune
         #: Skip records planned by the claim in progress, by reason (counted once it commits).
         self._planned_skips: Counter[str] = Counter()
         kwargs["max_interval"] = self.config.max_wait
@@ -183,6 +188,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             source="outbox",
         )
         self._reclaim(epoch)
+        self._enforce_retention()
         claim, duration = self._claim(epoch)
         if claim.schedules_claimed:
             self._report_claim(claim, duration)
@@ -346,6 +352,24 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 extra={"run_id": str(run.id), "schedule": run.schedule_name},
             )
         self._publish(reclaim.runs, source="reclaim")
+
+    def _enforce_retention(self) -> None:
+        """Delete one batch of run history past its retention, at most once a minute."""
+        days = self.config.history_retention_days
+        if days <= 0 or time.monotonic() < self._next_retention:
+            return
+        self._next_retention = time.monotonic() + RETENTION_INTERVAL
+        report = OpsStore(self.store.engine).prune(
+            timedelta(days=days), batch=RETENTION_BATCH, max_batches=1
+        )
+        if report.deleted:
+            logger.info(
+                "deleted %d runs finished before %s (history retention %g days)",
+                report.deleted,
+                report.cutoff.isoformat(),
+                days,
+                extra={"deleted": report.deleted},
+            )
 
     def _plan(self, due: DueSchedule, now: datetime) -> FirePlan:
         plan = plan_fires(

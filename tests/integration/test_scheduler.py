@@ -263,3 +263,33 @@ def test_a_beat_schedule_entry_with_an_unknown_key_stops_beat_at_start(
 
     with pytest.raises(ConfigError, match=r"beat_schedule\['x'\]: unknown key\(s\) overlap"):
         make_scheduler({"beat_schedule": {"x": {"task": "t", "schedule": 5.0, "overlap": "skip"}}})
+
+
+def test_the_leader_enforces_history_retention_in_small_batches(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
+    from sqlalchemy import text
+
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO beat_runs (id, task, state, claimed_at, finished_at)"
+                " SELECT gen_random_uuid(), 't', 'succeeded', now() - interval '40 days',"
+                " now() - interval '40 days' FROM generate_series(1, 1500)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO beat_runs (id, task, state, claimed_at)"
+                " SELECT gen_random_uuid(), 't', 'queued', now() - interval '40 days'"
+                " FROM generate_series(1, 3)"
+            )
+        )
+    scheduler = make_scheduler()
+    scheduler.tick()
+    assert len(run_rows(store)) == 503, "one batch of 1,000 per pass"
+    scheduler.tick()
+    assert len(run_rows(store)) == 503, "at most one batch a minute"
+    scheduler._next_retention = 0.0  # a minute later
+    scheduler.tick()
+    assert {row.state for row in run_rows(store)} == {"queued"}, "unfinished runs are kept"
