@@ -40,7 +40,7 @@ from beat.errors import (
 from beat.leader import lock_key
 from beat.models import Schedule
 from beat.ops_store import FINISHED_STATES, LastRun, OpsStore, RunRecord
-from beat.store import LeaderInfo
+from beat.store import LeaderInfo, first_line
 from beat.tables import MisfirePolicy, OverlapPolicy, RunState
 from beat.timing import Cron, Every, Once
 
@@ -752,7 +752,7 @@ def _leader_check(manager: Schedules, lease: LeaseStatus) -> Check:
     try:
         info = manager.store.leader_info()
     except (HABeatError, SQLAlchemyError) as exc:
-        return Check(name="leader", ok=False, detail=_first_line(exc))
+        return Check(name="leader", ok=False, detail=first_line(exc))
     if info is not None and lease_is_valid(info, lease):
         expiry = "" if lease.ttl_ms is None else f", lease expires in {lease.ttl_ms / 1000:.1f}s"
         return Check(
@@ -765,17 +765,12 @@ def _probe(name: str, action: Callable[[], object], success: str) -> Check:
     try:
         action()
     except (HABeatError, SQLAlchemyError) as exc:
-        return Check(name=name, ok=False, detail=_first_line(exc))
+        return Check(name=name, ok=False, detail=first_line(exc))
     return Check(name=name, ok=True, detail=success)
 
 
 def _not_checked(name: str, because: str) -> Check:
     return Check(name=name, ok=False, detail=f"not checked: {because}")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # -- schedules: documents and text --------------------------------------------------------

@@ -21,8 +21,12 @@ from typing import Any
 from sqlalchemy import ColumnElement, Row, delete, func, insert, literal, select, true
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from beat.errors import ScheduleNotFound
-from beat.store import StoreConnection, create_store_engine, new_run_values
+from beat.store import (
+    StoreConnection,
+    create_store_engine,
+    new_run_values,
+    schedule_not_found,
+)
 from beat.tables import SCHEDULES_CHANNEL, RunState, runs, schedules
 
 #: States a run never leaves: only these are pruned.
@@ -201,9 +205,7 @@ class OpsStore(StoreConnection):
         with self._transaction() as conn:
             row = conn.execute(statement).one_or_none()
             if row is None:
-                raise ScheduleNotFound(
-                    f"no schedule named '{name}': `celery -A app schedules list` shows them"
-                )
+                raise schedule_not_found(name)
             conn.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "trigger")))
         return _record_from_row(row)
 
@@ -213,9 +215,7 @@ class OpsStore(StoreConnection):
         with self._transaction() as conn:
             schedule = conn.execute(select(schedules).where(schedules.c.name == name)).one_or_none()
             if schedule is None:
-                raise ScheduleNotFound(
-                    f"no schedule named '{name}': `celery -A app schedules list` shows them"
-                )
+                raise schedule_not_found(name)
             rows = [
                 new_run_values(
                     schedule,

@@ -35,7 +35,7 @@ from beat.leader import LeaderLease
 from beat.models import DueSchedule, FirePlan, RunToPublish
 from beat.ops_store import OpsStore
 from beat.policies import plan_fires
-from beat.store import Claim, ScheduleChangeListener, Store
+from beat.store import Claim, ScheduleChangeListener, Store, masked_url
 
 logger = logging.getLogger(__name__)
 
@@ -160,8 +160,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
     @property
     def info(self) -> str:
         return (
-            f"    . store -> {self._masked(self.config.database_url)}\n"
-            f"    . leader lease -> {self._masked(self.config.redis_url)}"
+            f"    . store -> {masked_url(self.config.database_url)}\n"
+            f"    . leader lease -> {masked_url(self.config.redis_url)}"
             f" key {self.config.key_prefix}:leader:lock ttl {self.config.lock_ttl}s"
         )
 
@@ -488,12 +488,3 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if self._listener is None:
             self._listener = ScheduleChangeListener(self.config.database_url)
         return self._listener
-
-    @staticmethod
-    def _masked(url: str) -> str:
-        from sqlalchemy.engine import make_url
-
-        try:
-            return make_url(url).render_as_string(hide_password=True)
-        except Exception:
-            return url.split("@")[-1]

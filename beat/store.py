@@ -54,7 +54,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
 
 from beat import schema
 from beat.errors import (
@@ -145,8 +145,12 @@ class SyncReport:
 
 
 def masked_url(url: str) -> str:
-    """The URL with its password hidden, for messages and logs."""
-    return make_url(url).render_as_string(hide_password=True)
+    """The URL with its password hidden, for messages and logs (never raises: a URL
+    that does not parse is shown from its host on)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url.split("@")[-1]
 
 
 def create_store_engine(url: str, *, pool_size: int = 5, connect_timeout: int = 5) -> Engine:
@@ -183,13 +187,13 @@ class StoreConnection:
             yield
         except OperationalError as exc:
             raise StoreUnavailable(
-                f"PostgreSQL at {self.url} is unreachable ({_first_line(exc.orig)}):"
+                f"PostgreSQL at {self.url} is unreachable ({first_line(exc.orig)}):"
                 " start it (`docker compose up -d postgres`) or set DATABASE_URL"
             ) from exc
         except DBAPIError as exc:
             if exc.connection_invalidated:
                 raise StoreUnavailable(
-                    f"lost the connection to PostgreSQL at {self.url} ({_first_line(exc.orig)})"
+                    f"lost the connection to PostgreSQL at {self.url} ({first_line(exc.orig)})"
                 ) from exc
             raise
 
@@ -244,7 +248,7 @@ class Store(StoreConnection):
                     " pick another name, or update or remove it"
                 ) from exc
             raise StoreError(
-                f"the schedule was refused by PostgreSQL: {_first_line(exc.orig)}"
+                f"the schedule was refused by PostgreSQL: {first_line(exc.orig)}"
             ) from exc
         return _schedule_from_row(row)
 
@@ -252,7 +256,7 @@ class Store(StoreConnection):
         with self._transaction() as conn:
             row = conn.execute(select(schedules).where(schedules.c.name == name)).one_or_none()
         if row is None:
-            raise _not_found(name)
+            raise schedule_not_found(name)
         return _schedule_from_row(row)
 
     def list_schedules(self) -> list[Schedule]:
@@ -273,7 +277,7 @@ class Store(StoreConnection):
                 select(schedules).where(schedules.c.name == name).with_for_update()
             ).one_or_none()
             if row is None:
-                raise _not_found(name)
+                raise schedule_not_found(name)
             definition, next_fire_at = build(_schedule_from_row(row), now)
             values_ = definition_values(definition)
             values_.pop("origin")  # a schedule keeps its origin
@@ -295,7 +299,7 @@ class Store(StoreConnection):
         with self._transaction() as conn:
             deleted = conn.execute(delete(schedules).where(schedules.c.name == name)).rowcount
         if not deleted:
-            raise _not_found(name)
+            raise schedule_not_found(name)
 
     def sync_code_schedules(
         self,
@@ -779,7 +783,7 @@ class ScheduleChangeListener:
                 self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
             except psycopg.Error as exc:
                 raise StoreUnavailable(
-                    f"PostgreSQL at {self._masked} is unreachable ({_first_line(exc)}):"
+                    f"PostgreSQL at {self._masked} is unreachable ({first_line(exc)}):"
                     " start it (`docker compose up -d postgres`) or set DATABASE_URL"
                 ) from exc
             for channel in self.CHANNELS:
@@ -979,7 +983,8 @@ def _last_fire(plan: FirePlan, schedule: DueSchedule) -> datetime:
     return max(times) if times else schedule.next_fire_at
 
 
-def _not_found(name: str) -> ScheduleNotFound:
+def schedule_not_found(name: str) -> ScheduleNotFound:
+    """The error for a schedule name that is not stored, with where to look."""
     return ScheduleNotFound(
         f"no schedule named '{name}': `celery -A app schedules list` shows them"
     )
@@ -990,8 +995,10 @@ def _is_unique_violation(exc: IntegrityError, constraint: str) -> bool:
     return getattr(diag, "constraint_name", None) == constraint
 
 
-def _first_line(exc: BaseException | None) -> str:
-    return str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else repr(exc)
+def first_line(exc: BaseException | None) -> str:
+    """The first line of an error's message (driver errors run over several lines)."""
+    text = str(exc).strip() if exc is not None else ""
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 __all__ = [
