@@ -14,7 +14,7 @@ import pytest
 from beat.api import Schedules
 from beat.store import Store
 from beat.tables import RunState
-from tests.e2e.cluster import Cluster, wait_until
+from tests.e2e.cluster import Cluster, Process, wait_until
 from tests.integration.helpers import run_rows
 
 pytestmark = pytest.mark.e2e
@@ -101,25 +101,39 @@ def test_several_beats_for_a_minute_claim_each_fire_time_exactly_once(
     assert_each_run_executed_once(cluster, store)
 
 
-def test_killing_the_leader_hands_over_within_ttl_and_loses_no_run(
-    cluster: Cluster, store: Store
-) -> None:
-    cluster.settings = {"HABEAT_LOCK_TTL": str(LOCK_TTL)}
+def two_beats_with_a_leader(
+    cluster: Cluster, store: Store, *, settle: float
+) -> tuple[datetime, Process, int]:
+    """Second schedules, a worker and two beats, ``settle`` seconds after one leads:
+    (the schedules' anchor, the leading process, its epoch)."""
     anchor = create_second_schedules(store)
     cluster.worker("worker1")
     cluster.beat("beat0")
     cluster.beat("beat1")
     wait_until(lambda: cluster.leading_process() is not None, timeout=30)
-    time.sleep(3)
-    leader = cluster.leading_process()
+    time.sleep(settle)
+    leader, holder = cluster.leading_process(), cluster.leader_holder()
     assert leader is not None
-    epoch_before = cluster.leader_holder()[0]  # type: ignore[index]
+    assert holder is not None
+    return anchor, leader, holder[0]
+
+
+def wait_for_a_newer_epoch(cluster: Cluster, epoch: int) -> float:
+    """Seconds until a leader with an epoch above ``epoch`` is recorded."""
+    return wait_until(
+        lambda: (cluster.leader_holder() or (0, ""))[0] > epoch, timeout=30, interval=0.02
+    )
+
+
+def test_killing_the_leader_hands_over_within_ttl_and_loses_no_run(
+    cluster: Cluster, store: Store
+) -> None:
+    cluster.settings = {"HABEAT_LOCK_TTL": str(LOCK_TTL)}
+    anchor, leader, epoch_before = two_beats_with_a_leader(cluster, store, settle=3)
 
     killed_at = time.monotonic()
     leader.signal(signal.SIGKILL)
-    failover = wait_until(
-        lambda: (cluster.leader_holder() or (0, ""))[0] > epoch_before, timeout=30, interval=0.02
-    )
+    failover = wait_for_a_newer_epoch(cluster, epoch_before)
     took = time.monotonic() - killed_at
     print(f"failover after SIGKILL: {took:.2f}s (ttl {LOCK_TTL}s, renew every {LOCK_TTL / 3:.1f}s)")
     assert failover <= LOCK_TTL + LOCK_TTL / 3 + 1.0, f"took {took:.2f}s"
@@ -135,21 +149,11 @@ def test_killing_the_leader_hands_over_within_ttl_and_loses_no_run(
 
 def test_a_clean_shutdown_hands_over_within_a_second(cluster: Cluster, store: Store) -> None:
     cluster.settings = {"HABEAT_LOCK_TTL": "10"}  # a hand-over must not wait for the TTL
-    anchor = create_second_schedules(store)
-    cluster.worker("worker1")
-    cluster.beat("beat0")
-    cluster.beat("beat1")
-    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
-    time.sleep(2)
-    leader = cluster.leading_process()
-    assert leader is not None
-    epoch_before = cluster.leader_holder()[0]  # type: ignore[index]
+    anchor, leader, epoch_before = two_beats_with_a_leader(cluster, store, settle=2)
 
     stopped_at = time.monotonic()
     leader.signal(signal.SIGTERM)
-    wait_until(
-        lambda: (cluster.leader_holder() or (0, ""))[0] > epoch_before, timeout=30, interval=0.02
-    )
+    wait_for_a_newer_epoch(cluster, epoch_before)
     took = time.monotonic() - stopped_at
     print(f"hand-over after SIGTERM: {took:.2f}s")
     assert took < 2.0, f"hand-over took {took:.2f}s"
