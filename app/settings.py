@@ -49,6 +49,7 @@ class Settings:
     standby_poll: float = 1.0
     max_wait: float = 5.0
     claim_batch: int = 1000
+    claim_ahead: float = 2.0
     misfire_grace: float = 60.0
     timezone: str = "UTC"
     history_retention_days: float = 30.0
@@ -75,6 +76,7 @@ class Settings:
             standby_poll=_number(env, "HABEAT_STANDBY_POLL", 1.0),
             max_wait=_number(env, "HABEAT_MAX_WAIT", 5.0),
             claim_batch=int(_number(env, "HABEAT_CLAIM_BATCH", 1000)),
+            claim_ahead=_number(env, "HABEAT_CLAIM_AHEAD", 2.0, allow_zero=True),
             misfire_grace=_number(env, "HABEAT_MISFIRE_GRACE", 60.0),
             timezone=env.get("HABEAT_TIMEZONE", "UTC"),
             history_retention_days=_number(
@@ -130,6 +132,7 @@ class Settings:
             "habeat_standby_poll": self.standby_poll,
             "habeat_max_wait": self.max_wait,
             "habeat_claim_batch": self.claim_batch,
+            "habeat_claim_ahead": self.claim_ahead,
             "habeat_misfire_grace": self.misfire_grace,
             "habeat_default_timezone": self.timezone,
             "habeat_history_retention_days": self.history_retention_days,

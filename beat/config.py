@@ -35,6 +35,10 @@ class BeatConfig:
     max_wait: float = 5.0
     #: Most schedules claimed in one transaction.
     claim_batch: int = 1000
+    #: Schedules due within this many seconds (overlap policy ``allow``) are claimed
+    #: ahead and their messages built before the fire time, then sent at it; 0: claim
+    #: only what is due. It bounds the lateness of large bursts, not correctness.
+    claim_ahead: float = 2.0
     #: A run left ``pending`` by this process for longer than this is published again.
     outbox_grace: float = 10.0
     #: A fire time later than this when claimed is a misfire, handled by the misfire policy.
@@ -83,6 +87,8 @@ class BeatConfig:
             raise ConfigError(f"habeat_lock_ttl={self.lock_ttl}: must be at least 1 second")
         if self.standby_poll <= 0 or self.max_wait <= 0:
             raise ConfigError("habeat_standby_poll and habeat_max_wait must be positive")
+        if not 0 <= self.claim_ahead <= 30:
+            raise ConfigError(f"habeat_claim_ahead={self.claim_ahead}: use 0 (off) to 30 seconds")
         if self.claim_batch < 1 or self.max_catchup < 1:
             raise ConfigError("habeat_claim_batch and habeat_max_catchup must be at least 1")
         if self.lease_timeout < 2 or self.lease_heartbeat >= self.lease_timeout:

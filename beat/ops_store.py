@@ -25,6 +25,7 @@ from beat.store import (
     StoreConnection,
     create_store_engine,
     new_run_values,
+    run_copy_columns,
     schedule_not_found,
 )
 from beat.tables import SCHEDULES_CHANNEL, RunState, runs, schedules
@@ -169,39 +170,14 @@ class OpsStore(StoreConnection):
         transaction; the leader publishes the run at its next tick.
         """
         run_id = uuid.uuid4()
-        source = select(
-            literal(run_id, runs.c.id.type),
-            schedules.c.id,
-            schedules.c.name,
-            schedules.c.task,
-            schedules.c.args,
-            schedules.c.kwargs,
-            schedules.c.options,
-            func.now(),
-            literal(RunState.PENDING.value),
-            literal(TRIGGER_REASON),
-            schedules.c.max_attempts,
-        ).where(schedules.c.name == name)
-        statement = (
-            insert(runs)
-            .from_select(
-                [
-                    "id",
-                    "schedule_id",
-                    "schedule_name",
-                    "task",
-                    "args",
-                    "kwargs",
-                    "options",
-                    "fire_at",
-                    "state",
-                    "reason",
-                    "max_attempts",
-                ],
-                source,
-            )
-            .returning(*runs.c)
+        values = run_copy_columns(
+            id=literal(run_id, runs.c.id.type),
+            fire_at=func.now(),
+            state=literal(RunState.PENDING.value),
+            reason=literal(TRIGGER_REASON),
         )
+        source = select(*values.values()).where(schedules.c.name == name)
+        statement = insert(runs).from_select(list(values), source).returning(*runs.c)
         with self._transaction() as conn:
             row = conn.execute(statement).one_or_none()
             if row is None:

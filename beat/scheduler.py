@@ -5,9 +5,11 @@ Every process runs the same loop; ``tick()`` reads like the design:
 
 1. am I leader? (Redis lease; a standby tries to take it and waits);
 2. publish what an earlier leader left in the outbox;
-3. claim a batch of due schedules in one PostgreSQL transaction fenced by the epoch;
-4. publish each run with its run ID as task ID, then mark them published;
-5. wait until the next fire time, woken early by LISTEN/NOTIFY.
+3. claim a batch of due schedules in one PostgreSQL transaction fenced by the epoch
+   (and those due within ``claim_ahead`` seconds, armed for their fire time);
+4. publish each run with its run ID as task ID, then mark them published; armed
+   runs are built ahead and sent at their fire time;
+5. wait until the next fire time (less ``claim_ahead``), woken early by LISTEN/NOTIFY.
 
 Nothing escapes ``tick()``: an error is logged with what to do and the loop
 tries again shortly, so a standby survives Redis and PostgreSQL restarts.
@@ -29,7 +31,7 @@ from celery.beat import Scheduler
 from beat import code_schedules, metrics
 from beat.api import first_fire_at
 from beat.config import BeatConfig
-from beat.dispatch import publish_runs
+from beat.dispatch import publish_at, publish_runs
 from beat.errors import HABeatError, StaleEpoch
 from beat.leader import LeaderLease
 from beat.models import DueSchedule, FirePlan, RunToPublish
@@ -44,6 +46,9 @@ MAX_BACKOFF = 5.0
 #: The leader prunes run history at most this often (seconds), one batch of this many rows.
 RETENTION_INTERVAL = 60.0
 RETENTION_BATCH = 1000
+#: The leader wakes this long after a worker's lease expires (seconds), so the reaper
+#: sees it expired.
+LEASE_EXPIRY_MARGIN = 0.05
 #: A failure that repeats is logged again at most this often (seconds).
 REPEAT_LOG_INTERVAL = 30.0
 
@@ -101,6 +106,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._next_retention = 0.0  # time.monotonic() of the next history prune
         #: Skip records planned by the claim in progress, by reason (counted once it commits).
         self._planned_skips: Counter[str] = Counter()
+        #: Runs claimed ahead, by fire time: (monotonic deadline, runs), published at it.
+        self._armed: dict[datetime, tuple[float, list[RunToPublish]]] = {}
         kwargs["max_interval"] = self.config.max_wait
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
@@ -179,8 +186,11 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._start()
         epoch = self._lead()
         if epoch is None:
+            self._armed.clear()  # the new leader publishes them from the outbox
             self._wait(self.config.standby_poll)
             return
+        # Armed runs whose time came while claiming go first, before the outbox sees them.
+        self._publish_armed(until=time.monotonic())
         self._publish(
             self.store.pending_runs(
                 epoch, grace=self.config.outbox_grace, limit=self.config.claim_batch
@@ -196,12 +206,50 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             self.after_claim_commit(claim)
         self._publish(claim.runs, source="claim")
         self._revoke(claim.cancelled)
-        if claim.schedules_claimed >= self.config.claim_batch:
+        self._arm(claim)
+        if claim.schedules_claimed >= self.config.claim_batch and not self._armed_due():
             return  # more are due: claim again at once
+        self._publish_armed(until=float("inf"))
+        self._wait(self._until_next_claim())
+
+    def _arm(self, claim: Claim) -> None:
+        """Keep the runs claimed ahead for their fire time, a deadline on this host's
+        monotonic clock measured from the database's ``now`` (never early)."""
+        for run in claim.armed:
+            if run.fire_at is None:  # armed runs have one; this narrows the type
+                continue
+            deadline = claim.clock + (run.fire_at - claim.now).total_seconds()
+            earlier, runs = self._armed.get(run.fire_at, (deadline, []))
+            runs.append(run)
+            self._armed[run.fire_at] = (max(earlier, deadline), runs)
+
+    def _armed_due(self) -> bool:
+        return any(deadline <= time.monotonic() for deadline, _ in self._armed.values())
+
+    def _publish_armed(self, *, until: float) -> None:
+        """Publish armed runs whose deadline is before ``until``, a fire time at a time,
+        each built ahead and sent when its time comes."""
+        for fire_at in sorted(self._armed):
+            deadline, runs = self._armed[fire_at]
+            if deadline > until:
+                return
+            del self._armed[fire_at]
+            self._publish(runs, source="claim", deadline=deadline)
+
+    def _until_next_claim(self) -> float:
+        """Seconds to wait: until the next fire time less ``claim_ahead`` (until the fire
+        time itself for what is due sooner and was not claimed ahead: overlap policies),
+        or until a worker's lease expires (its run is reclaimed at once), or max_wait."""
+        wait = self.config.max_wait
         until_next = self.store.seconds_until_next_fire()
-        self._wait(
-            self.config.max_wait if until_next is None else min(until_next, self.config.max_wait)
-        )
+        if until_next is not None:
+            ahead = self.config.claim_ahead
+            wait = min(wait, until_next - ahead if until_next > ahead else until_next)
+        until_expiry = self.store.seconds_until_lease_expiry()
+        if until_expiry is not None:
+            # The reaper compares with now(): wake just after the expiry, not before it.
+            wait = min(wait, until_expiry + LEASE_EXPIRY_MARGIN)
+        return wait
 
     def _start(self) -> None:
         """Connect, check the schema and sync code schedules, once (retried until it works)."""
@@ -314,6 +362,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             batch=self.config.claim_batch,
             plan=self._plan,
             idle_timeout=self.config.claim_idle_timeout,
+            ahead=self.config.claim_ahead,
         )
         duration = time.monotonic() - started
         metrics.CLAIM_DURATION.observe(duration)
@@ -380,11 +429,17 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             self._planned_skips[reason] += 1
         return plan
 
-    def _publish(self, runs: list[RunToPublish], *, source: str) -> None:
-        """Publish ``runs`` (from the ``claim``, the ``outbox`` or the ``reclaim``er)."""
+    def _publish(
+        self, runs: list[RunToPublish], *, source: str, deadline: float | None = None
+    ) -> None:
+        """Publish ``runs`` (from the ``claim``, the ``outbox`` or the ``reclaim``er),
+        at once or, built ahead, at ``deadline`` (``time.monotonic()``)."""
         if not runs:
             return
-        result = publish_runs(self.app, runs)
+        if deadline is None:
+            result = publish_runs(self.app, runs)
+        else:
+            result = publish_at(self.app, runs, deadline)
         self.store.mark_published(result.published)
         self._count_published(runs, result.published, source)
         if result.error is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,25 +34,27 @@ import psycopg
 from sqlalchemy import (
     BigInteger,
     Connection,
-    DateTime,
+    Double,
     Engine,
     Integer,
     Row,
     Text,
     and_,
+    any_,
+    bindparam,
     case,
-    cast,
     column,
     create_engine,
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     text,
     update,
-    values,
 )
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
@@ -68,6 +71,7 @@ from beat.models import DueSchedule, FirePlan, RunToPublish, Schedule, ScheduleD
 from beat.policies import jitter_delay
 from beat.tables import (
     SCHEDULES_CHANNEL,
+    TZ,
     MisfirePolicy,
     Origin,
     OverlapPolicy,
@@ -103,6 +107,12 @@ class Claim:
     skipped: int
     #: Runs cancelled by the overlap policy cancel_previous (to revoke).
     cancelled: list[uuid.UUID] = field(default_factory=list)
+    #: Runs claimed ahead of their fire time (``not_before == fire_at``): the claiming
+    #: leader publishes them at that time; another leader, from the outbox.
+    armed: list[RunToPublish] = field(default_factory=list)
+    #: ``time.monotonic()`` just after ``now`` was read: turns a database time into a
+    #: local deadline without trusting this host's wall clock.
+    clock: float = 0.0
     #: Runs left in the outbox until their jittered time.
     deferred: int = 0
     #: Schedules disabled because their window ended, with the reason.
@@ -429,9 +439,21 @@ class Store(StoreConnection):
     # -- claim and outbox ---------------------------------------------------------
 
     def claim_due(
-        self, epoch: int, *, batch: int, plan: Planner, idle_timeout: float = 10.0
+        self,
+        epoch: int,
+        *,
+        batch: int,
+        plan: Planner,
+        idle_timeout: float = 10.0,
+        ahead: float = 0.0,
     ) -> Claim:
-        """Claim due schedules as leader ``epoch`` (see the module docstring)."""
+        """Claim due schedules as leader ``epoch`` (see the module docstring).
+
+        With ``ahead`` > 0, schedules of the ``allow`` overlap policy due within
+        ``ahead`` seconds are claimed too, planned as of their fire time, and returned
+        as ``armed`` runs whose ``not_before`` is their fire time. (Overlap policies
+        look at the runs active when a fire time comes: those schedules wait for it.)
+        """
         with self._transaction() as conn:
             # The claim's own updates must not wake the leader through the NOTIFY trigger.
             conn.execute(text("SET LOCAL beat.claiming = 'on'"))
@@ -444,25 +466,31 @@ class Store(StoreConnection):
             )
             self._verify_epoch(conn, epoch)
             now = conn.execute(select(func.now())).scalar_one()
-            due = self._with_active_runs(
-                conn, [_due_from_row(row) for row in conn.execute(_due_query(batch))]
-            )
+            clock = time.monotonic()
+            rows = conn.execute(_due_query(batch), {"ahead": ahead})
+            due = self._with_active_runs(conn, [_due_from_row(row) for row in rows])
             if not due:
-                return Claim(runs=[], now=now, schedules_claimed=0, skipped=0)
-            plans = [(schedule, plan(schedule, now)) for schedule in due]
+                return Claim(runs=[], now=now, clock=clock, schedules_claimed=0, skipped=0)
+            plans = [
+                (schedule, plan(schedule, max(now, schedule.next_fire_at))) for schedule in due
+            ]
             cancelled = self._cancel_active(conn, plans)
-            inserted = self._insert_runs(conn, epoch, plans)
+            inserted = self._insert_runs(conn, epoch, plans, now)
             skipped = self._insert_skipped(conn, epoch, plans, now)
             self._advance(conn, plans)
-        # Jittered runs stay in the outbox until their time; the rest are published now.
+        # Runs claimed ahead are published by this leader at their fire time; jittered
+        # runs stay in the outbox until their time; the rest are published now.
         to_publish = [run for run in inserted if run.not_before is None or run.not_before <= now]
+        armed = [run for run in inserted if run.not_before is not None and _is_armed(run, now)]
         return Claim(
             runs=to_publish,
+            armed=armed,
             now=now,
+            clock=clock,
             schedules_claimed=len(due),
             skipped=skipped,
             cancelled=cancelled,
-            deferred=len(inserted) - len(to_publish),
+            deferred=len(inserted) - len(to_publish) - len(armed),
             disabled=[(s.name, p.disable_reason) for s, p in plans if p.disable_reason],
         )
 
@@ -526,37 +554,44 @@ class Store(StoreConnection):
 
     @staticmethod
     def _insert_runs(
-        conn: Connection, epoch: int, plans: list[tuple[DueSchedule, FirePlan]]
+        conn: Connection, epoch: int, plans: list[tuple[DueSchedule, FirePlan]], now: datetime
     ) -> list[RunToPublish]:
-        rows = []
-        for schedule, plan in plans:
-            for fire_at in plan.fire:
-                row = new_run_values(
-                    schedule,
-                    fire_at=fire_at,
-                    state=RunState.PENDING,
-                    epoch=epoch,
-                    attempt=0,
-                    max_attempts=schedule.max_attempts,
-                )
-                row["not_before"] = _jittered(row["id"], fire_at, schedule.jitter_seconds)
-                rows.append(row)
-        if not rows:
+        """Insert a ``pending`` run per planned fire time in one statement.
+
+        Only the fire times travel as arrays; each run's payload is copied from its
+        schedule row (locked by this claim) inside PostgreSQL.
+        """
+        fires = [
+            (uuid.uuid4(), schedule, fire_at) for schedule, plan in plans for fire_at in plan.fire
+        ]
+        if not fires:
             return []
+        not_before = {
+            run_id: _not_before(run_id, fire_at, schedule.jitter_seconds, now)
+            for run_id, schedule, fire_at in fires
+        }
         inserted = set(
             conn.scalars(
-                pg_insert(runs)
-                .on_conflict_do_nothing(constraint="uq_beat_runs_schedule_fire_at")
-                .returning(runs.c.id),
-                rows,
+                _INSERT_RUNS,
+                {
+                    "ids": [run_id for run_id, _, _ in fires],
+                    "schedule_ids": [schedule.id for _, schedule, _ in fires],
+                    "fire_ats": [fire_at for _, _, fire_at in fires],
+                    "not_befores": list(not_before.values()),
+                    "epoch": epoch,
+                },
             )
         )
-        if len(inserted) < len(rows):
+        if len(inserted) < len(fires):
             logger.warning(
                 "%d fire times were claimed before and were not claimed again",
-                len(rows) - len(inserted),
+                len(fires) - len(inserted),
             )
-        return [_run_from_values(row) for row in rows if row["id"] in inserted]
+        return [
+            _new_run(run_id, schedule, fire_at, not_before[run_id])
+            for run_id, schedule, fire_at in fires
+            if run_id in inserted
+        ]
 
     @staticmethod
     def _insert_skipped(
@@ -588,38 +623,16 @@ class Store(StoreConnection):
 
     @staticmethod
     def _advance(conn: Connection, plans: list[tuple[DueSchedule, FirePlan]]) -> None:
-        """Advance every claimed schedule in one statement (``UPDATE ... FROM (VALUES ...)``)."""
-        advanced = values(
-            column("id", BigInteger),
-            column("next_fire_at", DateTime(timezone=True)),
-            column("last_fire_at", DateTime(timezone=True)),
-            column("fired", Integer),
-            column("disable_reason", Text),
-            name="advanced",
-        ).data(
-            [
-                (
-                    schedule.id,
-                    plan.next_fire_at,
-                    _last_fire(plan, schedule),
-                    len(plan.fire),
-                    plan.disable_reason,
-                )
-                for schedule, plan in plans
-            ]
-        )
-        # The casts type NULLs (a finished one-off, no reason) that VALUES alone leaves as text.
-        reason = cast(advanced.c.disable_reason, Text)
+        """Advance every claimed schedule in one statement (``UPDATE ... FROM unnest(...)``)."""
         conn.execute(
-            update(schedules)
-            .where(schedules.c.id == advanced.c.id)
-            .values(
-                next_fire_at=cast(advanced.c.next_fire_at, DateTime(timezone=True)),
-                last_fire_at=advanced.c.last_fire_at,
-                runs_count=schedules.c.runs_count + advanced.c.fired,
-                enabled=and_(schedules.c.enabled, reason.is_(None)),
-                disabled_reason=func.coalesce(reason, schedules.c.disabled_reason),
-            )
+            _ADVANCE,
+            {
+                "ids": [schedule.id for schedule, _ in plans],
+                "next_fire_ats": [plan.next_fire_at for _, plan in plans],
+                "last_fire_ats": [_last_fire(plan, schedule) for schedule, plan in plans],
+                "fired": [len(plan.fire) for _, plan in plans],
+                "reasons": [plan.disable_reason for _, plan in plans],
+            },
         )
 
     def reclaim(self, epoch: int, *, stale_queued_after: float, limit: int) -> Reclaim:
@@ -713,10 +726,21 @@ class Store(StoreConnection):
         with self._transaction() as conn:
             return conn.execute(
                 update(runs)
-                .where(runs.c.id.in_(run_ids))
+                .where(runs.c.id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))))
                 .where(runs.c.state == RunState.PENDING.value)
-                .values(state=RunState.QUEUED.value, published_at=func.now())
+                .values(state=RunState.QUEUED.value, published_at=func.now()),
+                {"ids": list(run_ids)},
             ).rowcount
+
+    def seconds_until_lease_expiry(self) -> float | None:
+        """Seconds until the earliest lease of a running run expires (negative if it
+        has), or None: the leader wakes then to reclaim the run of a dead worker."""
+        query = select(func.extract("epoch", func.min(runs.c.lease_expires_at) - func.now())).where(
+            runs.c.state == RunState.RUNNING.value
+        )
+        with self._transaction() as conn:
+            seconds = conn.execute(query).scalar_one_or_none()
+        return None if seconds is None else float(seconds)
 
     def seconds_until_next_fire(self) -> float | None:
         """Seconds until the earliest enabled fire time or jittered run (negative if
@@ -801,6 +825,9 @@ class ScheduleChangeListener:
 
 
 def _due_query(batch: int) -> Any:
+    """Due schedules (and, with ``:ahead`` seconds, those due that soon whose overlap
+    policy is ``allow``), oldest first, locked, skipping rows locked elsewhere."""
+    ahead = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, bindparam("ahead", type_=Double))
     return (
         select(
             schedules.c.id,
@@ -824,11 +851,100 @@ def _due_query(batch: int) -> Any:
             schedules.c.max_runs,
             schedules.c.runs_count,
         )
-        .where(schedules.c.enabled, schedules.c.next_fire_at <= func.now())
+        .where(
+            schedules.c.enabled,
+            schedules.c.next_fire_at <= ahead,
+            or_(
+                schedules.c.next_fire_at <= func.now(),
+                schedules.c.overlap_policy == OverlapPolicy.ALLOW.value,
+            ),
+        )
         .order_by(schedules.c.next_fire_at)
         .limit(batch)
         .with_for_update(skip_locked=True)
     )
+
+
+def _array(name: str, item: Any) -> Any:
+    """A bound array parameter: one parameter for a whole batch, whatever its size."""
+    return bindparam(name, type_=ARRAY(item))
+
+
+def _unnest(name: str, **arrays: Any) -> Any:
+    """``unnest(:a, :b, ...) AS name(a, b, ...)``: parallel arrays as a table."""
+    return (
+        func.unnest(*(_array(key, item) for key, item in arrays.items()))
+        .table_valued(*(column(key, item) for key, item in arrays.items()))
+        .render_derived(name=name)
+    )
+
+
+#: New runs of a claim: only ids and fire times are sent, the payload is copied
+#: from the (locked) schedule rows.
+_FIRES = _unnest(
+    "fires",
+    ids=UUID(as_uuid=True),
+    schedule_ids=BigInteger,
+    fire_ats=TZ,
+    not_befores=TZ,
+)
+
+
+def run_copy_columns(**columns: Any) -> dict[str, Any]:
+    """Columns of ``INSERT INTO beat_runs (...) SELECT ...`` for a run whose payload is
+    copied from its schedule row (``beat_schedules`` in the FROM), plus ``columns``."""
+    return {
+        "schedule_id": schedules.c.id,
+        "schedule_name": schedules.c.name,
+        "task": schedules.c.task,
+        "args": schedules.c.args,
+        "kwargs": schedules.c.kwargs,
+        "options": schedules.c.options,
+        "max_attempts": schedules.c.max_attempts,
+        **columns,
+    }
+
+
+_NEW_RUN = run_copy_columns(
+    id=_FIRES.c.ids,
+    fire_at=_FIRES.c.fire_ats,
+    state=literal(RunState.PENDING.value),
+    epoch=bindparam("epoch", type_=BigInteger),
+    attempt=literal(0),
+    not_before=_FIRES.c.not_befores,
+)
+_INSERT_RUNS = (
+    pg_insert(runs)
+    .from_select(
+        list(_NEW_RUN),
+        select(*_NEW_RUN.values()).join_from(
+            _FIRES, schedules, schedules.c.id == _FIRES.c.schedule_ids
+        ),
+    )
+    .on_conflict_do_nothing(constraint="uq_beat_runs_schedule_fire_at")
+    .returning(runs.c.id)
+)
+
+_ADVANCED = _unnest(
+    "advanced",
+    ids=BigInteger,
+    next_fire_ats=TZ,
+    last_fire_ats=TZ,
+    fired=Integer,
+    reasons=Text,
+)
+#: Advances every schedule of a claim; a reason (its window ended) disables it.
+_ADVANCE = (
+    update(schedules)
+    .where(schedules.c.id == _ADVANCED.c.ids)
+    .values(
+        next_fire_at=_ADVANCED.c.next_fire_ats,
+        last_fire_at=_ADVANCED.c.last_fire_ats,
+        runs_count=schedules.c.runs_count + _ADVANCED.c.fired,
+        enabled=and_(schedules.c.enabled, _ADVANCED.c.reasons.is_(None)),
+        disabled_reason=func.coalesce(_ADVANCED.c.reasons, schedules.c.disabled_reason),
+    )
+)
 
 
 def _trigger_from_row(row: Row[Any]) -> Trigger:
@@ -947,17 +1063,19 @@ def new_run_values(
     }
 
 
-def _run_from_values(values: dict[str, Any]) -> RunToPublish:
+def _new_run(
+    run_id: uuid.UUID, schedule: DueSchedule, fire_at: datetime, not_before: datetime | None
+) -> RunToPublish:
     return RunToPublish(
-        id=values["id"],
-        task=values["task"],
-        args=values["args"],
-        kwargs=values["kwargs"],
-        options=values["options"],
-        schedule_name=values["schedule_name"],
-        fire_at=values["fire_at"],
-        attempt=values["attempt"],
-        not_before=values["not_before"],
+        id=run_id,
+        task=schedule.task,
+        args=schedule.args,
+        kwargs=schedule.kwargs,
+        options=schedule.options,
+        schedule_name=schedule.name,
+        fire_at=fire_at,
+        attempt=0,
+        not_before=not_before,
     )
 
 
@@ -974,8 +1092,19 @@ def _run_from_row(row: Row[Any]) -> RunToPublish:
     )
 
 
-def _jittered(run_id: uuid.UUID, fire_at: datetime, jitter_seconds: float) -> datetime | None:
-    return fire_at + jitter_delay(run_id, jitter_seconds) if jitter_seconds > 0 else None
+def _not_before(
+    run_id: uuid.UUID, fire_at: datetime, jitter_seconds: float, now: datetime
+) -> datetime | None:
+    """When a new run may be published: after its jitter; at its fire time if it was
+    claimed ahead; else (None) at once."""
+    if jitter_seconds > 0:
+        return fire_at + jitter_delay(run_id, jitter_seconds)
+    return fire_at if fire_at > now else None
+
+
+def _is_armed(run: RunToPublish, now: datetime) -> bool:
+    """Claimed ahead, without jitter: published by the claiming leader at its fire time."""
+    return run.fire_at is not None and run.not_before == run.fire_at > now
 
 
 def _last_fire(plan: FirePlan, schedule: DueSchedule) -> datetime:

@@ -1,0 +1,100 @@
+"""Claiming ahead (``habeat_claim_ahead``): runs due within the window are claimed
+before their fire time, built ahead, and published at that time, never before;
+a leader that dies in between leaves them to the next one, which keeps the time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime
+
+import pytest
+import redis
+from sqlalchemy import text
+
+from beat.api import Schedules
+from beat.config import BeatConfig
+from beat.errors import ConfigError
+from beat.models import DueSchedule, FirePlan
+from beat.policies import plan_fires
+from beat.store import Store
+from beat.tables import RunState
+from tests.conftest import SessionEnv
+from tests.integration.conftest import SchedulerFactory
+from tests.integration.helpers import broker_messages, run_rows, task_ids
+
+pytestmark = pytest.mark.integration
+
+
+def planner(due: DueSchedule, now: datetime) -> FirePlan:
+    return plan_fires(due, now, misfire_grace=60, max_catchup=100)
+
+
+def test_only_allow_schedules_due_within_the_window_are_claimed_ahead(store: Store) -> None:
+    schedules = Schedules(store)
+    soon = schedules.create("soon", "t", in_seconds=1.5, allow_unregistered=True)
+    schedules.create(
+        "soon-skip", "t", in_seconds=1.5, overlap_policy="skip", allow_unregistered=True
+    )
+    schedules.create("later", "t", in_seconds=30, allow_unregistered=True)
+    assert store.take_leadership(1, "me")
+
+    assert store.claim_due(1, batch=10, plan=planner).schedules_claimed == 0, "ahead=0: none"
+    claim = store.claim_due(1, batch=10, plan=planner, ahead=2.0)
+
+    assert claim.runs == [], "nothing is due yet"
+    assert [run.schedule_name for run in claim.armed] == ["soon"]
+    armed = claim.armed[0]
+    assert armed.fire_at == soon.next_fire_at
+    assert armed.not_before == armed.fire_at > claim.now
+    (row,) = run_rows(store)
+    assert (row.state, row.not_before) == (RunState.PENDING.value, soon.next_fire_at)
+
+
+def test_an_armed_run_reaches_the_queue_at_its_fire_time_not_before(
+    store: Store, make_scheduler: SchedulerFactory, redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
+    created = Schedules(store).create("soon", "t", in_seconds=1.5, allow_unregistered=True)
+    scheduler = make_scheduler(claim_ahead=2.0)
+    key = f"{test_env.broker_key_prefix}celery"
+    first_seen: list[datetime] = []
+
+    def watch() -> None:  # the database's clock when the message first shows in the queue
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not redis_client.llen(key):
+            time.sleep(0.001)
+        with store.engine.connect() as conn:
+            first_seen.append(conn.execute(text("SELECT now()")).scalar_one())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    scheduler.tick()  # leads, claims ahead, waits for the fire time, publishes
+    watcher.join()
+
+    assert created.next_fire_at is not None
+    assert first_seen[0] >= created.next_fire_at, "published before its fire time"
+    (row,) = run_rows(store)
+    assert row.state == RunState.QUEUED.value
+    assert task_ids(broker_messages(redis_client, test_env.broker_key_prefix)) == [str(row.id)]
+
+
+def test_runs_armed_by_a_dead_leader_wait_for_their_time_in_the_next_ones_outbox(
+    store: Store,
+) -> None:
+    Schedules(store).create("soon", "t", in_seconds=1.0, allow_unregistered=True)
+    assert store.take_leadership(1, "dies")
+    (armed,) = store.claim_due(1, batch=10, plan=planner, ahead=2.0).armed
+    assert store.take_leadership(2, "next")
+
+    assert store.pending_runs(2, grace=10, limit=10) == [], "not before its fire time"
+    assert armed.fire_at is not None
+    with store.engine.connect() as conn:
+        wait = (armed.fire_at - conn.execute(text("SELECT now()")).scalar_one()).total_seconds()
+    time.sleep(max(0.0, wait) + 0.05)
+    assert [run.id for run in store.pending_runs(2, grace=10, limit=10)] == [armed.id]
+
+
+def test_claim_ahead_is_validated() -> None:
+    with pytest.raises(ConfigError, match="habeat_claim_ahead"):
+        BeatConfig(claim_ahead=-1).validate()
+    assert BeatConfig(claim_ahead=0).claim_ahead == 0

@@ -1,0 +1,43 @@
+"""How long the leader waits between ticks: until the next fire time less
+``claim_ahead``, or until a worker's lease expires, whichever comes first."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import text
+
+from beat.api import Schedules
+from beat.store import Store
+from tests.integration.conftest import SchedulerFactory
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_leader_waits_less_the_window_but_not_for_schedules_it_cannot_claim_ahead(
+    store: Store, make_scheduler: SchedulerFactory
+) -> None:
+    scheduler = make_scheduler(claim_ahead=2.0, max_wait=60.0)
+    Schedules(store).create("in-10s", "t", in_seconds=10, allow_unregistered=True)
+    assert 7.5 < scheduler._until_next_claim() <= 8.0, "wakes claim_ahead before the fire time"
+    Schedules(store).create(
+        "skip-in-1s", "t", in_seconds=1, overlap_policy="skip", allow_unregistered=True
+    )
+    assert 0.5 < scheduler._until_next_claim() <= 1.0, "waits for the fire time itself"
+
+
+def test_the_leader_wakes_when_a_workers_lease_expires(
+    store: Store, make_scheduler: SchedulerFactory
+) -> None:
+    scheduler = make_scheduler(max_wait=60.0)
+    assert scheduler._until_next_claim() == 60.0, "nothing to wait for"
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO beat_runs (id, task, state, lease_owner, lease_expires_at)"
+                " VALUES (:id, 't', 'running', 'w', now() + interval '3 seconds')"
+            ),
+            {"id": uuid.uuid4()},
+        )
+    assert 2.5 < scheduler._until_next_claim() <= 3.1, "the reaper runs just after the expiry"
