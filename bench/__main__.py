@@ -1,0 +1,129 @@
+"""The benchmark suite: ``python -m bench [suite ...]`` (``scripts/bench.sh`` wraps it).
+
+Suites (all by default): lateness, throughput, scale, failover, reclaim. Each
+prints what it measured as a Markdown table; ``--json FILE`` also writes every
+figure. Nothing is asserted: targets are printed beside the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench import failover, lateness, reclaim, scale
+from bench.common import table
+
+SUITES = ("lateness", "throughput", "scale", "failover", "reclaim")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("suites", nargs="*", metavar="suite", help=", ".join(SUITES))
+    parser.add_argument(
+        "--sizes", default="1000,10000", help="lateness: schedule counts (default 1000,10000)"
+    )
+    parser.add_argument(
+        "--burst", type=int, default=100_000, help="throughput: schedules due at once"
+    )
+    parser.add_argument(
+        "--schedulers",
+        default=",".join(lateness.SCHEDULERS),
+        help="lateness/throughput: which of habeat,celery,redbeat",
+    )
+    parser.add_argument(
+        "--stored", default="10000,1000000", help="scale: stored schedule counts to compare"
+    )
+    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    options = parser.parse_args(argv)
+    unknown = set(options.suites) - set(SUITES)
+    if unknown:
+        parser.error(f"unknown suite {', '.join(sorted(unknown))}: use {', '.join(SUITES)}")
+    schedulers = [name for name in options.schedulers.split(",") if name]
+    results: dict[str, Any] = {"machine": machine(), "started": time.strftime("%FT%TZ")}
+    for suite in options.suites or SUITES:
+        print(f"\n## {suite}\n", flush=True)
+        if suite == "lateness":
+            sizes = [int(size) for size in options.sizes.split(",")]
+            results[suite] = run_lateness(schedulers, sizes)
+        elif suite == "throughput":
+            results[suite] = run_lateness(schedulers, [options.burst], throughput=True)
+        elif suite == "scale":
+            stored = [int(size) for size in options.stored.split(",")]
+            results[suite] = scale.report(scale.measure(stored))
+        elif suite == "failover":
+            results[suite] = failover.report(failover.measure())
+        elif suite == "reclaim":
+            results[suite] = reclaim.report(reclaim.measure())
+    if options.json:
+        options.json.write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+def run_lateness(
+    schedulers: list[str], sizes: list[int], *, throughput: bool = False
+) -> list[dict[str, Any]]:
+    measured = [lateness.measure(name, size) for size in sizes for name in schedulers]
+    ours = {m.schedules: m for m in measured if m.scheduler == "habeat"}
+    print(throughput_table(measured, ours) if throughput else lateness_table(measured, ours))
+    return [asdict(m) | {"runs_per_s": m.runs_per_s} for m in measured]
+
+
+def lateness_table(measured: list[lateness.Lateness], ours: dict[int, lateness.Lateness]) -> str:
+    headers = ["scheduler", "schedules", "arrived", "p50 ms", "p99 ms", "max ms"]
+    headers += ["p99 vs ours", "CPU s/min", "peak RSS MiB"]
+    rows = [
+        [
+            m.scheduler,
+            f"{m.schedules:,}",
+            f"{m.arrived:,}",
+            f"{m.p50_ms:,.0f}",
+            f"{m.p99_ms:,.0f}",
+            f"{m.max_ms:,.0f}",
+            ratio(m.p99_ms, ours[m.schedules].p99_ms) if m.schedules in ours else "n/a",
+            f"{m.cpu_s_per_min:.2f}",
+            f"{m.peak_rss_mib:.0f}",
+        ]
+        for m in measured
+    ]
+    return table(headers, rows)
+
+
+def throughput_table(measured: list[lateness.Lateness], ours: dict[int, lateness.Lateness]) -> str:
+    headers = ["scheduler", "due at once", "queued", "all queued after s", "runs/s"]
+    headers += ["ours vs this", "CPU s/min", "peak RSS MiB"]
+    rows = [
+        [
+            m.scheduler,
+            f"{m.schedules:,}",
+            f"{m.arrived:,}",
+            f"{m.all_queued_s:.2f}",
+            f"{m.runs_per_s:,.0f}",
+            ratio(ours[m.schedules].runs_per_s, m.runs_per_s) if m.schedules in ours else "n/a",
+            f"{m.cpu_s_per_min:.2f}",
+            f"{m.peak_rss_mib:.0f}",
+        ]
+        for m in measured
+    ]
+    return table(headers, rows)
+
+
+def ratio(numerator: float, denominator: float) -> str:
+    if not denominator or math.isnan(numerator) or math.isnan(denominator):
+        return "n/a"
+    return f"{numerator / denominator:,.1f}x"
+
+
+def machine() -> str:
+    cores = len(Path("/proc/cpuinfo").read_text().split("processor")) - 1
+    return f"{platform.machine()}, {cores} cores, Python {platform.python_version()}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
