@@ -1,0 +1,99 @@
+"""Publishing against real Redis: producer batches, in order, all or nothing per
+chunk, and a broker that is down leaves every run to the outbox."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+import redis
+
+from app.factory import create_app
+from beat import dispatch
+from beat.models import RunToPublish
+from tests.conftest import SessionEnv
+from tests.integration.helpers import broker_messages, task_ids
+
+pytestmark = pytest.mark.integration
+
+
+def runs(count: int) -> list[RunToPublish]:
+    return [
+        RunToPublish(
+            id=uuid.uuid4(),
+            task="tasks.demo.add",
+            args=[index, 1],
+            kwargs={},
+            options={},
+            schedule_name=f"s{index}",
+            fire_at=datetime.now(UTC),
+            attempt=0,
+        )
+        for index in range(count)
+    ]
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_runs_are_published_in_order_across_chunks_with_their_headers(
+    test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    app = create_app(test_env.settings())
+    batch = runs(dispatch.CHUNK * 2 + 7)
+
+    result = dispatch.publish_runs(app, batch)
+
+    assert result.error is None
+    assert result.published == [run.id for run in batch]
+    messages = broker_messages(redis_client, test_env.broker_key_prefix)
+    assert task_ids(messages) == [str(run.id) for run in batch]
+    headers = messages[-1]["headers"]
+    assert headers[dispatch.SCHEDULE_HEADER] == batch[-1].schedule_name
+    assert headers[dispatch.ATTEMPT_HEADER] == 1
+    assert headers["argsrepr"] == repr(batch[-1].args)
+
+
+def test_publish_at_sends_nothing_before_the_deadline(
+    test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    app = create_app(test_env.settings())
+    key = f"{test_env.broker_key_prefix}celery"
+    deadline = time.monotonic() + 0.5
+    seen_early: list[int] = []
+
+    def early_check() -> None:
+        while time.monotonic() < deadline - 0.02:
+            seen_early.append(int(redis_client.llen(key)))  # type: ignore[arg-type]
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=early_check)
+    watcher.start()
+    result = dispatch.publish_at(app, runs(50), deadline)
+    watcher.join()
+
+    assert time.monotonic() >= deadline
+    assert result.error is None
+    assert len(result.published) == 50
+    assert seen_early, "the watcher looked before the deadline"
+    assert max(seen_early) == 0, "messages left before their time"
+    assert redis_client.llen(key) == 50
+
+
+def test_a_broker_that_is_down_publishes_nothing_and_says_why(test_env: SessionEnv) -> None:
+    app = create_app(test_env.settings(broker_url=f"redis://127.0.0.1:{closed_port()}/0"))
+    app.conf.broker_connection_timeout = 0.5  # kombu retries connecting for this long
+
+    now = dispatch.publish_runs(app, runs(3))
+    later = dispatch.publish_at(app, runs(3), time.monotonic())
+
+    for result in (now, later):
+        assert result.published == []
+        assert result.error is not None
