@@ -47,10 +47,18 @@ MISFIRE_COUNT_CAP = 10_000
 
 
 def plan_fires(
-    due: DueSchedule, now: datetime, *, misfire_grace: float, max_catchup: int
+    due: DueSchedule,
+    now: datetime,
+    *,
+    misfire_grace: float,
+    max_catchup: int,
+    until: datetime | None = None,
 ) -> FirePlan:
-    """Plan one claim of ``due`` at database time ``now`` (``due.next_fire_at <= now``)."""
-    plan = _plan_misfires(due, now, misfire_grace=misfire_grace, max_catchup=max_catchup)
+    """Plan one claim of ``due`` at database time ``now``: its fire times up to ``until``
+    (default ``now``; later when claiming ahead), with ``due.next_fire_at <= until``.
+    Misfires are judged against ``now``."""
+    horizon = now if until is None else max(now, until)
+    plan = _plan_misfires(due, now, horizon, misfire_grace=misfire_grace, max_catchup=max_catchup)
     return _apply_overlap(due, _apply_window(due, plan))
 
 
@@ -108,17 +116,19 @@ def _merged(
 
 
 def _plan_misfires(
-    due: DueSchedule, now: datetime, *, misfire_grace: float, max_catchup: int
+    due: DueSchedule, now: datetime, horizon: datetime, *, misfire_grace: float, max_catchup: int
 ) -> FirePlan:
     cutoff = now - timedelta(seconds=misfire_grace)
     first = due.next_fire_at
     if first > cutoff:
-        fire = _fire_times_from(due, first, until=now, limit=max_catchup)
+        fire = _fire_times_from(due, first, until=horizon, limit=max_catchup)
         return FirePlan(fire=fire, skipped=(), next_fire_at=_next_after(due, fire[-1]))
 
     last_misfire = last_fire_at_or_before(due.trigger, due.zone, first, cutoff)
     run_misfires, skipped = _apply_misfire_policy(due, first, last_misfire, max_catchup)
-    on_time = tuple(fire_times(due.trigger, due.zone, after=cutoff, until=now, limit=max_catchup))
+    on_time = tuple(
+        fire_times(due.trigger, due.zone, after=cutoff, until=horizon, limit=max_catchup)
+    )
     last = on_time[-1] if on_time else last_misfire
     return FirePlan(
         fire=run_misfires + on_time, skipped=skipped, next_fire_at=_next_after(due, last)

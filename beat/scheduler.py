@@ -146,6 +146,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if self._closed:
             return
         self._closed = True
+        self._publish_armed_before_exit()
         if self._lease is not None and self._epoch is not None:
             released = False
             try:
@@ -210,7 +211,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if claim.schedules_claimed >= self.config.claim_batch and not self._armed_due():
             return  # more are due: claim again at once
         self._publish_armed(until=float("inf"))
-        self._wait(self._until_next_claim())
+        self._wait(self._until_next_claim(claimed_any=claim.schedules_claimed > 0))
 
     def _arm(self, claim: Claim) -> None:
         """Keep the runs claimed ahead for their fire time, a deadline on this host's
@@ -223,6 +224,16 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             runs.append(run)
             self._armed[run.fire_at] = (max(earlier, deadline), runs)
 
+    def _publish_armed_before_exit(self) -> None:
+        """Runs claimed ahead are published at their time before a clean exit (at most
+        ``claim_ahead`` seconds): left behind, they would wait for the next leader."""
+        if not self._armed or self.epoch is None:
+            return
+        try:
+            self._publish_armed(until=float("inf"))
+        except Exception as exc:  # exiting: the outbox still has them for the next leader
+            logger.warning("could not publish the runs claimed ahead before exiting: %s", exc)
+
     def _armed_due(self) -> bool:
         return any(deadline <= time.monotonic() for deadline, _ in self._armed.values())
 
@@ -233,18 +244,28 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             deadline, runs = self._armed[fire_at]
             if deadline > until:
                 return
-            del self._armed[fire_at]
-            self._publish(runs, source="claim", deadline=deadline)
+            try:
+                self._publish(runs, source="claim", deadline=deadline)
+            finally:
+                # Forgotten only now: a SIGTERM during the wait runs close(), which
+                # publishes what is still armed (a failed publish is the outbox's).
+                self._armed.pop(fire_at, None)
 
-    def _until_next_claim(self) -> float:
-        """Seconds to wait: until the next fire time less ``claim_ahead`` (until the fire
-        time itself for what is due sooner and was not claimed ahead: overlap policies),
-        or until a worker's lease expires (its run is reclaimed at once), or max_wait."""
+    def _until_next_claim(self, *, claimed_any: bool) -> float:
+        """Seconds to wait: until the next fire time less ``claim_ahead``, or until a
+        worker's lease expires (its run is reclaimed at once), or max_wait.
+
+        Something due within ``claim_ahead`` that the last claim did not take (``allow``
+        schedules are taken ahead; other overlap policies wait for their fire time,
+        jittered runs for theirs) is waited for until its own time."""
         wait = self.config.max_wait
         until_next = self.store.seconds_until_next_fire()
         if until_next is not None:
             ahead = self.config.claim_ahead
-            wait = min(wait, until_next - ahead if until_next > ahead else until_next)
+            if until_next > ahead or claimed_any:
+                wait = min(wait, until_next - ahead)  # <= 0: claim again at once
+            else:
+                wait = min(wait, until_next)
         until_expiry = self.store.seconds_until_lease_expiry()
         if until_expiry is not None:
             # The reaper compares with now(): wake just after the expiry, not before it.
@@ -368,7 +389,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         metrics.CLAIM_DURATION.observe(duration)
         if claim.schedules_claimed:
             metrics.CLAIMS.inc()
-        metrics.RUNS_CLAIMED.inc(len(claim.runs) + claim.deferred)
+        metrics.RUNS_CLAIMED.inc(len(claim.runs) + len(claim.armed) + claim.deferred)
         for reason, count in self._planned_skips.items():
             metrics.RUNS_SKIPPED.labels(reason=reason).inc(count)
         self._planned_skips.clear()
@@ -420,9 +441,13 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 extra={"deleted": report.deleted},
             )
 
-    def _plan(self, due: DueSchedule, now: datetime) -> FirePlan:
+    def _plan(self, due: DueSchedule, now: datetime, until: datetime) -> FirePlan:
         plan = plan_fires(
-            due, now, misfire_grace=self.config.misfire_grace, max_catchup=self.config.max_catchup
+            due,
+            now,
+            until=until,
+            misfire_grace=self.config.misfire_grace,
+            max_catchup=self.config.max_catchup,
         )
         for skip in plan.skipped:  # every reason starts with "misfire" or "overlap"
             reason = "overlap" if skip.reason.startswith("overlap") else "misfire"
@@ -476,10 +501,12 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             default=0.0,
         )
         logger.info(
-            "claimed %d runs from %d schedules in %.3fs (max lateness %.3fs, %d skipped)",
-            len(claim.runs),
+            "claimed %d runs from %d schedules in %.3fs"
+            " (%d ahead of their fire time, max lateness %.3fs, %d skipped)",
+            len(claim.runs) + len(claim.armed),
             claim.schedules_claimed,
             duration,
+            len(claim.armed),
             lateness,
             claim.skipped,
             extra={
@@ -497,6 +524,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             logger.warning(
                 "cancelled %d active runs (overlap policy cancel_previous)", len(claim.cancelled)
             )
+        if not logger.isEnabledFor(logging.DEBUG):
+            return  # a large claim would build thousands of records for nothing
         for run in claim.runs:
             logger.debug(
                 "claimed run %s of schedule %s for %s",

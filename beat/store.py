@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -92,7 +92,8 @@ ACTIVE_STATES = ("pending", "queued", "running", "retrying")
 #: Serialises the sync of code-defined schedules between beat processes starting together.
 SYNC_LOCK_ID = 0x6861_6265_6174_01
 
-Planner = Callable[[DueSchedule, datetime], FirePlan]
+#: Plans a due schedule's fire times: ``plan(schedule, now, until)``, up to ``until``.
+Planner = Callable[[DueSchedule, datetime, datetime], FirePlan]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -471,9 +472,8 @@ class Store(StoreConnection):
             due = self._with_active_runs(conn, [_due_from_row(row) for row in rows])
             if not due:
                 return Claim(runs=[], now=now, clock=clock, schedules_claimed=0, skipped=0)
-            plans = [
-                (schedule, plan(schedule, max(now, schedule.next_fire_at))) for schedule in due
-            ]
+            horizon = now + timedelta(seconds=ahead)
+            plans = [(s, plan(s, now, _until(s, now, horizon))) for s in due]
             cancelled = self._cancel_active(conn, plans)
             inserted = self._insert_runs(conn, epoch, plans, now)
             skipped = self._insert_skipped(conn, epoch, plans, now)
@@ -1100,6 +1100,12 @@ def _not_before(
     if jitter_seconds > 0:
         return fire_at + jitter_delay(run_id, jitter_seconds)
     return fire_at if fire_at > now else None
+
+
+def _until(schedule: DueSchedule, now: datetime, horizon: datetime) -> datetime:
+    """How far to plan a claimed schedule: to the claim-ahead horizon if it may be
+    claimed ahead (overlap policy ``allow``), else to now."""
+    return horizon if schedule.overlap_policy is OverlapPolicy.ALLOW else now
 
 
 def _is_armed(run: RunToPublish, now: datetime) -> bool:

@@ -164,3 +164,21 @@ def test_a_clean_shutdown_hands_over_within_a_second(cluster: Cluster, store: St
     until = store.now() - timedelta(seconds=1)
     assert_each_fire_time_once(store, anchor, until)
     assert_each_run_executed_once(cluster, store)
+
+
+def test_a_beat_stopped_with_sigterm_publishes_the_runs_it_claimed_ahead(
+    cluster: Cluster, store: Store
+) -> None:
+    """With 1-second schedules the leader spends most of its time waiting for the fire
+    time of runs it claimed ahead; a SIGTERM then must publish them, not strand them."""
+    create_second_schedules(store)
+    beat = cluster.beat("beat0")
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    time.sleep(3.3)  # inside a wait for a fire time
+    beat.signal(signal.SIGTERM)
+    beat.popen.wait(timeout=15)
+
+    rows = run_rows(store, task="e2e.record")
+    assert rows, "the beat claimed runs"
+    pending = [row.fire_at for row in rows if row.state == RunState.PENDING.value]
+    assert not pending, f"claimed ahead but left unpublished at exit: {pending}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 import redis
@@ -26,8 +26,8 @@ from tests.integration.helpers import broker_messages, run_rows, task_ids
 pytestmark = pytest.mark.integration
 
 
-def planner(due: DueSchedule, now: datetime) -> FirePlan:
-    return plan_fires(due, now, misfire_grace=60, max_catchup=100)
+def planner(due: DueSchedule, now: datetime, until: datetime | None = None) -> FirePlan:
+    return plan_fires(due, now, until=until, misfire_grace=60, max_catchup=100)
 
 
 def test_only_allow_schedules_due_within_the_window_are_claimed_ahead(store: Store) -> None:
@@ -98,3 +98,19 @@ def test_claim_ahead_is_validated() -> None:
     with pytest.raises(ConfigError, match="habeat_claim_ahead"):
         BeatConfig(claim_ahead=-1).validate()
     assert BeatConfig(claim_ahead=0).claim_ahead == 0
+
+
+def test_every_fire_time_within_the_window_is_claimed_ahead_in_one_claim(store: Store) -> None:
+    Schedules(store).create("second", "t", every=1, allow_unregistered=True)
+    assert store.take_leadership(1, "me")
+
+    claim = store.claim_due(1, batch=10, plan=planner, ahead=2.0)
+
+    fire_times = [run.fire_at for run in claim.runs + claim.armed]
+    assert len(fire_times) == len(set(fire_times))
+    assert len(claim.armed) >= 1
+    assert all(claim.now < t <= claim.now + timedelta(seconds=2) for t in fire_times if t)
+    assert len(fire_times) >= 2, "a 1-second schedule has two fire times in 2 seconds"
+    (schedule,) = Schedules(store).list()
+    assert schedule.next_fire_at is not None
+    assert schedule.next_fire_at > claim.now + timedelta(seconds=2), "advanced past the window"

@@ -19,8 +19,8 @@ from tests.integration.helpers import make_due, run_rows
 pytestmark = pytest.mark.integration
 
 
-def planner(due: DueSchedule, now: datetime) -> FirePlan:
-    return plan_fires(due, now, misfire_grace=60, max_catchup=100)
+def planner(due: DueSchedule, now: datetime, until: datetime | None = None) -> FirePlan:
+    return plan_fires(due, now, until=until, misfire_grace=60, max_catchup=100)
 
 
 @pytest.fixture

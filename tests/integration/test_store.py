@@ -22,13 +22,13 @@ from tests.integration.helpers import add_interval_schedules, make_due, run_rows
 pytestmark = pytest.mark.integration
 
 
-def planner(due: DueSchedule, now: datetime) -> FirePlan:
-    return plan_fires(due, now, misfire_grace=60, max_catchup=100)
+def planner(due: DueSchedule, now: datetime, until: datetime | None = None) -> FirePlan:
+    return plan_fires(due, now, until=until, misfire_grace=60, max_catchup=100)
 
 
-def lenient_planner(due: DueSchedule, now: datetime) -> FirePlan:
+def lenient_planner(due: DueSchedule, now: datetime, until: datetime) -> FirePlan:
     """Every missed fire time is on time: no misfire policy in the way."""
-    return plan_fires(due, now, misfire_grace=3600, max_catchup=100)
+    return plan_fires(due, now, until=until, misfire_grace=3600, max_catchup=100)
 
 
 def test_claim_inserts_one_run_per_fire_time_and_advances(store: Store) -> None:
@@ -116,10 +116,10 @@ def test_takeover_waits_for_a_claim_in_flight_then_fences_the_old_leader(store: 
     in_claim, takeover_done = threading.Event(), threading.Event()
     takeover_result: list[bool] = []
 
-    def slow_planner(due: DueSchedule, now: datetime) -> FirePlan:
+    def slow_planner(due: DueSchedule, now: datetime, until: datetime) -> FirePlan:
         in_claim.set()
         time.sleep(0.5)  # the old leader is slow inside its claim transaction
-        return planner(due, now)
+        return planner(due, now, until)
 
     def take_over() -> None:
         in_claim.wait()
@@ -142,9 +142,9 @@ def test_a_leader_paused_inside_its_claim_is_cut_off_by_postgres(store: Store) -
     make_due(store, seconds_ago=3)
     assert store.take_leadership(1, "old")
 
-    def paused_planner(due: DueSchedule, now: datetime) -> FirePlan:
+    def paused_planner(due: DueSchedule, now: datetime, until: datetime) -> FirePlan:
         time.sleep(2.5)  # longer than the idle timeout below: like SIGSTOP
-        return planner(due, now)
+        return planner(due, now, until)
 
     with pytest.raises(StoreUnavailable):
         store.claim_due(1, batch=100, plan=paused_planner, idle_timeout=1)

@@ -48,6 +48,19 @@ def test_on_time_fire_times_all_run_and_next_is_after_now() -> None:
     assert plan.next_fire_at == T0 + timedelta(seconds=6)
 
 
+def test_claiming_ahead_plans_fire_times_up_to_until_and_judges_misfires_by_now() -> None:
+    now = T0 + timedelta(seconds=90.5)
+    schedule = due(every(1, anchor=T0), T0 + timedelta(seconds=1))  # 89 s overdue at first
+    ahead = plan_fires(
+        schedule, now, until=now + timedelta(seconds=2), misfire_grace=60, max_catchup=100
+    )
+    plain = plan_fires(schedule, now, misfire_grace=60, max_catchup=100)
+
+    assert ahead.skipped == plain.skipped, "the grace counts from now, not from until"
+    assert ahead.fire == (*plain.fire, now + timedelta(seconds=0.5), now + timedelta(seconds=1.5))
+    assert ahead.next_fire_at == now + timedelta(seconds=2.5)
+
+
 def test_a_past_one_off_fires_once_then_finishes() -> None:
     at = T0 - timedelta(days=2)
     for policy in (MisfirePolicy.FIRE_ONCE, MisfirePolicy.FIRE_ALL):
