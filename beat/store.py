@@ -458,14 +458,7 @@ class Store(StoreConnection):
         with self._transaction() as conn:
             # The claim's own updates must not wake the leader through the NOTIFY trigger.
             conn.execute(text("SET LOCAL beat.claiming = 'on'"))
-            # A leader paused mid-claim must not hold the leader row forever.
-            conn.execute(
-                text(
-                    "SET LOCAL idle_in_transaction_session_timeout"
-                    f" = '{int(idle_timeout * 1000)}ms'"
-                )
-            )
-            self._verify_epoch(conn, epoch)
+            self._fence(conn, epoch, idle_timeout)
             now = conn.execute(select(func.now())).scalar_one()
             clock = time.monotonic()
             rows = conn.execute(_due_query(batch), {"ahead": ahead})
@@ -540,6 +533,17 @@ class Store(StoreConnection):
                 .returning(runs.c.id)
             )
         )
+
+    def _fence(self, conn: Connection, epoch: int, idle_timeout: float) -> None:
+        """Hold the leader row (shared) for this transaction, as leader ``epoch``.
+
+        A leader paused inside the transaction (SIGSTOP, a VM pause) would keep the
+        row and block every takeover: PostgreSQL ends the transaction once it has
+        been idle for ``idle_timeout`` seconds."""
+        conn.execute(
+            text(f"SET LOCAL idle_in_transaction_session_timeout = '{int(idle_timeout * 1000)}ms'")
+        )
+        self._verify_epoch(conn, epoch)
 
     def _verify_epoch(self, conn: Connection, epoch: int) -> None:
         current = conn.execute(
@@ -635,7 +639,9 @@ class Store(StoreConnection):
             },
         )
 
-    def reclaim(self, epoch: int, *, stale_queued_after: float, limit: int) -> Reclaim:
+    def reclaim(
+        self, epoch: int, *, stale_queued_after: float, limit: int, idle_timeout: float = 10.0
+    ) -> Reclaim:
         """The reaper, as leader ``epoch`` (fenced like a claim), in one transaction:
 
         - a ``running`` run whose lease expired (its worker died or was cut off)
@@ -689,7 +695,7 @@ class Store(StoreConnection):
             .returning(*runs.c)
         )
         with self._transaction() as conn:
-            self._verify_epoch(conn, epoch)
+            self._fence(conn, epoch, idle_timeout)
             rows = [*conn.execute(reap), *conn.execute(stale)]
         republish = [_run_from_row(row) for row in rows if row.state == RunState.PENDING.value]
         lost = [

@@ -194,3 +194,33 @@ def test_first_fire_of_a_past_one_off_is_its_own_time(store: Store) -> None:
     assert schedules.get("once").next_fire_at is None
     assert store.claim_due(1, batch=10, plan=planner).runs == []
     assert first_fire_at(created.definition, datetime.now(UTC)) == past
+
+
+def test_a_leader_paused_inside_its_reaper_is_cut_off_by_postgres(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reaper holds the leader row like a claim: a pause there must not block a takeover."""
+    assert store.take_leadership(1, "old")
+    verify, paused = store._verify_epoch, threading.Event()
+
+    def verify_then_pause(conn: object, epoch: int) -> None:
+        verify(conn, epoch)  # type: ignore[arg-type]
+        paused.set()
+        time.sleep(2.5)  # holding the leader row, idle: like SIGSTOP
+
+    def take_over() -> None:
+        paused.wait()
+        started = time.monotonic()
+        taken.append(store.take_leadership(2, "new", lock_timeout=10))
+        waited.append(time.monotonic() - started)
+
+    taken: list[bool] = []
+    waited: list[float] = []
+    monkeypatch.setattr(store, "_verify_epoch", verify_then_pause)
+    takeover = threading.Thread(target=take_over)
+    takeover.start()
+    with pytest.raises(StoreUnavailable):
+        store.reclaim(1, stale_queued_after=60, limit=10, idle_timeout=1)
+    takeover.join()
+    assert taken == [True]
+    assert waited[0] < 2.0, "the takeover waited for the pause to end"
