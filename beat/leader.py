@@ -15,6 +15,7 @@ it *sent*, without waiting for Redis to tell it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -169,23 +170,36 @@ class LeaderLease:
             raise self._unavailable(exc) from exc
         return value.decode() if isinstance(value, bytes) else value
 
-    def start_renewing(self) -> threading.Thread:
-        """Renew every ttl/3 from a daemon thread until the lease is lost or released."""
+    def start_renewing(self, healthy: Callable[[], bool] | None = None) -> threading.Thread:
+        """Renew every ttl/3 from a daemon thread until the lease is lost or released.
+
+        ``healthy`` is asked before each renewal. Once it says no (the holder cannot do
+        a leader's work: its ticks fail or hang, e.g. it is cut off from PostgreSQL),
+        the lease is released rather than renewed, so that a standby which can do
+        the work leads instead of nobody."""
         with self._guard:
             term = self._term
         self._stop_renewing.clear()
         thread = threading.Thread(
-            target=self._renew_loop, args=(term,), name="habeat-lease-renewer", daemon=True
+            target=self._renew_loop,
+            args=(term, healthy),
+            name="habeat-lease-renewer",
+            daemon=True,
         )
         thread.start()
         return thread
 
-    def _renew_loop(self, term: int) -> None:
+    def _renew_loop(self, term: int, healthy: Callable[[], bool] | None) -> None:
         interval = self.ttl / 3
         while not self._stop_renewing.wait(interval):
             with self._guard:
                 if self._term != term or self._valid_until == 0.0:
                     return
+            if healthy is not None and not healthy():
+                self._drop("this process cannot do a leader's work (see its tick errors)")
+                with contextlib.suppress(LeaseUnavailable):  # else the TTL frees it
+                    self._call(self._release, self.holder)
+                return
             try:
                 if not self.renew():
                     return

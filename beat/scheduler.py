@@ -106,6 +106,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._next_retention = 0.0  # time.monotonic() of the next history prune
         #: Skip records planned by the claim in progress, by reason (counted once it commits).
         self._planned_skips: Counter[str] = Counter()
+        #: time.monotonic() when the leader's loop last made progress (see _healthy).
+        self._progress = time.monotonic()
         #: Runs claimed ahead, by fire time: (monotonic deadline, runs), published at it.
         self._armed: dict[datetime, tuple[float, list[RunToPublish]]] = {}
         kwargs["max_interval"] = self.config.max_wait
@@ -201,6 +203,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._reclaim(epoch)
         self._enforce_retention()
         claim, duration = self._claim(epoch)
+        self._progress = time.monotonic()  # a fenced claim committed: this leader works
         if claim.schedules_claimed:
             self._report_claim(claim, duration)
         if self.after_claim_commit is not None:
@@ -211,7 +214,10 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if claim.schedules_claimed >= self.config.claim_batch and not self._armed_due():
             return  # more are due: claim again at once
         self._publish_armed(until=float("inf"))
-        self._wait(self._until_next_claim(claimed_any=claim.schedules_claimed > 0))
+        wait = self._until_next_claim(claimed_any=claim.schedules_claimed > 0)
+        self._progress = time.monotonic()
+        self._wait(wait)
+        self._progress = time.monotonic()
 
     def _arm(self, claim: Claim) -> None:
         """Keep the runs claimed ahead for their fire time, a deadline on this host's
@@ -313,7 +319,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             lease.release()
             return None
         self._epoch = epoch
-        lease.start_renewing()
+        self._progress = time.monotonic()
+        lease.start_renewing(healthy=self._healthy)
         metrics.LEADERSHIP_CHANGES.labels(change=metrics.ACQUIRED).inc()
         self._report_leadership()
         logger.warning(
@@ -333,6 +340,16 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if bumped is not None and self.store.take_leadership(bumped, self.lease.holder):
             return bumped
         return None
+
+    def _healthy(self) -> bool:
+        """False once the leader's loop has made no progress for a lock TTL beyond its
+        longest wait: its ticks fail (PostgreSQL unreachable from here) or hang (a
+        connection gone silent). The renewer then lets the lease go, so a standby that
+        reaches PostgreSQL leads; this process cannot take it back while it cannot
+        read PostgreSQL's epoch."""
+        config = self.config
+        longest_step = config.lock_ttl + config.max_wait + config.claim_ahead
+        return time.monotonic() - self._progress < longest_step
 
     def _step_down(self, reason: str) -> None:
         logger.warning("stepping down as leader: %s", reason)

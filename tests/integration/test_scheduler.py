@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 from celery.schedules import crontab
+from sqlalchemy.engine import make_url
 
 from beat.api import Schedules
 from beat.code_schedules import periodic
@@ -21,6 +22,7 @@ from beat.scheduler import HAScheduler
 from beat.store import Claim, Store
 from beat.tables import Origin, RunState
 from tests.conftest import SessionEnv
+from tests.e2e.proxy import CuttableProxy
 from tests.integration.helpers import (
     add_interval_schedules,
     broker_messages,
@@ -295,3 +297,33 @@ def test_the_leader_enforces_history_retention_in_small_batches(
     scheduler._next_retention = 0.0  # a minute later
     scheduler.tick()
     assert {row.state for row in run_rows(store)} == {"queued"}, "unfinished runs are kept"
+
+
+def test_a_leader_cut_off_from_postgres_lets_a_standby_lead(
+    make_scheduler: SchedulerFactory, test_env: SessionEnv
+) -> None:
+    """Redis still renews its lease, but a leader that cannot reach PostgreSQL claims
+    nothing: it must let the lease go rather than keep everyone from leading."""
+    url = make_url(test_env.database_url)
+    proxy = CuttableProxy(url.host or "127.0.0.1", url.port or 5432)
+    try:
+        cut_off = make_scheduler(
+            database_url=url.set(port=proxy.port).render_as_string(hide_password=False)
+        )
+        standby = make_scheduler()
+        cut_off.tick()
+        assert cut_off.is_leader
+        standby.tick()
+        assert not standby.is_leader
+
+        proxy.cut()
+        deadline = time.monotonic() + 20
+        while not standby.is_leader and time.monotonic() < deadline:
+            cut_off.tick()  # fails: PostgreSQL is unreachable from here
+            standby.tick()
+            time.sleep(0.2)
+
+        assert standby.is_leader, "the lease stayed with a leader that cannot claim"
+        assert not cut_off.is_leader
+    finally:
+        proxy.close()
