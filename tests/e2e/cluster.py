@@ -82,9 +82,16 @@ class Cluster:
         self.processes.append(process)
         return process
 
-    def beat(self, name: str) -> Process:
+    def beat(self, name: str, **env: str) -> Process:
         return self.start(
-            name, "beat", "-l", "info", "--pidfile=", "-s", str(self.workdir / f"{name}-schedule")
+            name,
+            "beat",
+            "-l",
+            "info",
+            "--pidfile=",
+            "-s",
+            str(self.workdir / f"{name}-schedule"),
+            **env,
         )
 
     def worker(self, name: str, concurrency: int = 4, **env: str) -> Process:

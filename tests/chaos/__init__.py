@@ -1,0 +1,1 @@
+"""Fault injection ("chaos") for a real cluster: see ``tests.chaos.harness``."""

@@ -1,0 +1,106 @@
+"""The fault plan: which fault happens when, drawn in advance from a seeded RNG.
+
+Every random number is drawn here, before the run starts, so a seed always
+gives the same sequence of faults, durations and victim picks (the victims
+themselves depend on who leads at that moment, which the plan cannot know: it
+carries a number in [0, 1) that picks among the candidates of the moment).
+
+Faults happen one at a time, each healed before the next: the checks can then
+expect every fire time to run, since no outage outlasts the misfire grace.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass
+
+
+class FaultKind(enum.StrEnum):
+    BEAT_KILL = "beat SIGKILL"
+    WORKER_KILL = "worker SIGKILL"
+    LEADER_PAUSE = "leader SIGSTOP+SIGCONT"
+    REDIS_RESTART = "Redis restart"
+    POSTGRES_RESTART = "PostgreSQL restart"
+    BEAT_REDIS_CUT = "beat-Redis cut"
+    BEAT_REDIS_STALL = "beat-Redis stall"
+    BEAT_POSTGRES_CUT = "beat-PostgreSQL cut"
+    BEAT_POSTGRES_STALL = "beat-PostgreSQL stall"
+
+
+#: Relative frequency of each kind once every kind has happened once: process
+#: deaths are the everyday fault, server restarts the rare one.
+WEIGHTS = {
+    FaultKind.BEAT_KILL: 3,
+    FaultKind.WORKER_KILL: 4,
+    FaultKind.LEADER_PAUSE: 2,
+    FaultKind.REDIS_RESTART: 1,
+    FaultKind.POSTGRES_RESTART: 1,
+    FaultKind.BEAT_REDIS_CUT: 1,
+    FaultKind.BEAT_REDIS_STALL: 1,
+    FaultKind.BEAT_POSTGRES_CUT: 1,
+    FaultKind.BEAT_POSTGRES_STALL: 1,
+}
+#: Seconds of calm between two faults (the cluster may still be recovering).
+GAP = (1.0, 4.0)
+#: Probability that a fault picks the interesting victim (see ``Fault.aimed``).
+AIM_BIAS = 0.6
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fault:
+    #: Seconds after injection starts.
+    at: float
+    kind: FaultKind
+    #: How long the fault lasts: a pause, a cut or stall, a server down, or the
+    #: delay before a killed process is started again.
+    duration: float
+    #: Picks the victim among the candidates when the fault happens, in [0, 1).
+    pick: float
+    #: Aim at the interesting victim: the leading beat, or a worker in the middle of a run.
+    aimed: bool
+
+
+def durations(lock_ttl: float) -> dict[FaultKind, tuple[float, float]]:
+    """Range of each kind's duration, in seconds.
+
+    A pause outlasts the lock TTL by at least 2.5 s (a standby's poll and its
+    takeover), so a standby replaces the leader while it is stopped (the fencing
+    case); cuts and stalls last about one TTL either side,
+    so some leaders ride them out and some lose the lease.
+    """
+    return {
+        FaultKind.BEAT_KILL: (0.2, 2.0),
+        FaultKind.WORKER_KILL: (0.2, 2.0),
+        FaultKind.LEADER_PAUSE: (lock_ttl + 2.5, lock_ttl + 5.0),
+        FaultKind.REDIS_RESTART: (0.5, 3.0),
+        FaultKind.POSTGRES_RESTART: (0.5, 3.0),
+        FaultKind.BEAT_REDIS_CUT: (lock_ttl * 0.5, lock_ttl * 2),
+        FaultKind.BEAT_REDIS_STALL: (lock_ttl * 0.5, lock_ttl * 2),
+        FaultKind.BEAT_POSTGRES_CUT: (lock_ttl * 0.5, lock_ttl * 2),
+        FaultKind.BEAT_POSTGRES_STALL: (lock_ttl * 0.5, lock_ttl * 2),
+    }
+
+
+def make_plan(seed: int, duration: float, *, lock_ttl: float) -> list[Fault]:
+    """Faults for ``duration`` seconds of injection; every kind happens at least once
+    (first, in a seeded order), so a short run may run a little past ``duration``."""
+    rng = random.Random(seed)
+    first_of_each = list(FaultKind)
+    rng.shuffle(first_of_each)
+    ranges = durations(lock_ttl)
+    kinds, weights = list(WEIGHTS), list(WEIGHTS.values())
+    plan: list[Fault] = []
+    at = rng.uniform(*GAP)
+    while at < duration or first_of_each:
+        kind = first_of_each.pop(0) if first_of_each else rng.choices(kinds, weights)[0]
+        fault = Fault(
+            at=round(at, 3),
+            kind=kind,
+            duration=round(rng.uniform(*ranges[kind]), 3),
+            pick=rng.random(),
+            aimed=rng.random() < AIM_BIAS,
+        )
+        plan.append(fault)
+        at += fault.duration + rng.uniform(*GAP)
+    return plan
