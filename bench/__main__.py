@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 def run_lateness(
     schedulers: list[str], sizes: list[int], *, throughput: bool = False
 ) -> list[dict[str, Any]]:
-    measured = [lateness.measure(name, size) for size in sizes for name in schedulers]
+    measured = [
+        lateness.measure(name, size, once=throughput) for size in sizes for name in schedulers
+    ]
     ours = {m.schedules: m for m in measured if m.scheduler == "habeat"}
     print(throughput_table(measured, ours) if throughput else lateness_table(measured, ours))
     return [asdict(m) | {"runs_per_s": m.runs_per_s} for m in measured]

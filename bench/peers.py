@@ -4,7 +4,8 @@ environment the benchmark sets, sending to the same Redis queue as ours.
 
     BENCH_REDIS_URL, BENCH_PREFIX  broker and key prefix of the run
     BENCH_SCHEDULES                number of schedules
-    BENCH_EVERY                    seconds between runs; 0 (default) means every minute (cron)
+    BENCH_EVERY                    seconds between runs; 0 (default): the cron below
+    BENCH_CRON                     a cron of which minute and hour are used (default every minute)
     BENCH_LOCK_TIMEOUT             RedBeat's lock timeout, in seconds (default 25)
     BENCH_MAX_INTERVAL             beat_max_loop_interval (default 5, RedBeat's own default)
 """
@@ -26,7 +27,10 @@ _every = float(os.environ.get("BENCH_EVERY", "0"))
 
 
 def _schedule() -> Any:
-    return crontab() if _every == 0 else timedelta(seconds=_every)
+    if _every:
+        return timedelta(seconds=_every)
+    minute, hour, *_ = os.environ.get("BENCH_CRON", "* * * * *").split()
+    return crontab(minute=minute, hour=hour)
 
 
 app = Celery("bench_peers", broker=_redis_url, set_as_current=True)
