@@ -49,7 +49,7 @@ class Settings:
     standby_poll: float = 1.0
     max_wait: float = 5.0
     claim_batch: int = 1000
-    claim_ahead: float = 2.0
+    claim_ahead: float = 3.0
     misfire_grace: float = 60.0
     timezone: str = "UTC"
     history_retention_days: float = 30.0
@@ -76,7 +76,7 @@ class Settings:
             standby_poll=_number(env, "HABEAT_STANDBY_POLL", 1.0),
             max_wait=_number(env, "HABEAT_MAX_WAIT", 5.0),
             claim_batch=int(_number(env, "HABEAT_CLAIM_BATCH", 1000)),
-            claim_ahead=_number(env, "HABEAT_CLAIM_AHEAD", 2.0, allow_zero=True),
+            claim_ahead=_number(env, "HABEAT_CLAIM_AHEAD", 3.0, allow_zero=True),
             misfire_grace=_number(env, "HABEAT_MISFIRE_GRACE", 60.0),
             timezone=env.get("HABEAT_TIMEZONE", "UTC"),
             history_retention_days=_number(

@@ -38,7 +38,7 @@ class BeatConfig:
     #: Schedules due within this many seconds (overlap policy ``allow``) are claimed
     #: ahead and their messages built before the fire time, then sent at it; 0: claim
     #: only what is due. It bounds the lateness of large bursts, not correctness.
-    claim_ahead: float = 2.0
+    claim_ahead: float = 3.0
     #: A run left ``pending`` by this process for longer than this is published again.
     outbox_grace: float = 10.0
     #: A fire time later than this when claimed is a misfire, handled by the misfire policy.

@@ -49,6 +49,8 @@ RETENTION_BATCH = 1000
 #: The leader wakes this long after a worker's lease expires (seconds), so the reaper
 #: sees it expired.
 LEASE_EXPIRY_MARGIN = 0.05
+#: While a burst is claimed batch after batch, the outbox and the reaper run this often (s).
+BURST_MAINTENANCE_INTERVAL = 1.0
 #: A failure that repeats is logged again at most this often (seconds).
 REPEAT_LOG_INTERVAL = 30.0
 
@@ -106,6 +108,9 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._next_retention = 0.0  # time.monotonic() of the next history prune
         #: Skip records planned by the claim in progress, by reason (counted once it commits).
         self._planned_skips: Counter[str] = Counter()
+        #: The last claim was a full batch: more are due (see _maintenance_due).
+        self._in_burst = False
+        self._next_maintenance = 0.0
         #: time.monotonic() when the leader's loop last made progress (see _healthy).
         self._progress = time.monotonic()
         #: Runs claimed ahead, by fire time: (monotonic deadline, runs), published at it.
@@ -190,18 +195,20 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         epoch = self._lead()
         if epoch is None:
             self._armed.clear()  # the new leader publishes them from the outbox
+            self._in_burst = False
             self._wait(self.config.standby_poll)
             return
         # Armed runs whose time came while claiming go first, before the outbox sees them.
         self._publish_armed(until=time.monotonic())
-        self._publish(
-            self.store.pending_runs(
-                epoch, grace=self.config.outbox_grace, limit=self.config.claim_batch
-            ),
-            source="outbox",
-        )
-        self._reclaim(epoch)
-        self._enforce_retention()
+        if self._maintenance_due():
+            self._publish(
+                self.store.pending_runs(
+                    epoch, grace=self.config.outbox_grace, limit=self.config.claim_batch
+                ),
+                source="outbox",
+            )
+            self._reclaim(epoch)
+            self._enforce_retention()
         claim, duration = self._claim(epoch)
         self._progress = time.monotonic()  # a fenced claim committed: this leader works
         if claim.schedules_claimed:
@@ -211,13 +218,24 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._publish(claim.runs, source="claim")
         self._revoke(claim.cancelled)
         self._arm(claim)
-        if claim.schedules_claimed >= self.config.claim_batch and not self._armed_due():
+        self._in_burst = claim.schedules_claimed >= self.config.claim_batch
+        if self._in_burst and not self._armed_due():
             return  # more are due: claim again at once
         self._publish_armed(until=float("inf"))
         wait = self._until_next_claim(claimed_any=claim.schedules_claimed > 0)
         self._progress = time.monotonic()
         self._wait(wait)
         self._progress = time.monotonic()
+
+    def _maintenance_due(self) -> bool:
+        """Outbox, reaper and retention run every tick, but only once a second while a
+        burst is claimed batch after batch: each is a query, and the outbox's would
+        walk the runs just claimed ahead."""
+        now = time.monotonic()
+        if self._in_burst and now < self._next_maintenance:
+            return False
+        self._next_maintenance = now + BURST_MAINTENANCE_INTERVAL
+        return True
 
     def _arm(self, claim: Claim) -> None:
         """Keep the runs claimed ahead for their fire time, a deadline on this host's

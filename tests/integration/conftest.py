@@ -20,8 +20,9 @@ SchedulerFactory = Callable[..., HAScheduler]
 def make_scheduler(
     test_env: SessionEnv, store: Store, redis_client: redis.Redis
 ) -> Iterator[SchedulerFactory]:
-    """In-process schedulers on this session's database and lease (a short TTL and
-    wait), closed at the end: ``make_scheduler(conf=..., prepare=..., **settings)``."""
+    """In-process schedulers on this session's database and lease (a short TTL, wait
+    and claim-ahead window), closed at the end:
+    ``make_scheduler(conf=..., prepare=..., **settings)``."""
     created: list[HAScheduler] = []
 
     def factory(
@@ -29,7 +30,9 @@ def make_scheduler(
         prepare: Callable[[Any], None] | None = None,
         **settings: Any,
     ) -> HAScheduler:
-        app = create_app(test_env.settings(**{"lock_ttl": 2.0, "max_wait": 0.2, **settings}))
+        # A 1-second claim-ahead window: a tick waits for the fire times it armed.
+        defaults = {"lock_ttl": 2.0, "max_wait": 0.2, "claim_ahead": 1.0}
+        app = create_app(test_env.settings(**{**defaults, **settings}))
         app.conf.update(conf or {})
         if prepare is not None:
             prepare(app)  # e.g. define tasks, as task modules do before beat starts

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -48,3 +50,29 @@ def test_the_leader_wakes_when_a_workers_lease_expires(
     assert 2.5 < scheduler._until_next_claim(claimed_any=False) <= 3.1, (
         "the reaper runs just after the expiry"
     )
+
+
+def test_a_burst_is_claimed_batch_after_batch_with_the_outbox_read_once_a_second(
+    store: Store, make_scheduler: SchedulerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each outbox read would walk the runs just claimed ahead: during a burst it waits."""
+    for index in range(20):
+        Schedules(store).create(f"s{index}", "t", in_seconds=0, allow_unregistered=True)
+    scheduler = make_scheduler(claim_batch=5, claim_ahead=0.0)
+    scheduler.tick()  # leads, reads the outbox, claims the first batch of 5
+    reads: list[int] = []
+    pending_runs = scheduler.store.pending_runs
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        return pending_runs(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler.store, "pending_runs", counted)
+    for _ in range(3):
+        scheduler.tick()  # the next batches, at once
+
+    assert reads == [], "the outbox was read inside the burst"
+    assert len(store.runs_of(limit=100)) == 20
+    time.sleep(1.1)
+    scheduler.tick()  # the burst is over and a second has passed
+    assert reads == [1]
