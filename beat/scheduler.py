@@ -153,7 +153,9 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if self._closed:
             return
         self._closed = True
-        self._publish_armed_before_exit()
+        # Runs claimed ahead are not waited for: the next leader publishes them from
+        # the outbox at their fire time, so a hand-over is not delayed by them.
+        self._armed.clear()
         if self._lease is not None and self._epoch is not None:
             released = False
             try:
@@ -221,10 +223,15 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._in_burst = claim.schedules_claimed >= self.config.claim_batch
         if self._in_burst and not self._armed_due():
             return  # more are due: claim again at once
-        self._publish_armed(until=float("inf"))
-        wait = self._until_next_claim(claimed_any=claim.schedules_claimed > 0)
+        # Armed runs due before the next claim are sent now, each at its time; later
+        # ones wait for a later tick, so that what is due meanwhile (schedules of the
+        # other overlap policies, triggers) is claimed on time too.
+        next_claim = time.monotonic() + self._until_next_claim(
+            claimed_any=claim.schedules_claimed > 0
+        )
+        self._publish_armed(until=next_claim)
         self._progress = time.monotonic()
-        self._wait(wait)
+        self._wait(min(next_claim, self._next_armed_deadline()) - time.monotonic())
         self._progress = time.monotonic()
 
     def _maintenance_due(self) -> bool:
@@ -248,15 +255,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             runs.append(run)
             self._armed[run.fire_at] = (max(earlier, deadline), runs)
 
-    def _publish_armed_before_exit(self) -> None:
-        """Runs claimed ahead are published at their time before a clean exit (at most
-        ``claim_ahead`` seconds): left behind, they would wait for the next leader."""
-        if not self._armed or self.epoch is None:
-            return
-        try:
-            self._publish_armed(until=float("inf"))
-        except Exception as exc:  # exiting: the outbox still has them for the next leader
-            logger.warning("could not publish the runs claimed ahead before exiting: %s", exc)
+    def _next_armed_deadline(self) -> float:
+        return min((deadline for deadline, _ in self._armed.values()), default=float("inf"))
 
     def _armed_due(self) -> bool:
         return any(deadline <= time.monotonic() for deadline, _ in self._armed.values())
@@ -268,12 +268,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             deadline, runs = self._armed[fire_at]
             if deadline > until:
                 return
-            try:
-                self._publish(runs, source="claim", deadline=deadline)
-            finally:
-                # Forgotten only now: a SIGTERM during the wait runs close(), which
-                # publishes what is still armed (a failed publish is the outbox's).
-                self._armed.pop(fire_at, None)
+            del self._armed[fire_at]  # published now, or by the outbox if this fails
+            self._publish(runs, source="claim", deadline=deadline)
 
     def _until_next_claim(self, *, claimed_any: bool) -> float:
         """Seconds to wait: until the next fire time less ``claim_ahead``, or until a

@@ -707,7 +707,8 @@ class Store(StoreConnection):
 
     def pending_runs(self, epoch: int, *, grace: float, limit: int) -> list[RunToPublish]:
         """The outbox: runs claimed but not published, by an earlier leader (any age)
-        or by this one (older than ``grace`` seconds, i.e. its publish failed)."""
+        or by this one (older than ``grace`` seconds, i.e. its publish failed), and
+        jittered runs whose time has come; none before its ``not_before``."""
         query = (
             select(runs)
             .where(runs.c.state == RunState.PENDING.value)
@@ -716,7 +717,9 @@ class Store(StoreConnection):
                 or_(
                     runs.c.epoch.is_distinct_from(epoch),
                     runs.c.claimed_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, grace),
-                    runs.c.not_before.is_not(None),  # a jittered run whose time has come
+                    # A jittered run whose time has come. (A run claimed ahead, whose
+                    # not_before is its fire time, is this leader's to send from memory.)
+                    runs.c.not_before > runs.c.fire_at,
                 )
             )
             .order_by(runs.c.claimed_at)

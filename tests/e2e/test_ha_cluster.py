@@ -166,19 +166,21 @@ def test_a_clean_shutdown_hands_over_within_a_second(cluster: Cluster, store: St
     assert_each_run_executed_once(cluster, store)
 
 
-def test_a_beat_stopped_with_sigterm_publishes_the_runs_it_claimed_ahead(
+def test_runs_claimed_ahead_by_a_stopped_leader_are_sent_by_the_next_at_their_time(
     cluster: Cluster, store: Store
 ) -> None:
-    """With 1-second schedules the leader spends most of its time waiting for the fire
-    time of runs it claimed ahead; a SIGTERM then must publish them, not strand them."""
-    create_second_schedules(store)
-    beat = cluster.beat("beat0")
-    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
-    time.sleep(3.3)  # inside a wait for a fire time
-    beat.signal(signal.SIGTERM)
-    beat.popen.wait(timeout=15)
+    """A leader spends most of its time waiting for the fire times it claimed ahead.
+    On SIGTERM it hands over at once; the next leader publishes those runs from the
+    outbox, at their time: none stranded, none early, none twice."""
+    anchor, leader, epoch_before = two_beats_with_a_leader(cluster, store, settle=2.3)
+    leader.signal(signal.SIGTERM)
+    wait_for_a_newer_epoch(cluster, epoch_before)
+    leader.popen.wait(timeout=15)
+    time.sleep(5)  # past every fire time the stopped leader had claimed ahead
 
-    rows = run_rows(store, task="e2e.record")
-    assert rows, "the beat claimed runs"
-    pending = [row.fire_at for row in rows if row.state == RunState.PENDING.value]
-    assert not pending, f"claimed ahead but left unpublished at exit: {pending}"
+    until = store.now() - timedelta(seconds=1)
+    assert_each_fire_time_once(store, anchor, until)
+    rows = [row for row in run_rows(store, task="e2e.record") if row.fire_at <= until]
+    early = [row.fire_at for row in rows if row.published_at and row.published_at < row.fire_at]
+    assert not early, f"published before their fire time: {early}"
+    assert_each_run_executed_once(cluster, store)

@@ -136,7 +136,8 @@ def test_jittered_runs_wait_in_the_outbox_until_their_time(store: Store, leader:
     assert store.pending_runs(leader, grace=10, limit=10) == []
     assert store.seconds_until_next_fire() is not None
     with store.engine.begin() as conn:
-        conn.execute(text("UPDATE beat_runs SET not_before = now() - interval '1 second'"))
+        # Its time has come: the jitter is over (fire_at is half a second ago).
+        conn.execute(text("UPDATE beat_runs SET not_before = fire_at + interval '1 ms'"))
     assert [run.id for run in store.pending_runs(leader, grace=10, limit=10)] == [row.id]
 
 
