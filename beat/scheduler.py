@@ -279,7 +279,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         schedules are taken ahead; other overlap policies wait for their fire time,
         jittered runs for theirs) is waited for until its own time."""
         wait = self.config.max_wait
-        until_next = self.store.seconds_until_next_fire()
+        until_next = self.store.seconds_until_next_fire(self._epoch)
         if until_next is not None:
             ahead = self.config.claim_ahead
             if until_next > ahead or claimed_any:

@@ -751,9 +751,10 @@ class Store(StoreConnection):
             seconds = conn.execute(query).scalar_one_or_none()
         return None if seconds is None else float(seconds)
 
-    def seconds_until_next_fire(self) -> float | None:
-        """Seconds until the earliest enabled fire time or jittered run (negative if
-        overdue), or None."""
+    def seconds_until_next_fire(self, epoch: int | None = None) -> float | None:
+        """Seconds until the earliest enabled fire time or run waiting for its
+        ``not_before`` (negative if overdue), or None. Runs that leader ``epoch``
+        claimed ahead (``not_before = fire_at``) are left out: it keeps them in memory."""
         next_fire = (
             select(func.min(schedules.c.next_fire_at))
             .where(schedules.c.enabled, schedules.c.next_fire_at.is_not(None))
@@ -761,7 +762,11 @@ class Store(StoreConnection):
         )
         next_jittered = (
             select(func.min(runs.c.not_before))
-            .where(runs.c.state == RunState.PENDING.value, runs.c.not_before.is_not(None))
+            .where(
+                runs.c.state == RunState.PENDING.value,
+                runs.c.not_before.is_not(None),
+                or_(runs.c.not_before > runs.c.fire_at, runs.c.epoch.is_distinct_from(epoch)),
+            )
             .scalar_subquery()
         )
         query = select(func.extract("epoch", func.least(next_fire, next_jittered) - func.now()))
