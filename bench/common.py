@@ -6,7 +6,6 @@ Nothing here asserts: the benchmarks measure and report.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -261,10 +260,6 @@ def _decode(at: float, raw: bytes) -> Arrival:
         schedule=headers.get("habeat_schedule"),
         fire_at=datetime.fromisoformat(fire_at).timestamp() if fire_at else None,
     )
-
-
-def decode_body(raw: bytes) -> Any:
-    return json.loads(base64.b64decode(json.loads(raw)["body"]))
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
