@@ -76,6 +76,8 @@ class RunState(enum.StrEnum):
     LOST = "lost"
     SKIPPED = "skipped"
     CANCELLED = "cancelled"
+    #: Its ``expires`` passed before a worker started it: it never runs late.
+    EXPIRED = "expired"
 
 
 def _in(column: str, values: type[enum.StrEnum]) -> str:
@@ -113,8 +115,12 @@ schedules = Table(
     Column("end_at", TZ),
     Column("max_runs", Integer),
     Column("runs_count", Integer, nullable=False, server_default="0"),
-    #: Why the scheduler disabled the schedule (its window ended), for people to read.
+    #: Why the scheduler disabled the schedule (its window ended, or it was
+    #: quarantined), for people to read.
     Column("disabled_reason", Text),
+    #: Set when the scheduler disabled the schedule because it could not be planned or
+    #: published (see ``disabled_reason``); health is red while any schedule is.
+    Column("quarantined_at", TZ),
     Column("created_at", TZ, nullable=False, server_default=text("now()")),
     Column("updated_at", TZ, nullable=False, server_default=text("now()")),
     CheckConstraint(_in("trigger_kind", TriggerKind), name="ck_beat_schedules_trigger_kind"),
@@ -172,6 +178,14 @@ runs = Table(
     Column("lease_expires_at", TZ),
     Column("worker", Text),
     Column("error", Text),
+    #: The Celery task ID when the caller chose one that is not a UUID (``id`` is then
+    #: derived from it); None: the task ID is ``str(id)``.
+    Column("task_id", Text),
+    #: When a worker took the run's message (plain tasks are recorded at receipt).
+    Column("received_at", TZ),
+    #: The task does not use the idempotent base: once a worker took the run, it is
+    #: never published again.
+    Column("plain", Boolean, nullable=False, server_default=text("false")),
     UniqueConstraint("schedule_id", "fire_at", name="uq_beat_runs_schedule_fire_at"),
     CheckConstraint(_in("state", RunState), name="ck_beat_runs_state"),
 )
@@ -195,6 +209,12 @@ Index(
     "ix_beat_runs_queued_published_at",
     runs.c.published_at,
     postgresql_where=text("state = 'queued'"),
+)
+# Retries that are overdue (their message may be lost).
+Index(
+    "ix_beat_runs_retrying_not_before",
+    runs.c.not_before,
+    postgresql_where=text("state = 'retrying'"),
 )
 # Leases to reclaim.
 Index(
