@@ -35,8 +35,10 @@ from beat.errors import ConfigError
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/habeat"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-#: Task modules of this project, always imported by workers and beat.
-TASK_MODULES = ("tasks.demo",)
+#: Modules always imported by workers and beat: the worker's run tracking (plain
+#: tasks' runs and expired deliveries, see ``beat.run_tracking``), then this
+#: project's tasks.
+TASK_MODULES = ("beat.run_tracking", "tasks.demo")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

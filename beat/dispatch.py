@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beat.models import RunToPublish
@@ -123,7 +124,7 @@ def _send(app: Any, producer: Any, run: RunToPublish, declared: set[tuple[Any, .
         run.task,
         args=run.args,
         kwargs=run.kwargs,
-        task_id=str(run.id),
+        task_id=run.celery_task_id,
         producer=producer,
         # Inside a batch nothing is sent until the flush: a publish retry has nothing to
         # retry, and a failed flush leaves the runs in the outbox.
@@ -140,9 +141,42 @@ def publish_options(run: RunToPublish) -> dict[str, Any]:
     headers[FIRE_AT_HEADER] = run.fire_at.isoformat() if run.fire_at else None
     headers[ATTEMPT_HEADER] = run.attempt + 1  # the attempt this delivery starts
     options["headers"] = headers
+    expires = expiry_of(run)
+    if expires is not None:
+        # Relative to the fire time, not to this send: a run published again later
+        # (outbox, reaper) never runs past the expiry its schedule gave it.
+        options["expires"] = expires
     options.setdefault("argsrepr", _short_repr(run.args))
     options.setdefault("kwargsrepr", _short_repr(run.kwargs))
     return options
+
+
+def expiry_of(run: RunToPublish) -> datetime | None:
+    """When the run's ``expires`` option makes it expire: seconds after its fire time
+    (jitter included: a jitter longer than ``expires`` lets the run expire), or an
+    absolute time (ad hoc runs keep their caller's); None if it has none, or none that
+    can be placed in time."""
+    expires = run.options.get("expires")
+    if isinstance(expires, bool) or expires is None:
+        return None
+    if isinstance(expires, int | float):
+        if run.fire_at is None:
+            return None
+        return run.fire_at + timedelta(seconds=float(expires))
+    if isinstance(expires, str):
+        try:
+            moment = datetime.fromisoformat(expires)
+        except ValueError:
+            return None
+        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return None
+
+
+def published_by_beat(request: Any) -> bool:
+    """Was this delivery published by beat (a claimed, triggered or reclaimed run)?
+
+    Celery keeps custom headers on a task's request, and copies them into its retries."""
+    return getattr(request, ATTEMPT_HEADER, None) is not None
 
 
 def _short_repr(value: Any) -> str:

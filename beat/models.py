@@ -14,6 +14,12 @@ from zoneinfo import ZoneInfo
 from beat.tables import MisfirePolicy, Origin, OverlapPolicy
 from beat.timing import Trigger
 
+#: Why a plain run that a worker took ends ``lost`` when that worker dies.
+PLAIN_RUN_INTERRUPTED = (
+    "its worker stopped while it ran; a plain task is not sent again once a worker took it"
+    " (it may have had its effect): use the idempotent base to have it run again"
+)
+
 
 def require_aware(value: datetime | None, what: str) -> None:
     if value is not None and value.utcoffset() is None:
@@ -135,6 +141,13 @@ class RunToPublish:
     attempt: int
     #: Not published before this (jitter); None: at once.
     not_before: datetime | None = None
+    #: The caller's task ID when it is not the run ID (``id`` is derived from it).
+    task_id: str | None = None
 
     def __post_init__(self) -> None:
         require_aware(self.fire_at, "fire_at")
+
+    @property
+    def celery_task_id(self) -> str:
+        """The task ID its messages carry: the caller's, or the run ID."""
+        return self.task_id or str(self.id)

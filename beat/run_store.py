@@ -5,17 +5,38 @@ returned) says who won, so two deliveries of one run can never both start it,
 and a worker whose lease was taken over can never record a completion.
 
 A run may be started when it is ``pending`` or ``queued`` (new), ``retrying``
-by a delivery at least as new as the last retry, or ``running`` under a lease
-that has expired. Anything else is a duplicate delivery: refused and counted.
+by a delivery at least as new as the last retry, ``running`` under a lease
+that has expired, or ``running`` by a delivery newer than the attempt that
+holds it (Celery publishes a retry before the attempt that asked for it has
+ended: a retry with a zero countdown may arrive first). Anything else is a
+duplicate delivery: refused and counted.
+
+Plain tasks (not on the idempotent base) are taken at receipt, in the
+worker's main process (``receive_plain``): once taken, a plain run is never
+started again, whoever delivers it.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, or_, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Integer,
+    and_,
+    any_,
+    bindparam,
+    func,
+    or_,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.store import StoreConnection, create_store_engine
@@ -37,8 +58,49 @@ class Refused:
     lease_owner: str | None
 
 
+#: Namespace of the run IDs derived from task IDs that are not UUIDs (caller-chosen keys).
+TASK_ID_NAMESPACE = uuid.UUID("6c1b1f0e-8a43-4c59-9a0e-686162656174")
+
+#: The state reported for a refused delivery whose run has no row (see ``start``).
+MISSING = "missing"
+
+
 def _lease_until(seconds: float) -> Any:
     return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
+
+
+def _startable(retries: Any) -> ColumnElement[bool]:
+    """May a delivery carrying ``retries`` (Celery's retry count) start the run?"""
+    return or_(
+        runs.c.state.in_([RunState.PENDING.value, RunState.QUEUED.value]),
+        and_(runs.c.state == RunState.RETRYING.value, retries >= runs.c.retries),
+        and_(
+            runs.c.state == RunState.RUNNING.value,
+            or_(runs.c.lease_expires_at < func.now(), retries > runs.c.retries),
+        ),
+    )
+
+
+def run_id_for(task_id: str) -> uuid.UUID:
+    """The run ID of a task ID: itself if it is a UUID, else a stable UUID derived from it."""
+    try:
+        return uuid.UUID(task_id)
+    except ValueError:
+        return uuid.uuid5(TASK_ID_NAMESPACE, task_id)
+
+
+_stores: dict[tuple[int, str], RunStore] = {}
+_stores_lock = threading.Lock()
+
+
+def run_store_for(url: str) -> RunStore:
+    """One store per process and database: a forked pool child makes its own engine."""
+    key = (os.getpid(), url)
+    with _stores_lock:
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = RunStore.connect(url)
+    return store
 
 
 class RunStore(StoreConnection):
@@ -61,11 +123,16 @@ class RunStore(StoreConnection):
         options: dict[str, Any],
         retries: int,
         max_attempts: int,
+        may_create: bool = True,
+        task_id: str | None = None,
     ) -> Started | Refused:
         """Take the run's lease if this delivery may run it (one statement), else record a refusal.
 
         A run that does not exist yet (a task sent with ``delay()``) is created,
-        with its payload, so the reaper can publish it again.
+        with its payload, so the reaper can publish it again, unless
+        ``may_create`` is false: a delivery of a run that beat claimed whose row is
+        gone (pruned by retention) is refused, since it ran long ago.
+        ``task_id`` is kept when the caller's task ID is not the run ID.
         """
         lease = {
             "state": RunState.RUNNING.value,
@@ -74,8 +141,11 @@ class RunStore(StoreConnection):
             "started_at": func.now(),
             "worker": worker,
         }
+        if not may_create:
+            return self._take(run_id, retries, lease)
         insert = pg_insert(runs).values(
             id=run_id,
+            task_id=task_id,
             task=task,
             args=args,
             kwargs=kwargs,
@@ -96,26 +166,129 @@ class RunStore(StoreConnection):
                 "finished_at": None,
                 "error": None,
             },
-            where=or_(
-                runs.c.state.in_([RunState.PENDING.value, RunState.QUEUED.value]),
-                and_(
-                    runs.c.state == RunState.RETRYING.value,
-                    insert.excluded.retries >= runs.c.retries,
-                ),
-                and_(runs.c.state == RunState.RUNNING.value, runs.c.lease_expires_at < func.now()),
-            ),
+            where=_startable(insert.excluded.retries),
         ).returning(runs.c.attempt)
         with self._transaction() as conn:
             attempt = conn.execute(statement).scalar_one_or_none()
             if attempt is not None:
                 return Started(attempt=attempt)
-            row = conn.execute(
+            return _refuse(conn, run_id)
+
+    def receive_plain(
+        self, run_id: uuid.UUID, *, owner: str, worker: str, lease_seconds: float, retries: int
+    ) -> Started | Refused:
+        """A worker took the message of a plain run: hold it (under ``owner``'s lease,
+        renewed by ``heartbeat_plain``) if it may start, else refuse the delivery."""
+        return self._take(
+            run_id,
+            retries,
+            {
+                "state": RunState.RUNNING.value,
+                "plain": True,
+                "received_at": func.now(),
+                "started_at": None,
+                "worker": worker,
+                "lease_owner": owner,
+                "lease_expires_at": _lease_until(lease_seconds),
+            },
+        )
+
+    def _take(self, run_id: uuid.UUID, retries: int, values: dict[str, Any]) -> Started | Refused:
+        """Start the stored run if a delivery carrying ``retries`` may (one statement)."""
+        statement = (
+            update(runs)
+            .where(runs.c.id == run_id, _startable(literal_int(retries)))
+            .values(
+                **values,
+                attempt=runs.c.attempt + 1,
+                retries=func.greatest(runs.c.retries, retries),
+                published_at=func.coalesce(runs.c.published_at, func.now()),
+                finished_at=None,
+                error=None,
+            )
+            .returning(runs.c.attempt)
+        )
+        with self._transaction() as conn:
+            attempt = conn.execute(statement).scalar_one_or_none()
+            if attempt is not None:
+                return Started(attempt=attempt)
+            return _refuse(conn, run_id)
+
+    def heartbeat_plain(
+        self, owner: str, run_ids: Collection[uuid.UUID], *, lease_seconds: float
+    ) -> int:
+        """Extend ``owner``'s leases on the plain runs it still has in hand."""
+        if not run_ids:
+            return 0
+        with self._transaction() as conn:
+            return conn.execute(
                 update(runs)
-                .where(runs.c.id == run_id)
-                .values(duplicate_deliveries=runs.c.duplicate_deliveries + 1)
-                .returning(runs.c.state, runs.c.lease_owner)
-            ).one()
-        return Refused(state=row.state, lease_owner=row.lease_owner)
+                .where(
+                    runs.c.id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))),
+                    runs.c.state == RunState.RUNNING.value,
+                    runs.c.lease_owner == owner,
+                )
+                .values(lease_expires_at=_lease_until(lease_seconds)),
+                {"ids": list(run_ids)},
+            ).rowcount
+
+    def start_plain(self, run_id: uuid.UUID) -> None:
+        """The plain run's body starts now (it was taken at receipt)."""
+        with self._transaction() as conn:
+            conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.plain, runs.c.state == RunState.RUNNING.value)
+                .values(started_at=func.now())
+            )
+
+    def finish_plain(
+        self,
+        run_id: uuid.UUID,
+        *,
+        state: RunState,
+        error: str | None = None,
+        retries: int | None = None,
+        retry_in: float | None = None,
+    ) -> bool:
+        """Record a plain run's outcome (its worker holds it: nobody else may start it)."""
+        values = _outcome(state, error=error, retries=retries, retry_in=retry_in)
+        with self._transaction() as conn:
+            return (
+                conn.execute(
+                    update(runs)
+                    .where(
+                        runs.c.id == run_id,
+                        runs.c.plain,
+                        runs.c.state.in_([RunState.RUNNING.value, RunState.LOST.value]),
+                    )
+                    .values(**values)
+                ).rowcount
+                == 1
+            )
+
+    def record_expired(self, run_id: uuid.UUID, *, reason: str) -> bool:
+        """A delivery was discarded by a worker because its ``expires`` passed: the run
+        ends ``expired`` (unless it was started or finished meanwhile)."""
+        with self._transaction() as conn:
+            return (
+                conn.execute(
+                    update(runs)
+                    .where(
+                        runs.c.id == run_id,
+                        runs.c.state.in_(
+                            [RunState.PENDING.value, RunState.QUEUED.value, RunState.RETRYING.value]
+                        ),
+                    )
+                    .values(
+                        state=RunState.EXPIRED.value,
+                        reason=reason,
+                        finished_at=func.now(),
+                        lease_owner=None,
+                        lease_expires_at=None,
+                    )
+                ).rowcount
+                == 1
+            )
 
     def heartbeat(self, run_id: uuid.UUID, *, owner: str, lease_seconds: float) -> bool:
         """Extend the lease; False if it is no longer ours (taken over, or the run moved on)."""
@@ -137,29 +310,63 @@ class RunStore(StoreConnection):
         state: RunState,
         error: str | None = None,
         retries: int | None = None,
+        retry_in: float | None = None,
         conn: Connection | None = None,
     ) -> bool:
         """Record the outcome of the attempt if we still hold the lease; True if recorded.
 
         Pass ``conn`` to record it inside the task's own transaction, so its
         side effects commit together with the completion (or not at all).
+        A retry is due ``retry_in`` seconds from now (``not_before``): past it, the
+        leader looks for its message.
         """
-        values: dict[str, Any] = {
-            "state": state.value,
-            "error": error,
-            "lease_owner": None,
-            "lease_expires_at": None,
-            "duration_seconds": func.extract("epoch", func.now() - runs.c.started_at),
-        }
-        if state is not RunState.RETRYING:
-            values["finished_at"] = func.now()
-        if retries is not None:
-            values["retries"] = retries
+        values = _outcome(state, error=error, retries=retries, retry_in=retry_in)
         statement = update(runs).where(_held_by(run_id, owner)).values(**values)
         if conn is not None:
             return conn.execute(statement).rowcount == 1
         with self._transaction() as own:
             return own.execute(statement).rowcount == 1
+
+
+def _outcome(
+    state: RunState,
+    *,
+    error: str | None,
+    retries: int | None,
+    retry_in: float | None,
+) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "state": state.value,
+        "error": error,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "duration_seconds": func.extract("epoch", func.now() - runs.c.started_at),
+    }
+    if state is RunState.RETRYING:
+        values["not_before"] = _lease_until(max(0.0, retry_in or 0.0))
+    else:
+        values["finished_at"] = func.now()
+    if retries is not None:
+        values["retries"] = retries
+    return values
+
+
+def _refuse(conn: Connection, run_id: uuid.UUID) -> Refused:
+    """Count a refused delivery on its run; a run with no row is reported ``missing``."""
+    row = conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id)
+        .values(duplicate_deliveries=runs.c.duplicate_deliveries + 1)
+        .returning(runs.c.state, runs.c.lease_owner)
+    ).one_or_none()
+    if row is None:
+        return Refused(state=MISSING, lease_owner=None)
+    return Refused(state=row.state, lease_owner=row.lease_owner)
+
+
+def literal_int(value: int) -> Any:
+    """A bound integer, comparable with a column in SQL."""
+    return bindparam(None, value, type_=Integer, unique=True)
 
 
 def _held_by(run_id: uuid.UUID, owner: str) -> Any:

@@ -67,7 +67,14 @@ from beat.errors import (
     StoreError,
     StoreUnavailable,
 )
-from beat.models import DueSchedule, FirePlan, RunToPublish, Schedule, ScheduleDefinition
+from beat.models import (
+    PLAIN_RUN_INTERRUPTED,
+    DueSchedule,
+    FirePlan,
+    RunToPublish,
+    Schedule,
+    ScheduleDefinition,
+)
 from beat.policies import jitter_delay
 from beat.tables import (
     SCHEDULES_CHANNEL,
@@ -135,6 +142,15 @@ class Reclaim:
     runs: list[RunToPublish]
     #: Runs whose attempts are exhausted.
     lost: list[LostRun]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Unconfirmed:
+    """Runs no worker has taken although their message should have reached one."""
+
+    runs: list[RunToPublish]
+    #: Database time of the query.
+    now: datetime
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -660,15 +676,19 @@ class Store(StoreConnection):
             .with_for_update(skip_locked=True)
             .cte("expired")
         )
-        exhausted = runs.c.attempt - runs.c.retries >= runs.c.max_attempts
-        lost_error = func.concat(
-            "lease expired on attempt ",
-            runs.c.attempt,
-            " of ",
-            runs.c.max_attempts,
-            " (worker ",
-            func.coalesce(runs.c.worker, "?"),
-            "): attempts exhausted",
+        # A plain task is never started twice: once its worker is gone, the run is over.
+        exhausted = or_(runs.c.plain, runs.c.attempt - runs.c.retries >= runs.c.max_attempts)
+        lost_error = case(
+            (runs.c.plain, func.concat(PLAIN_RUN_INTERRUPTED, " (worker ", runs.c.worker, ")")),
+            else_=func.concat(
+                "lease expired on attempt ",
+                runs.c.attempt,
+                " of ",
+                runs.c.max_attempts,
+                " (worker ",
+                func.coalesce(runs.c.worker, "?"),
+                "): attempts exhausted",
+            ),
         )
         reap = (
             update(runs)
@@ -704,6 +724,73 @@ class Store(StoreConnection):
             if row.state == RunState.LOST.value
         ]
         return Reclaim(runs=republish, lost=lost)
+
+    def unconfirmed_runs(self, *, older_than: float, limit: int) -> Unconfirmed:
+        """Runs whose message a worker should have taken by now but no worker has: ``queued``
+        for more than ``older_than`` seconds, or ``retrying`` for that long past the time
+        their retry was due. Their message may be lost (the caller asks the broker)."""
+        overdue = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than)
+        query = (
+            select(runs, func.now().label("now"))
+            .where(
+                or_(
+                    and_(runs.c.state == RunState.QUEUED.value, runs.c.published_at < overdue),
+                    and_(runs.c.state == RunState.RETRYING.value, runs.c.not_before < overdue),
+                )
+            )
+            .order_by(runs.c.published_at)
+            .limit(limit)
+        )
+        with self._transaction() as conn:
+            rows = list(conn.execute(query))
+            now = rows[0].now if rows else conn.execute(select(func.now())).scalar_one()
+        return Unconfirmed(runs=[_run_from_row(row) for row in rows], now=now)
+
+    def requeue_missing(
+        self, epoch: int, run_ids: Sequence[uuid.UUID], *, idle_timeout: float = 10.0
+    ) -> list[RunToPublish]:
+        """Put runs whose message the broker lost back in the outbox, as leader ``epoch``
+        (fenced), unless a worker took them meanwhile; returns those to publish again."""
+        if not run_ids:
+            return []
+        statement = (
+            update(runs)
+            .where(
+                runs.c.id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))),
+                runs.c.state.in_([RunState.QUEUED.value, RunState.RETRYING.value]),
+            )
+            .values(state=RunState.PENDING.value, epoch=epoch, claimed_at=func.now())
+            .returning(*runs.c)
+        )
+        with self._transaction() as conn:
+            self._fence(conn, epoch, idle_timeout)
+            rows = list(conn.execute(statement, {"ids": list(run_ids)}))
+        return [_run_from_row(row) for row in rows]
+
+    def expire_runs(
+        self, epoch: int, run_ids: Sequence[uuid.UUID], *, idle_timeout: float = 10.0
+    ) -> int:
+        """End runs whose ``expires`` passed before any worker started them (fenced)."""
+        if not run_ids:
+            return 0
+        statement = (
+            update(runs)
+            .where(
+                runs.c.id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))),
+                runs.c.state.in_(
+                    [RunState.PENDING.value, RunState.QUEUED.value, RunState.RETRYING.value]
+                ),
+            )
+            .values(
+                state=RunState.EXPIRED.value,
+                reason="expired before a worker started it (the leader found no message for it)",
+                finished_at=func.now(),
+                epoch=epoch,
+            )
+        )
+        with self._transaction() as conn:
+            self._fence(conn, epoch, idle_timeout)
+            return conn.execute(statement, {"ids": list(run_ids)}).rowcount
 
     def pending_runs(self, epoch: int, *, grace: float, limit: int) -> list[RunToPublish]:
         """The outbox: runs claimed but not published, by an earlier leader (any age)
@@ -1103,6 +1190,7 @@ def _run_from_row(row: Row[Any]) -> RunToPublish:
         schedule_name=row.schedule_name,
         fire_at=row.fire_at,
         attempt=row.attempt,
+        task_id=row.task_id,
     )
 
 

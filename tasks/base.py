@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
@@ -35,30 +35,43 @@ from sqlalchemy.orm import Session
 
 from beat import metrics
 from beat.config import BeatConfig
+from beat.dispatch import published_by_beat
 from beat.errors import HABeatError, StoreUnavailable
-from beat.run_store import Refused, RunStore, Started
+from beat.run_store import (
+    MISSING,
+    Refused,
+    RunStore,
+    Started,
+    run_id_for,
+    run_store_for,
+)
+from beat.run_tracking import REQUEUE_DELAY, error_text, retry_delay
 from beat.tables import RunState
 
 logger = logging.getLogger(__name__)
 
-#: Namespace of the run IDs derived from task IDs that are not UUIDs (caller-chosen keys).
-TASK_ID_NAMESPACE = uuid.UUID("6c1b1f0e-8a43-4c59-9a0e-686162656174")
-#: Seconds a worker that cannot reach PostgreSQL waits before handing a message back.
-REQUEUE_DELAY = 1.0
-#: Longest error text recorded on a run.
-MAX_ERROR_LENGTH = 4000
+#: What a reclaimed ad hoc run needs to be published again as its caller sent it:
+#: ``send_task`` options read from the first delivery's request (links, chain, chord,
+#: group, lineage, limits, expiry). Values are JSON, as in the message itself.
+REQUEST_OPTIONS = (
+    "link",
+    "link_error",
+    "chain",
+    "chord",
+    "group_id",
+    "group_index",
+    "root_id",
+    "parent_id",
+    "reply_to",
+    "expires",
+    "time_limit",
+    "soft_time_limit",
+    "shadow",
+)
 
 
 class LeaseLost(HABeatError):
     """Another worker took over this run (our lease expired): stop; no result is recorded."""
-
-
-def run_id_for(task_id: str) -> uuid.UUID:
-    """The run ID of a task ID: itself if it is a UUID, else a stable UUID derived from it."""
-    try:
-        return uuid.UUID(task_id)
-    except ValueError:
-        return uuid.uuid5(TASK_ID_NAMESPACE, task_id)
 
 
 @dataclass
@@ -108,15 +121,15 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
 
     acks_late = True
     reject_on_worker_lost = True
+    #: Tells the worker's run tracking (``beat.run_tracking``) that this task guards
+    #: its own runs: it records plain tasks only.
+    habeat_guarded = True
     #: Defaults for ``autoretry_for``: exponential back-off (1 s, 2 s, 4 s, ... capped at
     #: 10 minutes) with full jitter, at most 5 retries.
     retry_backoff = True
     retry_backoff_max = 600
     retry_jitter = True
     max_retries = 5
-
-    _stores: ClassVar[dict[tuple[int, str], RunStore]] = {}
-    _stores_lock: ClassVar[threading.Lock] = threading.Lock()
 
     # -- what the task body can use ---------------------------------------------------
 
@@ -148,7 +161,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         if request.id is None or request.called_directly or request.is_eager:
             return super().__call__(*args, **kwargs)
         config = BeatConfig.from_celery_conf(self.app.conf)
-        store = self._run_store(config.database_url)
+        store = run_store_for(config.database_url)
         run_id = run_id_for(request.id)
         owner = f"{request.hostname or 'worker'}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         try:
@@ -165,6 +178,16 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             metrics.WORKER_REQUEUED.inc()
             time.sleep(REQUEUE_DELAY)  # do not spin on the message while cut off
             raise Reject(str(exc), requeue=True) from exc
+        if isinstance(outcome, Refused) and outcome.state == MISSING:
+            metrics.WORKER_DUPLICATE_DELIVERIES.inc()
+            logger.warning(
+                "skipped a delivery of run %s (%s): beat published it, but its record is gone"
+                " (deleted by history retention long after it ran, or by hand)",
+                run_id,
+                self.name,
+                extra={"run_id": str(run_id)},
+            )
+            raise Ignore
         if isinstance(outcome, Refused):
             metrics.WORKER_DUPLICATE_DELIVERIES.inc()
             logger.warning(
@@ -206,6 +229,10 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             options=_publish_options(request),
             retries=request.retries or 0,
             max_attempts=config.max_attempts,
+            # A run beat published has a row from its claim: without one, it was
+            # deleted by retention after the run ended, and must not run again.
+            may_create=not published_by_beat(request),
+            task_id=None if str(run_id) == request.id else request.id,
         )
 
     def _execute(self, execution: _Execution, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -216,14 +243,19 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         heartbeat.start()
         try:
             result = super().__call__(*args, **kwargs)
-        except Retry:
-            self._finish(execution, RunState.RETRYING, retries=(self.request.retries or 0) + 1)
+        except Retry as retry:
+            self._finish(
+                execution,
+                RunState.RETRYING,
+                retries=(self.request.retries or 0) + 1,
+                retry_in=retry_delay(retry),
+            )
             raise
         except Ignore:
             self._finish(execution, RunState.CANCELLED, error="ignored by the task")
             raise
         except Exception as exc:
-            self._finish(execution, RunState.FAILED, error=_error_text(exc))
+            self._finish(execution, RunState.FAILED, error=error_text(exc))
             raise
         finally:
             execution.stop.set()
@@ -240,6 +272,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         *,
         error: str | None = None,
         retries: int | None = None,
+        retry_in: float | None = None,
     ) -> bool:
         """Record the outcome; with ``self.db`` used, in its transaction (success commits it)."""
         session = execution.session
@@ -252,6 +285,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
                 state=state,
                 error=error,
                 retries=retries,
+                retry_in=retry_in,
                 conn=None if session is None else session.connection(),
             )
             if session is not None:
@@ -276,16 +310,6 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
     def _execution(self) -> _Execution | None:
         execution: _Execution | None = getattr(self.request, "habeat_execution", None)
         return execution
-
-    @classmethod
-    def _run_store(cls, url: str) -> RunStore:
-        """One engine per process and database: a forked pool child makes its own."""
-        key = (os.getpid(), url)
-        with cls._stores_lock:
-            store = cls._stores.get(key)
-            if store is None:
-                store = cls._stores[key] = RunStore.connect(url)
-        return store
 
 
 @worker_init.connect
@@ -323,12 +347,16 @@ def _is_prefork(worker: Any) -> bool:
 
 
 def _publish_options(request: Any) -> dict[str, Any]:
-    """Where the delivery came from, so a reclaimed run goes back to the same queue."""
+    """How the delivery was sent, so a reclaimed run is published again the same way:
+    to the same queue, with its links, chain and lineage (see ``REQUEST_OPTIONS``)."""
+    execution = request.as_execution_options()
+    options = {
+        key: execution[key] for key in REQUEST_OPTIONS if execution.get(key) not in (None, [])
+    }
     delivery = request.delivery_info or {}
     queue = delivery.get("routing_key")
-    return {"queue": queue} if queue else {}
-
-
-def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 1] + "…"
+    if queue:
+        options["queue"] = queue
+    if delivery.get("priority") is not None:
+        options["priority"] = delivery["priority"]
+    return options

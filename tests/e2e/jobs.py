@@ -4,8 +4,11 @@ every run's effect happened."""
 
 from __future__ import annotations
 
+import os
 import time
+from typing import Any
 
+import psycopg
 from sqlalchemy import text
 
 from app import celery_app
@@ -50,3 +53,46 @@ def flaky(self: IdempotentTask, label: str, failures: int) -> str:
     if self.request.retries < failures:
         raise RuntimeError(f"failure {self.request.retries + 1} of {failures}")
     return _record_effect(self, label)
+
+
+@celery_app.task(
+    name="e2e.retry_now",
+    bind=True,
+    base=IdempotentTask,
+    max_retries=5,
+)
+def retry_now(self: IdempotentTask, label: str, failures: int, countdown: float = 0) -> str:
+    """Asks Celery for a retry ``failures`` times (after ``countdown`` s), then records its
+    effect: with no countdown the retry may reach a worker before this attempt ends."""
+    if self.request.retries < failures:
+        raise self.retry(countdown=countdown)
+    return _record_effect(self, label)
+
+
+# -- plain tasks: no idempotent base, as most existing projects write them ---------------
+
+
+def _record_plain_effect(task_id: str, label: str) -> str:
+    """A plain task's effect, written in its own transaction (not with the run's record)."""
+    with psycopg.connect(os.environ["E2E_EFFECTS_DSN"], autocommit=True) as conn:
+        conn.execute("INSERT INTO e2e_effects (task_id, label) VALUES (%s, %s)", (task_id, label))
+    return task_id
+
+
+@celery_app.task(name="e2e.plain_record", bind=True)
+def plain_record(self: Any, label: str) -> str:
+    return _record_plain_effect(self.request.id, label)
+
+
+@celery_app.task(name="e2e.plain_slow", bind=True)
+def plain_slow(self: Any, label: str, seconds: float) -> str:
+    time.sleep(seconds)
+    return _record_plain_effect(self.request.id, label)
+
+
+@celery_app.task(name="e2e.plain_flaky", bind=True, max_retries=3)
+def plain_flaky(self: Any, label: str, failures: int) -> str:
+    """A plain task that retries ``failures`` times at once, then records its effect."""
+    if self.request.retries < failures:
+        raise self.retry(countdown=0)
+    return _record_plain_effect(self.request.id, label)

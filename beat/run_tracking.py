@@ -1,0 +1,303 @@
+"""What workers do with beat's runs, recorded from Celery's own signals.
+
+Installed in a worker by importing this module (the app's ``imports`` setting
+lists it); no task has to change. It covers what the idempotent base
+(``tasks.base.IdempotentTask``) cannot see from inside a task:
+
+- **Plain tasks** (not on the idempotent base) that beat published: the
+  worker's main process takes the run when the message arrives
+  (``task_received``), under a lease it renews while the request is in its
+  hands; the pool records when the body starts and how it ended
+  (``task_prerun``/``task_postrun``). Once a worker took a plain run, the run
+  is never started again: a second delivery (a broker redelivery, a copy the
+  leader sent because it could not find the message) is dropped at receipt.
+  If the worker dies while it holds the run, the leader's reaper ends the run
+  ``lost`` rather than send it again: a plain task may have had its effect.
+- **Expired deliveries**: a message whose ``expires`` passed is discarded by
+  Celery before any task code runs (``task_revoked`` with ``expired``); the run
+  ends ``expired`` instead of waiting to be sent again.
+
+Only runs beat published are recorded (their messages carry beat's headers);
+other tasks are left to Celery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from celery.exceptions import Retry, TaskRevokedError
+from celery.signals import task_postrun, task_prerun, task_received, task_revoked
+
+from beat import metrics
+from beat.config import BeatConfig
+from beat.dispatch import published_by_beat
+from beat.errors import HABeatError
+from beat.run_store import Refused, RunStore, run_id_for, run_store_for
+from beat.tables import RunState
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a worker that cannot reach PostgreSQL waits before handing a plain run's
+#: message back (so it does not spin on it while cut off).
+REQUEUE_DELAY = 1.0
+#: Longest error text recorded on a run.
+MAX_ERROR_LENGTH = 4000
+#: A plain run taken this recently is renewed even before Celery lists its request
+#: (the request is reserved just after ``task_received``).
+RECEIPT_GRACE = 5.0
+
+#: Celery's outcome of a task (``task_postrun``'s ``state``) → the run's state.
+_OUTCOMES = {
+    "SUCCESS": RunState.SUCCEEDED,
+    "FAILURE": RunState.FAILED,
+    "RETRY": RunState.RETRYING,
+    "IGNORED": RunState.CANCELLED,
+    "REJECTED": RunState.FAILED,
+}
+
+
+def is_guarded(task: Any) -> bool:
+    """Does the task guard its own runs (the idempotent base)?"""
+    return bool(getattr(task, "habeat_guarded", False))
+
+
+def retry_delay(retry: Retry) -> float:
+    """Seconds until the retry Celery published is due (its countdown or ETA)."""
+    when = retry.when
+    if isinstance(when, int | float):
+        return float(when)
+    if isinstance(when, datetime):
+        aware = when if when.tzinfo else when.replace(tzinfo=UTC)
+        return (aware - datetime.now(UTC)).total_seconds()
+    return 0.0
+
+
+def error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 1] + "…"
+
+
+class PlainRunLeases:
+    """The plain runs this worker process took, renewed while their requests live.
+
+    A request that finished, or whose pool process died, leaves Celery's lists of
+    requests: its lease is then no longer renewed and expires, and the reaper
+    ends the run (``lost`` if it never finished)."""
+
+    def __init__(self, store: RunStore, owner: str, lease_seconds: float) -> None:
+        self.store = store
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+        self._taken: dict[uuid.UUID, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, run_id: uuid.UUID, task_id: str) -> None:
+        with self._lock:
+            self._taken[run_id] = (task_id, time.monotonic())
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._renew_loop, name="habeat-plain-leases", daemon=True
+                )
+                self._thread.start()
+
+    def _renew_loop(self) -> None:
+        while True:
+            time.sleep(self.lease_seconds / 3)
+            held = self._still_held()
+            try:
+                self.store.heartbeat_plain(self.owner, held, lease_seconds=self.lease_seconds)
+            except HABeatError as exc:
+                logger.warning("could not renew the leases of %d plain runs: %s", len(held), exc)
+
+    def _still_held(self) -> list[uuid.UUID]:
+        from celery.worker import state
+
+        live = set(state.requests) | {request.id for request in list(state.scheduled_requests)}
+        now = time.monotonic()
+        with self._lock:
+            for run_id, (task_id, taken) in list(self._taken.items()):
+                if task_id not in live and now - taken > RECEIPT_GRACE:
+                    del self._taken[run_id]
+            return list(self._taken)
+
+
+_leases: dict[int, PlainRunLeases] = {}
+_leases_lock = threading.Lock()
+
+
+def _leases_of(config: BeatConfig, hostname: str) -> PlainRunLeases:
+    with _leases_lock:
+        leases = _leases.get(os.getpid())
+        if leases is None:
+            owner = f"{hostname}:{os.getpid()}:plain"
+            leases = _leases[os.getpid()] = PlainRunLeases(
+                run_store_for(config.database_url), owner, config.lease_timeout
+            )
+        return leases
+
+
+# -- receipt (the worker's main process) ------------------------------------------------
+
+
+def _take_plain_run(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """Take a plain run that beat published when its message arrives, or drop the
+    delivery if the run was taken before."""
+    if request is None or is_guarded(request.task):
+        return
+    context = request.request_dict
+    if not published_by_beat(_Headers(context)):
+        return
+    app = request.task.app
+    config = BeatConfig.from_celery_conf(app.conf)
+    leases = _leases_of(config, request.hostname or "worker")
+    run_id = run_id_for(request.id)
+    try:
+        outcome = leases.store.receive_plain(
+            run_id,
+            owner=leases.owner,
+            worker=request.hostname or "",
+            lease_seconds=config.lease_timeout,
+            retries=int(context.get("retries") or 0),
+        )
+    except HABeatError as exc:
+        logger.error(
+            "cannot check plain run %s against the run table, handing it back: %s",
+            run_id,
+            exc,
+            extra={"run_id": str(run_id)},
+        )
+        metrics.WORKER_REQUEUED.inc()
+        time.sleep(REQUEUE_DELAY)
+        _drop(request, requeue=True)
+        return
+    if isinstance(outcome, Refused):
+        metrics.WORKER_DUPLICATE_DELIVERIES.inc()
+        logger.warning(
+            "dropped a delivery of plain run %s (%s): it is %s; a plain task runs at most once"
+            " once a worker took it",
+            run_id,
+            request.name,
+            outcome.state,
+            extra={"run_id": str(run_id), "state": outcome.state},
+        )
+        _drop(request, requeue=False)
+        return
+    leases.add(run_id, request.id)
+
+
+class _Headers:
+    """A request's message headers seen as attributes, like a task's request."""
+
+    def __init__(self, headers: dict[str, Any]) -> None:
+        self.__dict__.update(headers)
+
+
+def _drop(request: Any, *, requeue: bool) -> None:
+    """Make Celery skip this request: its message is acknowledged (or handed back)
+    and the pool never sees it."""
+    from celery.worker import state
+
+    def skip(pool: Any, **_: Any) -> None:
+        state.task_ready(request)
+        if requeue:
+            request.reject(requeue=True)
+        else:
+            request.acknowledge()
+        raise TaskRevokedError(request.id)  # the consumer releases the request's slot
+
+    request.execute_using_pool = skip
+
+
+# -- execution (the pool process) ---------------------------------------------------------
+
+_running_plain: dict[str, uuid.UUID] = {}
+
+
+def _plain_run_started(
+    sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any
+) -> None:
+    if task is None or task_id is None or is_guarded(task):
+        return
+    if not published_by_beat(task.request):
+        return
+    run_id = run_id_for(task_id)
+    _running_plain[task_id] = run_id
+    try:
+        _store_of(task).start_plain(run_id)
+    except HABeatError as exc:
+        logger.warning("could not record the start of plain run %s: %s", run_id, exc)
+
+
+def _plain_run_ended(
+    sender: Any = None,
+    task_id: str | None = None,
+    task: Any = None,
+    retval: Any = None,
+    state: str | None = None,
+    **_: Any,
+) -> None:
+    run_id = _running_plain.pop(task_id or "", None)
+    if run_id is None or task is None:
+        return
+    outcome = _OUTCOMES.get(state or "", RunState.FAILED)
+    error = error_text(retval) if isinstance(retval, BaseException) else None
+    retry_in = retry_delay(retval) if isinstance(retval, Retry) else None
+    retries = (task.request.retries or 0) + 1 if outcome is RunState.RETRYING else None
+    try:
+        _store_of(task).finish_plain(
+            run_id,
+            state=outcome,
+            error=None if outcome is RunState.SUCCEEDED else error,
+            retries=retries,
+            retry_in=retry_in,
+        )
+    except HABeatError as exc:
+        logger.error(
+            "could not record plain run %s as %s: %s",
+            run_id,
+            outcome.value,
+            exc,
+            extra={"run_id": str(run_id)},
+        )
+
+
+def _store_of(task: Any) -> RunStore:
+    return run_store_for(BeatConfig.from_celery_conf(task.app.conf).database_url)
+
+
+# -- expiry (the worker's main process) ---------------------------------------------------
+
+
+def _record_expiry(
+    sender: Any = None, request: Any = None, expired: bool = False, **_: Any
+) -> None:
+    """A delivery Celery discarded because its ``expires`` passed ends its run."""
+    if not expired or request is None or sender is None or request.id is None:
+        return
+    run_id = run_id_for(request.id)
+    reason = f"expired at {request.expires} before a worker started it"
+    try:
+        recorded = _store_of(sender).record_expired(run_id, reason=reason)
+    except HABeatError as exc:
+        logger.error("could not record run %s as expired: %s", run_id, exc)
+        return
+    if recorded:
+        logger.warning("run %s %s", run_id, reason, extra={"run_id": str(run_id)})
+
+
+def install() -> None:
+    """Connect the handlers (done on import; weak references are not used, so once is enough)."""
+    task_received.connect(_take_plain_run, weak=False, dispatch_uid="habeat.take_plain_run")
+    task_prerun.connect(_plain_run_started, weak=False, dispatch_uid="habeat.plain_run_started")
+    task_postrun.connect(_plain_run_ended, weak=False, dispatch_uid="habeat.plain_run_ended")
+    task_revoked.connect(_record_expiry, weak=False, dispatch_uid="habeat.record_expiry")
+
+
+install()
