@@ -146,6 +146,8 @@ def publish_options(run: RunToPublish) -> dict[str, Any]:
         # Relative to the fire time, not to this send: a run published again later
         # (outbox, reaper) never runs past the expiry its schedule gave it.
         options["expires"] = expires
+    if run.retries:
+        options["retries"] = run.retries  # the task's retry budget goes on where it was
     options.setdefault("argsrepr", _short_repr(run.args))
     options.setdefault("kwargsrepr", _short_repr(run.kwargs))
     return options

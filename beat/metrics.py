@@ -116,6 +116,16 @@ LEASES_RECLAIMED = Counter(
     "Runs put back in the outbox by the reaper because their worker's lease expired.",
     registry=REGISTRY,
 )
+MESSAGES_LOST = Counter(
+    "habeat_messages_lost_total",
+    "Runs published again because the broker no longer held their message (seen twice).",
+    registry=REGISTRY,
+)
+RUNS_EXPIRED = Counter(
+    "habeat_runs_expired_total",
+    "Runs ended by the leader because their expires passed before any worker took them.",
+    registry=REGISTRY,
+)
 RUNS_LOST = Counter(
     "habeat_runs_lost_total",
     "Runs marked lost by the reaper: their workers kept dying until attempts ran out.",

@@ -143,6 +143,8 @@ class RunToPublish:
     not_before: datetime | None = None
     #: The caller's task ID when it is not the run ID (``id`` is derived from it).
     task_id: str | None = None
+    #: Celery retries so far: a run published again keeps its retry count.
+    retries: int = 0
 
     def __post_init__(self) -> None:
         require_aware(self.fire_at, "fire_at")

@@ -178,7 +178,7 @@ class RunStore(StoreConnection):
         self, run_id: uuid.UUID, *, owner: str, worker: str, lease_seconds: float, retries: int
     ) -> Started | Refused:
         """A worker took the message of a plain run: hold it (under ``owner``'s lease,
-        renewed by ``heartbeat_plain``) if it may start, else refuse the delivery."""
+        renewed by ``heartbeat_received``) if it may start, else refuse the delivery."""
         return self._take(
             run_id,
             retries,
@@ -214,10 +214,38 @@ class RunStore(StoreConnection):
                 return Started(attempt=attempt)
             return _refuse(conn, run_id)
 
-    def heartbeat_plain(
+    def note_received(
+        self, run_id: uuid.UUID, *, owner: str, worker: str, lease_seconds: float
+    ) -> bool:
+        """A worker took the message of a run it has not started (the idempotent base
+        starts it later, in the pool): hold it under ``owner``'s receipt lease, so that
+        if the worker dies before starting it the leader publishes it again at once
+        instead of waiting for the broker's visibility timeout."""
+        with self._transaction() as conn:
+            return (
+                conn.execute(
+                    update(runs)
+                    .where(
+                        runs.c.id == run_id,
+                        runs.c.state.in_(
+                            [RunState.PENDING.value, RunState.QUEUED.value, RunState.RETRYING.value]
+                        ),
+                    )
+                    .values(
+                        received_at=func.now(),
+                        worker=worker,
+                        lease_owner=owner,
+                        lease_expires_at=_lease_until(lease_seconds),
+                    )
+                ).rowcount
+                == 1
+            )
+
+    def heartbeat_received(
         self, owner: str, run_ids: Collection[uuid.UUID], *, lease_seconds: float
     ) -> int:
-        """Extend ``owner``'s leases on the plain runs it still has in hand."""
+        """Extend ``owner``'s receipt leases on the runs it still has in hand (plain runs
+        running, others not started yet)."""
         if not run_ids:
             return 0
         with self._transaction() as conn:
@@ -225,7 +253,6 @@ class RunStore(StoreConnection):
                 update(runs)
                 .where(
                     runs.c.id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))),
-                    runs.c.state == RunState.RUNNING.value,
                     runs.c.lease_owner == owner,
                 )
                 .values(lease_expires_at=_lease_until(lease_seconds)),

@@ -4,10 +4,14 @@ Installed in a worker by importing this module (the app's ``imports`` setting
 lists it); no task has to change. It covers what the idempotent base
 (``tasks.base.IdempotentTask``) cannot see from inside a task:
 
-- **Plain tasks** (not on the idempotent base) that beat published: the
-  worker's main process takes the run when the message arrives
-  (``task_received``), under a lease it renews while the request is in its
-  hands; the pool records when the body starts and how it ended
+- **Receipt**: when the message of a run beat published reaches a worker
+  (``task_received``, in its main process), the run is held under a receipt
+  lease that the worker renews while the request is in its hands (reserved,
+  waiting for a retry's countdown, or running). If the worker dies before the
+  run starts, the lease expires and the leader publishes the run again at
+  once, rather than after the broker's visibility timeout.
+- **Plain tasks** (not on the idempotent base): the receipt also takes the
+  run (``running``); the pool records when the body starts and how it ended
   (``task_prerun``/``task_postrun``). Once a worker took a plain run, the run
   is never started again: a second delivery (a broker redelivery, a copy the
   leader sent because it could not find the message) is dropped at receipt.
@@ -83,12 +87,12 @@ def error_text(exc: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 1] + "…"
 
 
-class PlainRunLeases:
-    """The plain runs this worker process took, renewed while their requests live.
+class ReceiptLeases:
+    """The runs whose message this worker process took, renewed while their requests live.
 
     A request that finished, or whose pool process died, leaves Celery's lists of
-    requests: its lease is then no longer renewed and expires, and the reaper
-    ends the run (``lost`` if it never finished)."""
+    requests: its lease is then no longer renewed and expires, and the reaper acts
+    (a run not started is published again; a plain run that started ends ``lost``)."""
 
     def __init__(self, store: RunStore, owner: str, lease_seconds: float) -> None:
         self.store = store
@@ -103,7 +107,7 @@ class PlainRunLeases:
             self._taken[run_id] = (task_id, time.monotonic())
             if self._thread is None:
                 self._thread = threading.Thread(
-                    target=self._renew_loop, name="habeat-plain-leases", daemon=True
+                    target=self._renew_loop, name="habeat-receipt-leases", daemon=True
                 )
                 self._thread.start()
 
@@ -112,9 +116,9 @@ class PlainRunLeases:
             time.sleep(self.lease_seconds / 3)
             held = self._still_held()
             try:
-                self.store.heartbeat_plain(self.owner, held, lease_seconds=self.lease_seconds)
+                self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
             except HABeatError as exc:
-                logger.warning("could not renew the leases of %d plain runs: %s", len(held), exc)
+                logger.warning("could not renew the leases of %d runs: %s", len(held), exc)
 
     def _still_held(self) -> list[uuid.UUID]:
         from celery.worker import state
@@ -128,16 +132,16 @@ class PlainRunLeases:
             return list(self._taken)
 
 
-_leases: dict[int, PlainRunLeases] = {}
+_leases: dict[int, ReceiptLeases] = {}
 _leases_lock = threading.Lock()
 
 
-def _leases_of(config: BeatConfig, hostname: str) -> PlainRunLeases:
+def _leases_of(config: BeatConfig, hostname: str) -> ReceiptLeases:
     with _leases_lock:
         leases = _leases.get(os.getpid())
         if leases is None:
-            owner = f"{hostname}:{os.getpid()}:plain"
-            leases = _leases[os.getpid()] = PlainRunLeases(
+            owner = f"{hostname}:{os.getpid()}:received"
+            leases = _leases[os.getpid()] = ReceiptLeases(
                 run_store_for(config.database_url), owner, config.lease_timeout
             )
         return leases
@@ -146,19 +150,29 @@ def _leases_of(config: BeatConfig, hostname: str) -> PlainRunLeases:
 # -- receipt (the worker's main process) ------------------------------------------------
 
 
-def _take_plain_run(sender: Any = None, request: Any = None, **_: Any) -> None:
-    """Take a plain run that beat published when its message arrives, or drop the
-    delivery if the run was taken before."""
-    if request is None or is_guarded(request.task):
+def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """Hold the run of a message beat published when it arrives; for a plain task, take
+    the run, or drop the delivery if the run was taken before."""
+    if request is None:
         return
     context = request.request_dict
     if not published_by_beat(_Headers(context)):
         return
-    app = request.task.app
-    config = BeatConfig.from_celery_conf(app.conf)
+    config = BeatConfig.from_celery_conf(request.task.app.conf)
     leases = _leases_of(config, request.hostname or "worker")
     run_id = run_id_for(request.id)
     try:
+        if is_guarded(request.task):
+            # The guard decides in the pool whether this delivery runs; until then the
+            # worker only holds the run.
+            if leases.store.note_received(
+                run_id,
+                owner=leases.owner,
+                worker=request.hostname or "",
+                lease_seconds=config.lease_timeout,
+            ):
+                leases.add(run_id, request.id)
+            return
         outcome = leases.store.receive_plain(
             run_id,
             owner=leases.owner,
@@ -167,6 +181,9 @@ def _take_plain_run(sender: Any = None, request: Any = None, **_: Any) -> None:
             retries=int(context.get("retries") or 0),
         )
     except HABeatError as exc:
+        if is_guarded(request.task):
+            logger.warning("could not record the receipt of run %s: %s", run_id, exc)
+            return
         logger.error(
             "cannot check plain run %s against the run table, handing it back: %s",
             run_id,
@@ -294,7 +311,7 @@ def _record_expiry(
 
 def install() -> None:
     """Connect the handlers (done on import; weak references are not used, so once is enough)."""
-    task_received.connect(_take_plain_run, weak=False, dispatch_uid="habeat.take_plain_run")
+    task_received.connect(_hold_received_run, weak=False, dispatch_uid="habeat.hold_received_run")
     task_prerun.connect(_plain_run_started, weak=False, dispatch_uid="habeat.plain_run_started")
     task_postrun.connect(_plain_run_ended, weak=False, dispatch_uid="habeat.plain_run_ended")
     task_revoked.connect(_record_expiry, weak=False, dispatch_uid="habeat.record_expiry")

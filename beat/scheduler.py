@@ -34,6 +34,7 @@ from beat.config import BeatConfig
 from beat.dispatch import publish_at, publish_runs
 from beat.errors import HABeatError, StaleEpoch
 from beat.leader import LeaderLease
+from beat.lost_messages import LostMessages
 from beat.models import DueSchedule, FirePlan, RunToPublish
 from beat.ops_store import OpsStore
 from beat.policies import plan_fires
@@ -115,6 +116,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._progress = time.monotonic()
         #: Runs claimed ahead, by fire time: (monotonic deadline, runs), published at it.
         self._armed: dict[datetime, tuple[float, list[RunToPublish]]] = {}
+        self._lost_messages = LostMessages(app)
         kwargs["max_interval"] = self.config.max_wait
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
@@ -197,6 +199,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         epoch = self._lead()
         if epoch is None:
             self._armed.clear()  # the new leader publishes them from the outbox
+            self._lost_messages.forget()
             self._in_burst = False
             self._wait(self.config.standby_poll)
             return
@@ -210,6 +213,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 source="outbox",
             )
             self._reclaim(epoch)
+            self._recover_lost_messages(epoch)
             self._enforce_retention()
         claim, duration = self._claim(epoch)
         self._progress = time.monotonic()  # a fenced claim committed: this leader works
@@ -454,6 +458,33 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 extra={"run_id": str(run.id), "schedule": run.schedule_name},
             )
         self._publish(reclaim.runs, source="reclaim")
+
+    def _recover_lost_messages(self, epoch: int) -> None:
+        """Publish again the runs whose message the broker lost; end those that expired."""
+        if not self._lost_messages.due():
+            return
+        recovery = self._lost_messages.look(
+            self.store,
+            epoch,
+            limit=self.config.claim_batch,
+            idle_timeout=self.config.claim_idle_timeout,
+        )
+        metrics.RUNS_EXPIRED.inc(recovery.expired)
+        metrics.MESSAGES_LOST.inc(len(recovery.republish))
+        if recovery.expired:
+            logger.warning(
+                "%d runs expired before any worker took them",
+                recovery.expired,
+                extra={"expired": recovery.expired},
+            )
+        for run in recovery.republish:
+            logger.warning(
+                "publishing run %s of schedule %s again: the broker no longer holds its message",
+                run.id,
+                run.schedule_name,
+                extra={"run_id": str(run.id), "schedule": run.schedule_name},
+            )
+        self._publish(recovery.republish, source="reclaim")
 
     def _enforce_retention(self) -> None:
         """Delete one batch of run history past its retention, at most once a minute."""

@@ -664,6 +664,9 @@ class Store(StoreConnection):
           goes back to the outbox (``pending``, attempt kept) to be published
           again under the same task ID, unless it has had ``max_attempts``
           attempts (Celery retries not counted): then it is ``lost``;
+        - a ``queued`` or ``retrying`` run whose message a worker took (receipt
+          lease, see ``beat.run_tracking``) but which that worker never started,
+          the lease having expired, goes back to the outbox (a retry at its time);
         - a ``queued`` run published more than ``stale_queued_after`` seconds
           ago (its message is presumed gone from the broker) goes back to the
           outbox too; a duplicate message is refused by the worker's guard.
@@ -676,10 +679,15 @@ class Store(StoreConnection):
             .with_for_update(skip_locked=True)
             .cte("expired")
         )
-        # A plain task is never started twice: once its worker is gone, the run is over.
-        exhausted = or_(runs.c.plain, runs.c.attempt - runs.c.retries >= runs.c.max_attempts)
+        # A plain task is never started twice: once its worker is gone after it started,
+        # the run is over. (Taken but not started, it is published again like any run.)
+        interrupted_plain = and_(runs.c.plain, runs.c.started_at.is_not(None))
+        exhausted = or_(interrupted_plain, runs.c.attempt - runs.c.retries >= runs.c.max_attempts)
         lost_error = case(
-            (runs.c.plain, func.concat(PLAIN_RUN_INTERRUPTED, " (worker ", runs.c.worker, ")")),
+            (
+                interrupted_plain,
+                func.concat(PLAIN_RUN_INTERRUPTED, " (worker ", runs.c.worker, ")"),
+            ),
             else_=func.concat(
                 "lease expired on attempt ",
                 runs.c.attempt,
@@ -714,9 +722,32 @@ class Store(StoreConnection):
             .values(state=RunState.PENDING.value, epoch=epoch, claimed_at=func.now())
             .returning(*runs.c)
         )
+        # A worker took the message but died before starting it (a reserved message, a
+        # retry waiting for its countdown): kombu would restore it only after the
+        # visibility timeout. Back to the outbox, at its retry time if that is later.
+        held_by_dead = (
+            update(runs)
+            .where(
+                runs.c.state.in_([RunState.QUEUED.value, RunState.RETRYING.value]),
+                runs.c.lease_expires_at < func.now(),
+            )
+            .values(
+                state=RunState.PENDING.value,
+                epoch=epoch,
+                claimed_at=func.now(),
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+            .returning(*runs.c, func.now().label("now"))
+        )
         with self._transaction() as conn:
             self._fence(conn, epoch, idle_timeout)
             rows = [*conn.execute(reap), *conn.execute(stale)]
+            rows += [
+                row
+                for row in conn.execute(held_by_dead)
+                if row.not_before is None or row.not_before <= row.now
+            ]
         republish = [_run_from_row(row) for row in rows if row.state == RunState.PENDING.value]
         lost = [
             LostRun(id=row.id, schedule_name=row.schedule_name, error=row.error)
@@ -736,7 +767,9 @@ class Store(StoreConnection):
                 or_(
                     and_(runs.c.state == RunState.QUEUED.value, runs.c.published_at < overdue),
                     and_(runs.c.state == RunState.RETRYING.value, runs.c.not_before < overdue),
-                )
+                ),
+                # A worker holds it (receipt lease): if that worker dies, the reaper acts.
+                runs.c.lease_owner.is_(None),
             )
             .order_by(runs.c.published_at)
             .limit(limit)
@@ -1190,7 +1223,9 @@ def _run_from_row(row: Row[Any]) -> RunToPublish:
         schedule_name=row.schedule_name,
         fire_at=row.fire_at,
         attempt=row.attempt,
+        not_before=row.not_before,
         task_id=row.task_id,
+        retries=row.retries,
     )
 
 

@@ -64,8 +64,9 @@ def test_finding_1_a_plain_task_runs_once_and_its_run_is_recorded(
     time.sleep(16)
     run = one_run(store, "plain")
     assert run.state == RunState.SUCCEEDED.value
-    assert run.plain and run.received_at is not None and run.started_at is not None
-    assert run.finished_at is not None and run.worker.startswith("worker0")
+    assert run.plain
+    assert None not in (run.received_at, run.started_at, run.finished_at)
+    assert run.worker.startswith("worker0")
     assert cluster.effects() == {str(run.id): 1}
 
 
@@ -109,7 +110,9 @@ def test_finding_1_a_plain_task_that_retries_ends_succeeded_once(
         allow_unregistered=True,
     )
     wait_until(
-        lambda: runs_of(store, "plain-flaky") and one_run(store, "plain-flaky").state == "succeeded",
+        lambda: (
+            runs_of(store, "plain-flaky") and one_run(store, "plain-flaky").state == "succeeded"
+        ),
         timeout=40,
     )
     run = one_run(store, "plain-flaky")
@@ -130,8 +133,9 @@ def test_finding_2a_a_retry_that_expires_ends_the_run_expired(
         allow_unregistered=True,
     )
     wait_until(
-        lambda: runs_of(store, "expiring-retry")
-        and one_run(store, "expiring-retry").state == "expired",
+        lambda: (
+            runs_of(store, "expiring-retry") and one_run(store, "expiring-retry").state == "expired"
+        ),
         timeout=40,
     )
     run = one_run(store, "expiring-retry")
@@ -194,8 +198,10 @@ def test_finding_7_a_chain_on_the_idempotent_base_survives_its_worker(
     ) | app.signature("e2e.record", args=["link-2"], immutable=True).set(task_id=second)
     chain.apply_async()
     wait_until(
-        lambda: run_rows(store, id=uuid.UUID(first))
-        and run_rows(store, id=uuid.UUID(first))[0].state == "running",
+        lambda: (
+            run_rows(store, id=uuid.UUID(first))
+            and run_rows(store, id=uuid.UUID(first))[0].state == "running"
+        ),
         timeout=30,
     )
     victim = cluster.process_for_worker(run_rows(store, id=uuid.UUID(first))[0].worker)
@@ -249,3 +255,115 @@ def _delete_from_broker(env: SessionEnv, queue: str = "celery") -> int:
     deleted = int(client.delete(f"{prefix}{queue}", f"{prefix}unacked", f"{prefix}unacked_index"))
     client.close()
     return deleted
+
+
+#: Default visibility timeout (an hour): recovery must not wait for it.
+DEFAULT_VISIBILITY = {"HABEAT_LEASE_TIMEOUT": "4", "HABEAT_MAX_WAIT": "1"}
+
+
+def test_finding_4_a_message_the_broker_lost_is_sent_again_within_a_minute(
+    cluster: Cluster, store: Store, test_env: SessionEnv
+) -> None:
+    cluster.settings = DEFAULT_VISIBILITY
+    cluster.beat("beat0")
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    Schedules(store).create(
+        "lost-message", "e2e.record", at=datetime.now(UTC), args=["m"], allow_unregistered=True
+    )
+    wait_until(
+        lambda: runs_of(store, "lost-message") and one_run(store, "lost-message").state == "queued",
+        timeout=20,
+    )
+    assert _delete_from_broker(test_env) >= 1, "the message was in the queue"
+    lost_at = time.monotonic()
+    waited = wait_until(
+        lambda: "the broker no longer holds its message" in cluster.logs(), timeout=90
+    )
+    print(f"published again {time.monotonic() - lost_at:.1f}s after the message was deleted")
+    assert waited <= 60
+    cluster.worker("worker0", concurrency=2)
+    wait_until(lambda: one_run(store, "lost-message").state == "succeeded", timeout=30)
+    run = one_run(store, "lost-message")
+    assert cluster.effects() == {str(run.id): 1}
+
+
+def test_finding_4_a_long_healthy_backlog_gets_no_copies(
+    cluster: Cluster, store: Store, test_env: SessionEnv
+) -> None:
+    cluster.settings = DEFAULT_VISIBILITY
+    cluster.beat("beat0")
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    schedules = Schedules(store)
+    now = datetime.now(UTC)
+    backlog = 300
+    for index in range(backlog):
+        schedules.create(
+            f"backlog-{index:03d}", "e2e.record", at=now, args=["b"], allow_unregistered=True
+        )
+    client = redis.Redis.from_url(test_env.redis_url)
+    queue = f"{test_env.broker_key_prefix}celery"
+    wait_until(lambda: client.llen(queue) >= backlog, timeout=30)
+    time.sleep(55)  # past the look (30 s untaken) and its confirmation, with no worker
+    assert client.llen(queue) == backlog, "no copy of a message the broker still holds"
+    client.close()
+    assert "the broker no longer holds its message" not in cluster.logs()
+
+
+def test_finding_2b_a_retry_whose_message_the_broker_lost_is_sent_again(
+    cluster: Cluster, store: Store, test_env: SessionEnv
+) -> None:
+    cluster.settings = DEFAULT_VISIBILITY
+    cluster.beat("beat0")
+    worker = cluster.worker("worker0", concurrency=2)
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    Schedules(store).create(
+        "lost-retry",
+        "e2e.retry_now",
+        at=datetime.now(UTC),
+        args=["r", 1, 3],
+        allow_unregistered=True,
+    )
+    wait_until(
+        lambda: runs_of(store, "lost-retry") and one_run(store, "lost-retry").retries == 1,
+        timeout=30,
+    )
+    # The worker holds the retry until its countdown ends: stop it, and lose the message.
+    worker.signal(signal.SIGKILL)
+    worker.popen.wait()
+    _delete_from_broker(test_env)
+    cluster.worker("worker1", concurrency=2)
+    wait_until(lambda: one_run(store, "lost-retry").state == "succeeded", timeout=90)
+    run = one_run(store, "lost-retry")
+    assert cluster.effects() == {str(run.id): 1}
+
+
+def test_a_run_whose_worker_dies_before_starting_it_is_sent_again_within_the_lease(
+    cluster: Cluster, store: Store
+) -> None:
+    """A message a worker reserved (all its slots busy) is not left in kombu's unacked
+    hash for the visibility timeout when that worker dies."""
+    cluster.settings = DEFAULT_VISIBILITY
+    cluster.beat("beat0")
+    busy = cluster.worker("worker0", concurrency=1)
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    schedules = Schedules(store)
+    schedules.create(
+        "busy", "e2e.slow", at=datetime.now(UTC), args=["busy", 30], allow_unregistered=True
+    )
+    wait_until(lambda: runs_of(store, "busy") and one_run(store, "busy").state == "running", 30)
+    schedules.create(
+        "reserved", "e2e.record", at=datetime.now(UTC), args=["r"], allow_unregistered=True
+    )
+    wait_until(
+        lambda: runs_of(store, "reserved") and one_run(store, "reserved").received_at is not None,
+        timeout=30,
+    )
+    assert one_run(store, "reserved").state == "queued", "reserved, waiting for a free slot"
+    busy.signal(signal.SIGKILL)
+    busy.popen.wait()
+    killed_at = time.monotonic()
+    cluster.worker("worker1", concurrency=2)
+    wait_until(lambda: one_run(store, "reserved").state == "succeeded", timeout=60)
+    print(f"the reserved run succeeded {time.monotonic() - killed_at:.1f}s after the kill")
+    run = one_run(store, "reserved")
+    assert cluster.effects().get(str(run.id)) == 1

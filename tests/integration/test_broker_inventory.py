@@ -98,7 +98,7 @@ def test_finding_4_a_published_message_is_found_in_its_queue(
 def test_finding_4_queue_of_uses_the_options_of_a_registered_task(
     app: Celery, test_env: SessionEnv, redis_client: redis.Redis
 ) -> None:
-    @app.task(name="tasks.pinned", queue="pinned")
+    @app.task(name="tasks.pinned", queue="pinned", shared=False)
     def pinned() -> None: ...
 
     app.finalize()  # as a worker or beat does before it publishes

@@ -1,0 +1,120 @@
+"""Runs whose message the broker lost, found by looking for it, and published again.
+
+A run stays ``queued`` (or ``retrying``) while its message waits in the broker
+or a worker holds it. A message can vanish without a worker ever taking it:
+Redis restarted without persistence, a key evicted, a worker killed between
+popping a message and recording it as unacknowledged. Waiting for twice the
+visibility timeout (an hour by default) to notice is too long; publishing
+again everything not yet taken would flood a long but healthy queue with
+copies. So the leader asks the broker (``beat.broker_inventory``) whether the
+message of each run that should have been taken by now is still there, and
+publishes again only the runs whose message is missing in two looks at least
+``CONFIRM_AFTER`` seconds apart: a message in flight between the queue and
+the unacknowledged hash is missing from both for a moment, never for seconds.
+
+A run whose ``expires`` has passed is ended ``expired`` instead: published
+again it would only be discarded, or run late. Brokers whose queues cannot be
+read (RabbitMQ) keep the visibility-timeout rule of the reaper.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from beat.broker_inventory import held_task_ids, queue_of
+from beat.dispatch import expiry_of
+from beat.models import RunToPublish
+from beat.store import Store
+
+logger = logging.getLogger(__name__)
+
+#: A run not taken by any worker this long after it was published (or after its retry
+#: was due) is looked for in the broker (seconds).
+UNTAKEN_AFTER = 30.0
+#: The leader looks at most this often (seconds).
+CHECK_INTERVAL = 10.0
+#: A message must be missing in two looks at least this far apart (seconds).
+CONFIRM_AFTER = 5.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recovery:
+    """What one look did."""
+
+    #: Runs put back in the outbox: their message is gone.
+    republish: list[RunToPublish] = field(default_factory=list)
+    #: Runs ended ``expired``.
+    expired: int = 0
+    #: Runs whose message was missing in this look, not yet confirmed.
+    suspected: int = 0
+
+
+class LostMessages:
+    """The leader's search for lost messages (see the module docstring)."""
+
+    def __init__(self, app: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.app = app
+        self._clock = clock
+        self._missing_since: dict[uuid.UUID, float] = {}
+        self._next_look = 0.0
+
+    def due(self) -> bool:
+        return self._clock() >= self._next_look
+
+    def forget(self) -> None:
+        """Drop what earlier looks saw (this process no longer leads)."""
+        self._missing_since.clear()
+
+    def look(self, store: Store, epoch: int, *, limit: int, idle_timeout: float) -> Recovery:
+        self._next_look = self._clock() + CHECK_INTERVAL
+        unconfirmed = store.unconfirmed_runs(older_than=UNTAKEN_AFTER, limit=limit)
+        if not unconfirmed.runs:
+            self._missing_since.clear()
+            return Recovery()
+        expired = [run.id for run in unconfirmed.runs if _expired(run, unconfirmed.now)]
+        ended = store.expire_runs(epoch, expired, idle_timeout=idle_timeout)
+        waiting = [run for run in unconfirmed.runs if run.id not in set(expired)]
+        missing = self._missing(waiting)
+        if missing is None:
+            return Recovery(expired=ended)
+        now = self._clock()
+        confirmed = [
+            run_id
+            for run_id in missing
+            if now - self._missing_since.get(run_id, now) >= CONFIRM_AFTER
+        ]
+        self._missing_since = {
+            run_id: self._missing_since.get(run_id, now)
+            for run_id in missing
+            if run_id not in confirmed
+        }
+        republish = store.requeue_missing(epoch, confirmed, idle_timeout=idle_timeout)
+        return Recovery(republish=republish, expired=ended, suspected=len(self._missing_since))
+
+    def _missing(self, waiting: list[RunToPublish]) -> set[uuid.UUID] | None:
+        """The runs whose message the broker does not hold; None if it cannot tell."""
+        queues: dict[uuid.UUID, str] = {}
+        for run in waiting:
+            queue = queue_of(self.app, run.task, run.options, args=run.args, kwargs=run.kwargs)
+            if queue is not None:  # routed by topic or fanout: the broker cannot be read
+                queues[run.id] = queue
+        if not queues:
+            return set()
+        looked_for = [run for run in waiting if run.id in queues]
+        held = held_task_ids(
+            self.app, set(queues.values()), [run.celery_task_id for run in looked_for]
+        )
+        if held is None:
+            return None
+        return {run.id for run in looked_for if run.celery_task_id not in held}
+
+
+def _expired(run: RunToPublish, now: datetime) -> bool:
+    expires = expiry_of(run)
+    return expires is not None and expires <= now
