@@ -12,6 +12,7 @@ it at once. The schedule's ``next_fire_at`` is not touched.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,6 +96,8 @@ class PruneReport:
     batches: int
     #: Finished runs older than this were deleted (database time).
     cutoff: datetime
+    #: False when the time budget ran out before the last old run was deleted.
+    caught_up: bool
 
 
 class OpsStore(StoreConnection):
@@ -223,20 +226,23 @@ class OpsStore(StoreConnection):
         *,
         batch: int = 1000,
         on_batch: Callable[[int], None] | None = None,
-        max_batches: int | None = None,
+        budget: float | None = None,
     ) -> PruneReport:
         """Delete finished runs whose ``finished_at`` (else ``claimed_at``) is older
         than ``older_than``, ``batch`` rows per transaction, so no lock is held long.
 
         The cutoff is fixed once, at the start. Rows locked by someone else are
         skipped (they are not finished business for long). ``on_batch`` gets the
-        row count of every transaction that deleted something. ``max_batches``
-        bounds the work of one call (the leader prunes a little on every pass).
+        row count of every transaction that deleted something. ``budget`` bounds
+        the seconds one call spends (the leader prunes on each maintenance pass):
+        no batch starts after it is spent, but one always runs; the report says
+        whether old runs are left.
         """
         if batch < 1:
             raise ValueError(f"batch={batch!r}: must be at least 1")
         with self._transaction() as conn:
             cutoff: datetime = conn.execute(select(func.now() - older_than)).scalar_one()
+        deadline = None if budget is None else time.monotonic() + budget
         deleted = batches = 0
         while True:
             count = self._prune_batch(cutoff, batch)
@@ -244,8 +250,11 @@ class OpsStore(StoreConnection):
                 deleted, batches = deleted + count, batches + 1
                 if on_batch is not None:
                     on_batch(count)
-            if count < batch or (max_batches is not None and batches >= max_batches):
-                return PruneReport(deleted=deleted, batches=batches, cutoff=cutoff)
+            caught_up = count < batch
+            if caught_up or (deadline is not None and time.monotonic() >= deadline):
+                return PruneReport(
+                    deleted=deleted, batches=batches, cutoff=cutoff, caught_up=caught_up
+                )
 
     def _prune_batch(self, cutoff: datetime, batch: int) -> int:
         doomed = (
