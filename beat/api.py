@@ -67,6 +67,7 @@ def define(
     jitter: float = 0.0,
     in_seconds: float | None = None,
     default_tz: str = "UTC",
+    now: datetime | None = None,
 ) -> ScheduleDefinition:
     """Validate a schedule; raise :class:`InvalidSchedule` naming the first problem.
 
@@ -76,7 +77,13 @@ def define(
     past) and ``in_seconds`` (one run that many seconds from now). The window:
     no fire time before ``start_at`` or after ``end_at``, at most ``max_runs``
     runs; a schedule past its window disables itself.
+
+    Relative times (``in_seconds``, an ``every`` without ``start_at``) count from
+    ``now``: :class:`Schedules` passes the database's ``now()`` of the transaction
+    that writes the schedule, the one clock of all nodes. Without it (validating
+    only) this host's clock stands in.
     """
+    now = now or datetime.now(UTC)
     _check_name(name)
     _check_task_name(task)
     zone_name = tz or default_tz
@@ -86,8 +93,8 @@ def define(
             raise InvalidSchedule(
                 f"in_seconds must be a number >= 0 (and no `at`), got {in_seconds!r}"
             )
-        at = datetime.now(UTC) + timedelta(seconds=in_seconds)
-    trigger = _trigger(cron=cron, every=every, at=at, start_at=start_at)
+        at = now + timedelta(seconds=in_seconds)
+    trigger = _trigger(cron=cron, every=every, at=at, start_at=start_at, now=now)
     _check_window(start_at, end_at, max_runs)
     if not _positive_number(jitter, allow_zero=True):
         raise InvalidSchedule(f"jitter must be a number of seconds >= 0, got {jitter!r}")
@@ -177,6 +184,7 @@ def _trigger(
     every: float | timedelta | None,
     at: datetime | None,
     start_at: datetime | None,
+    now: datetime,
 ) -> Trigger:
     given = [
         kind for kind, value in (("cron", cron), ("every", every), ("at", at)) if value is not None
@@ -192,7 +200,7 @@ def _trigger(
         seconds = every.total_seconds() if isinstance(every, timedelta) else every
         if isinstance(seconds, bool) or not isinstance(seconds, int | float):
             raise InvalidSchedule(f"every must be a number of seconds, got {every!r}")
-        return timing.every(float(seconds), anchor=start_at or datetime.now(UTC))
+        return timing.every(float(seconds), anchor=start_at or now)
     assert at is not None
     return timing.once(at)
 
@@ -307,10 +315,15 @@ class Schedules:
         """Validate and store a new schedule; see :func:`define` for the fields."""
         fields = {**self.defaults, **fields}
         fields.setdefault("default_tz", self.default_tz)
-        definition = define(name, task, **fields)
+        define(name, task, **fields)  # bad input is refused before the task lookup
         if not allow_unregistered:
             self.check_task_registered(task)
-        return self.store.insert_schedule(definition, lambda now: first_fire_at(definition, now))
+
+        def build(now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
+            definition = define(name, task, now=now, **fields)
+            return definition, first_fire_at(definition, now)
+
+        return self.store.insert_schedule(build)
 
     def update(self, name: str, *, allow_unregistered: bool = False, **changes: Any) -> Schedule:
         """Change some fields of a schedule; a changed timing recomputes the next fire time."""
@@ -318,7 +331,7 @@ class Schedules:
             self.check_task_registered(changes["task"])
 
         def build(current: Schedule, now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
-            definition = _redefine(current.definition, changes, self.default_tz)
+            definition = _redefine(current.definition, changes, self.default_tz, now)
             timing_changed = (definition.trigger, definition.timezone) != (
                 current.definition.trigger,
                 current.definition.timezone,
@@ -407,9 +420,10 @@ class Schedules:
 
 
 def _redefine(
-    current: ScheduleDefinition, changes: Mapping[str, Any], default_tz: str
+    current: ScheduleDefinition, changes: Mapping[str, Any], default_tz: str, now: datetime
 ) -> ScheduleDefinition:
-    """The definition with ``changes`` applied, validated as a whole by :func:`define`."""
+    """The definition with ``changes`` applied, validated as a whole by :func:`define`
+    (relative times count from the database's ``now``)."""
     fields: dict[str, Any] = {
         "tz": current.timezone,
         "args": current.args,
@@ -429,7 +443,7 @@ def _redefine(
         fields |= _trigger_fields(current)
     fields |= dict(changes)
     task = fields.pop("task", current.task)
-    return define(current.name, task, default_tz=default_tz, **fields)
+    return define(current.name, task, default_tz=default_tz, now=now, **fields)
 
 
 def _trigger_fields(current: ScheduleDefinition) -> dict[str, Any]:

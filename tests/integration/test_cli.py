@@ -38,7 +38,7 @@ from beat.scheduler import HAScheduler
 from beat.store import Store
 from beat.tables import RunState
 from tests.conftest import SessionEnv
-from tests.integration.helpers import broker_messages, run_rows, task_ids
+from tests.integration.helpers import broker_messages, run_rows, slow_client_clock, task_ids
 
 pytestmark = pytest.mark.integration
 
@@ -730,6 +730,20 @@ def test_overlap_jitter_window_and_one_off_options(cli: Cli) -> None:
     assert soon["schedule"].startswith("at ")
     bad = cli("add", "bad", "tasks.demo.add", "--every", "5", "--overlap-policy", "sometimes")
     assert bad.exit_code == 2
+
+
+def test_finding_9_in_counts_from_the_database_clock(
+    cli: Cli, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow_client_clock(monkeypatch, timedelta(seconds=120))
+
+    as_json(cli("add", "soon", "tasks.demo.add", "--in", "90s", "--json"))
+    added = schedule_row(store, "soon")
+    as_json(cli("update", "soon", "--in", "10m", "--json"))
+    updated = schedule_row(store, "soon")
+
+    assert added.next_fire_at == added.created_at + timedelta(seconds=90)
+    assert updated.next_fire_at == updated.updated_at + timedelta(minutes=10)
 
 
 def test_backfill_creates_the_missing_runs_of_a_past_window(cli: Cli, store: Store) -> None:
