@@ -42,6 +42,9 @@ MAX_NAME_LENGTH = 200
 #: since a delay longer than the broker's visibility timeout runs the task twice).
 ALLOWED_OPTIONS = frozenset({"queue", "routing_key", "exchange", "priority", "expires", "headers"})
 _NAME_PATTERN = re.compile(r"^[\w.:@/+-]+$")
+#: Backfill starts this long after the retention horizon: a run claimed ahead (up to
+#: habeat_claim_ahead, at most 30 s) counts its age from before its fire time.
+BACKFILL_HORIZON_MARGIN = timedelta(minutes=1)
 
 
 def define(
@@ -290,12 +293,15 @@ class Schedules:
         app: Any | None = None,
         default_tz: str = "UTC",
         defaults: Mapping[str, Any] | None = None,
+        history_retention: timedelta | None = None,
     ) -> None:
         self.store = store
         self.app = app
         self.default_tz = default_tz
         #: Fields a new schedule gets when the caller leaves them out (settings).
         self.defaults = dict(defaults or {})
+        #: How long finished runs are kept (None: for ever); backfill stays within it.
+        self.history_retention = history_retention
 
     @classmethod
     def for_app(cls, app: Any) -> Schedules:
@@ -307,6 +313,11 @@ class Schedules:
             app=app,
             default_tz=config.default_timezone,
             defaults=config.schedule_defaults(),
+            history_retention=(
+                timedelta(days=config.history_retention_days)
+                if config.history_retention_days > 0
+                else None
+            ),
         )
 
     def create(
@@ -388,24 +399,41 @@ class Schedules:
     ) -> Sequence[RunRecord]:
         """Create the runs of schedule ``name`` for its fire times in ``start`` .. ``end``
         (oldest first, at most ``limit``: like the misfire policy fire_all). Fire times
-        that already have a run are left alone. Returns the runs created."""
+        that already have a run are left alone. Returns the runs created.
+
+        The window must have passed (``end`` not after the database's now: fire times
+        to come run on schedule) and lie within the history retention (older runs may
+        be deleted, so which fire times ran is no longer known)."""
         from beat.ops_store import OpsStore
 
         if start.utcoffset() is None or end.utcoffset() is None or end < start:
             raise InvalidSchedule("backfill needs aware start and end times, end not before start")
         schedule = self.get(name)
-        trigger = schedule.definition.trigger
-        zone = timing.parse_zone(schedule.definition.timezone)
-        first = timing.next_fire_after(trigger, zone, start - timedelta(microseconds=1))
-        if first is None or first > end:
-            return []
-        times = [first, *timing.fire_times(trigger, zone, after=first, until=end, limit=limit)]
-        if len(times) > limit:
+
+        def fire_times(now: datetime) -> list[datetime]:
+            self._check_backfill_window(start, end, now)
+            return _fire_times_between(schedule, start, end, limit)
+
+        return OpsStore(self.store.engine).backfill(name, fire_times)
+
+    def _check_backfill_window(self, start: datetime, end: datetime, now: datetime) -> None:
+        if end > now:
             raise InvalidSchedule(
-                f"{start.isoformat()} .. {end.isoformat()} holds more than {limit} fire times"
-                f" of {name}: backfill a shorter window"
+                f"backfill end (--to) {end.isoformat()} is after the database's now"
+                f" {now.isoformat()}: end the window at now or earlier"
+                " (fire times to come run on schedule)"
             )
-        return OpsStore(self.store.engine).backfill(name, times)
+        if self.history_retention is None:
+            return
+        horizon = now - self.history_retention + BACKFILL_HORIZON_MARGIN
+        if start < horizon:
+            raise InvalidSchedule(
+                f"backfill start (--from) {start.isoformat()} is before {horizon.isoformat()}:"
+                f" the runs of older fire times may have been deleted (history retention"
+                f" {self.history_retention.total_seconds() / 86400:g} days), so which ran is"
+                " unknown; start the window later, or keep more history"
+                " (habeat_history_retention_days) before it is needed"
+            )
 
     def trigger(self, name: str) -> str:
         """Run schedule ``name`` once, now, besides its timing (paused or not); the run ID.
@@ -417,6 +445,24 @@ class Schedules:
         from beat.ops_store import OpsStore  # kept local: the operator's SQL lives there
 
         return str(OpsStore(self.store.engine).trigger(name).id)
+
+
+def _fire_times_between(
+    schedule: Schedule, start: datetime, end: datetime, limit: int
+) -> list[datetime]:
+    """The fire times of ``schedule`` in ``start`` .. ``end``; refused beyond ``limit``."""
+    trigger = schedule.definition.trigger
+    zone = timing.parse_zone(schedule.definition.timezone)
+    first = timing.next_fire_after(trigger, zone, start - timedelta(microseconds=1))
+    if first is None or first > end:
+        return []
+    times = [first, *timing.fire_times(trigger, zone, after=first, until=end, limit=limit)]
+    if len(times) > limit:
+        raise InvalidSchedule(
+            f"{start.isoformat()} .. {end.isoformat()} holds more than {limit} fire times"
+            f" of {schedule.definition.name}: backfill a shorter window"
+        )
+    return times
 
 
 def _redefine(

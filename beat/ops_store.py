@@ -188,10 +188,16 @@ class OpsStore(StoreConnection):
             conn.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "trigger")))
         return _record_from_row(row)
 
-    def backfill(self, name: str, fire_times: list[datetime]) -> list[RunRecord]:
+    def backfill(
+        self, name: str, fire_times: Callable[[datetime], list[datetime]]
+    ) -> list[RunRecord]:
         """Queue one run of schedule ``name`` per fire time, skipping fire times that
-        already have a run (unique per schedule and fire time), and wake the leader."""
+        already have a run (unique per schedule and fire time), and wake the leader.
+
+        ``fire_times(now)`` gives them at the database's ``now()`` of the writing
+        transaction; what it raises refuses the backfill, nothing written."""
         with self._transaction() as conn:
+            now = conn.execute(select(func.now())).scalar_one()
             schedule = conn.execute(select(schedules).where(schedules.c.name == name)).one_or_none()
             if schedule is None:
                 raise schedule_not_found(name)
@@ -203,7 +209,7 @@ class OpsStore(StoreConnection):
                     reason=BACKFILL_REASON,
                     max_attempts=schedule.max_attempts,
                 )
-                for fire_at in fire_times
+                for fire_at in fire_times(now)
             ]
             inserted = (
                 list(
