@@ -503,6 +503,18 @@ def test_prune_deletes_only_old_finished_runs_in_batches(cli: Cli, store: Store)
     assert again.stdout.startswith("deleted 0 finished runs older than ")
 
 
+def test_finding_15_retention_deletes_expired_runs_too(cli: Cli, store: Store) -> None:
+    """An expired run never runs: it is finished business, or it would pile up for ever."""
+    insert_run(store, state=RunState.EXPIRED.value, fire_ago=40 * 86400, finished_ago=40 * 86400)
+    recent = insert_run(store, state=RunState.EXPIRED.value, fire_ago=60, finished_ago=60)
+
+    report = as_json(cli("prune", "--older-than", "30d", "--json"))
+
+    assert report["deleted"] == 1
+    assert "expired" in report["states"]
+    assert [row.id for row in run_rows(store)] == [recent]
+
+
 def test_prune_commits_each_batch_on_its_own(store: Store) -> None:
     for _ in range(5):
         insert_run(store, fire_ago=7200, finished_ago=7200)
