@@ -566,7 +566,7 @@ def sync(ctx: click.Context, as_json: bool) -> None:
 @_json_option
 @click.pass_context
 def prune(ctx: click.Context, older_than: timedelta, batch: int, as_json: bool) -> None:
-    """Delete finished runs (succeeded, failed, lost, skipped, cancelled) older than a cutoff.
+    """Delete finished runs (succeeded, failed, lost, skipped, cancelled, expired) past a cutoff.
 
     Age counts from finished_at (from claimed_at where that is missing). Runs still
     pending, queued, running or retrying are never deleted. Deletes --batch rows per

@@ -42,6 +42,9 @@ MAX_NAME_LENGTH = 200
 #: since a delay longer than the broker's visibility timeout runs the task twice).
 ALLOWED_OPTIONS = frozenset({"queue", "routing_key", "exchange", "priority", "expires", "headers"})
 _NAME_PATTERN = re.compile(r"^[\w.:@/+-]+$")
+#: Backfill starts this long after the retention horizon: a run claimed ahead (up to
+#: habeat_claim_ahead, at most 30 s) counts its age from before its fire time.
+BACKFILL_HORIZON_MARGIN = timedelta(minutes=1)
 
 
 def define(
@@ -67,6 +70,7 @@ def define(
     jitter: float = 0.0,
     in_seconds: float | None = None,
     default_tz: str = "UTC",
+    now: datetime | None = None,
 ) -> ScheduleDefinition:
     """Validate a schedule; raise :class:`InvalidSchedule` naming the first problem.
 
@@ -76,7 +80,13 @@ def define(
     past) and ``in_seconds`` (one run that many seconds from now). The window:
     no fire time before ``start_at`` or after ``end_at``, at most ``max_runs``
     runs; a schedule past its window disables itself.
+
+    Relative times (``in_seconds``, an ``every`` without ``start_at``) count from
+    ``now``: :class:`Schedules` passes the database's ``now()`` of the transaction
+    that writes the schedule, the one clock of all nodes. Without it (validating
+    only) this host's clock stands in.
     """
+    now = now or datetime.now(UTC)
     _check_name(name)
     _check_task_name(task)
     zone_name = tz or default_tz
@@ -86,8 +96,8 @@ def define(
             raise InvalidSchedule(
                 f"in_seconds must be a number >= 0 (and no `at`), got {in_seconds!r}"
             )
-        at = datetime.now(UTC) + timedelta(seconds=in_seconds)
-    trigger = _trigger(cron=cron, every=every, at=at, start_at=start_at)
+        at = now + timedelta(seconds=in_seconds)
+    trigger = _trigger(cron=cron, every=every, at=at, start_at=start_at, now=now)
     _check_window(start_at, end_at, max_runs)
     if not _positive_number(jitter, allow_zero=True):
         raise InvalidSchedule(f"jitter must be a number of seconds >= 0, got {jitter!r}")
@@ -177,6 +187,7 @@ def _trigger(
     every: float | timedelta | None,
     at: datetime | None,
     start_at: datetime | None,
+    now: datetime,
 ) -> Trigger:
     given = [
         kind for kind, value in (("cron", cron), ("every", every), ("at", at)) if value is not None
@@ -192,7 +203,7 @@ def _trigger(
         seconds = every.total_seconds() if isinstance(every, timedelta) else every
         if isinstance(seconds, bool) or not isinstance(seconds, int | float):
             raise InvalidSchedule(f"every must be a number of seconds, got {every!r}")
-        return timing.every(float(seconds), anchor=start_at or datetime.now(UTC))
+        return timing.every(float(seconds), anchor=start_at or now)
     assert at is not None
     return timing.once(at)
 
@@ -282,12 +293,15 @@ class Schedules:
         app: Any | None = None,
         default_tz: str = "UTC",
         defaults: Mapping[str, Any] | None = None,
+        history_retention: timedelta | None = None,
     ) -> None:
         self.store = store
         self.app = app
         self.default_tz = default_tz
         #: Fields a new schedule gets when the caller leaves them out (settings).
         self.defaults = dict(defaults or {})
+        #: How long finished runs are kept (None: for ever); backfill stays within it.
+        self.history_retention = history_retention
 
     @classmethod
     def for_app(cls, app: Any) -> Schedules:
@@ -299,6 +313,11 @@ class Schedules:
             app=app,
             default_tz=config.default_timezone,
             defaults=config.schedule_defaults(),
+            history_retention=(
+                timedelta(days=config.history_retention_days)
+                if config.history_retention_days > 0
+                else None
+            ),
         )
 
     def create(
@@ -307,10 +326,15 @@ class Schedules:
         """Validate and store a new schedule; see :func:`define` for the fields."""
         fields = {**self.defaults, **fields}
         fields.setdefault("default_tz", self.default_tz)
-        definition = define(name, task, **fields)
+        define(name, task, **fields)  # bad input is refused before the task lookup
         if not allow_unregistered:
             self.check_task_registered(task)
-        return self.store.insert_schedule(definition, lambda now: first_fire_at(definition, now))
+
+        def build(now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
+            definition = define(name, task, now=now, **fields)
+            return definition, first_fire_at(definition, now)
+
+        return self.store.insert_schedule(build)
 
     def update(self, name: str, *, allow_unregistered: bool = False, **changes: Any) -> Schedule:
         """Change some fields of a schedule; a changed timing recomputes the next fire time."""
@@ -318,7 +342,7 @@ class Schedules:
             self.check_task_registered(changes["task"])
 
         def build(current: Schedule, now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
-            definition = _redefine(current.definition, changes, self.default_tz)
+            definition = _redefine(current.definition, changes, self.default_tz, now)
             timing_changed = (definition.trigger, definition.timezone) != (
                 current.definition.trigger,
                 current.definition.timezone,
@@ -375,24 +399,41 @@ class Schedules:
     ) -> Sequence[RunRecord]:
         """Create the runs of schedule ``name`` for its fire times in ``start`` .. ``end``
         (oldest first, at most ``limit``: like the misfire policy fire_all). Fire times
-        that already have a run are left alone. Returns the runs created."""
+        that already have a run are left alone. Returns the runs created.
+
+        The window must have passed (``end`` not after the database's now: fire times
+        to come run on schedule) and lie within the history retention (older runs may
+        be deleted, so which fire times ran is no longer known)."""
         from beat.ops_store import OpsStore
 
         if start.utcoffset() is None or end.utcoffset() is None or end < start:
             raise InvalidSchedule("backfill needs aware start and end times, end not before start")
         schedule = self.get(name)
-        trigger = schedule.definition.trigger
-        zone = timing.parse_zone(schedule.definition.timezone)
-        first = timing.next_fire_after(trigger, zone, start - timedelta(microseconds=1))
-        if first is None or first > end:
-            return []
-        times = [first, *timing.fire_times(trigger, zone, after=first, until=end, limit=limit)]
-        if len(times) > limit:
+
+        def fire_times(now: datetime) -> list[datetime]:
+            self._check_backfill_window(start, end, now)
+            return _fire_times_between(schedule, start, end, limit)
+
+        return OpsStore(self.store.engine).backfill(name, fire_times)
+
+    def _check_backfill_window(self, start: datetime, end: datetime, now: datetime) -> None:
+        if end > now:
             raise InvalidSchedule(
-                f"{start.isoformat()} .. {end.isoformat()} holds more than {limit} fire times"
-                f" of {name}: backfill a shorter window"
+                f"backfill end (--to) {end.isoformat()} is after the database's now"
+                f" {now.isoformat()}: end the window at now or earlier"
+                " (fire times to come run on schedule)"
             )
-        return OpsStore(self.store.engine).backfill(name, times)
+        if self.history_retention is None:
+            return
+        horizon = now - self.history_retention + BACKFILL_HORIZON_MARGIN
+        if start < horizon:
+            raise InvalidSchedule(
+                f"backfill start (--from) {start.isoformat()} is before {horizon.isoformat()}:"
+                f" the runs of older fire times may have been deleted (history retention"
+                f" {self.history_retention.total_seconds() / 86400:g} days), so which ran is"
+                " unknown; start the window later, or keep more history"
+                " (habeat_history_retention_days) before it is needed"
+            )
 
     def trigger(self, name: str) -> str:
         """Run schedule ``name`` once, now, besides its timing (paused or not); the run ID.
@@ -406,10 +447,29 @@ class Schedules:
         return str(OpsStore(self.store.engine).trigger(name).id)
 
 
+def _fire_times_between(
+    schedule: Schedule, start: datetime, end: datetime, limit: int
+) -> list[datetime]:
+    """The fire times of ``schedule`` in ``start`` .. ``end``; refused beyond ``limit``."""
+    trigger = schedule.definition.trigger
+    zone = timing.parse_zone(schedule.definition.timezone)
+    first = timing.next_fire_after(trigger, zone, start - timedelta(microseconds=1))
+    if first is None or first > end:
+        return []
+    times = [first, *timing.fire_times(trigger, zone, after=first, until=end, limit=limit)]
+    if len(times) > limit:
+        raise InvalidSchedule(
+            f"{start.isoformat()} .. {end.isoformat()} holds more than {limit} fire times"
+            f" of {schedule.definition.name}: backfill a shorter window"
+        )
+    return times
+
+
 def _redefine(
-    current: ScheduleDefinition, changes: Mapping[str, Any], default_tz: str
+    current: ScheduleDefinition, changes: Mapping[str, Any], default_tz: str, now: datetime
 ) -> ScheduleDefinition:
-    """The definition with ``changes`` applied, validated as a whole by :func:`define`."""
+    """The definition with ``changes`` applied, validated as a whole by :func:`define`
+    (relative times count from the database's ``now``)."""
     fields: dict[str, Any] = {
         "tz": current.timezone,
         "args": current.args,
@@ -429,7 +489,7 @@ def _redefine(
         fields |= _trigger_fields(current)
     fields |= dict(changes)
     task = fields.pop("task", current.task)
-    return define(current.name, task, default_tz=default_tz, **fields)
+    return define(current.name, task, default_tz=default_tz, now=now, **fields)
 
 
 def _trigger_fields(current: ScheduleDefinition) -> dict[str, Any]:

@@ -44,9 +44,12 @@ logger = logging.getLogger(__name__)
 
 #: Longest pause between attempts while PostgreSQL or Redis is unreachable.
 MAX_BACKOFF = 5.0
-#: The leader prunes run history at most this often (seconds), one batch of this many rows.
+#: The leader deletes run history past its retention on its maintenance passes: batches
+#: of RETENTION_BATCH rows for up to RETENTION_BUDGET seconds a pass, again at the next
+#: pass (about a second later) while old runs are left, else after RETENTION_INTERVAL.
 RETENTION_INTERVAL = 60.0
 RETENTION_BATCH = 1000
+RETENTION_BUDGET = 0.25
 #: The leader wakes this long after a worker's lease expires (seconds), so the reaper
 #: sees it expired.
 LEASE_EXPIRY_MARGIN = 0.05
@@ -487,20 +490,26 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._publish(recovery.republish, source="reclaim")
 
     def _enforce_retention(self) -> None:
-        """Delete one batch of run history past its retention, at most once a minute."""
+        """Delete run history past its retention, as fast as the leader produces it:
+        batch after batch within a small time budget, and at the next maintenance
+        pass again while a backlog is left; once caught up, a minute later."""
         days = self.config.history_retention_days
         if days <= 0 or time.monotonic() < self._next_retention:
             return
-        self._next_retention = time.monotonic() + RETENTION_INTERVAL
+        # Armed runs wait while this pass deletes: stop before the next one is due.
+        budget = min(RETENTION_BUDGET, self._next_armed_deadline() - time.monotonic())
         report = OpsStore(self.store.engine).prune(
-            timedelta(days=days), batch=RETENTION_BATCH, max_batches=1
+            timedelta(days=days), batch=RETENTION_BATCH, budget=max(budget, 0.0)
         )
+        if report.caught_up:
+            self._next_retention = time.monotonic() + RETENTION_INTERVAL
         if report.deleted:
             logger.info(
-                "deleted %d runs finished before %s (history retention %g days)",
+                "deleted %d runs finished before %s (history retention %g days)%s",
                 report.deleted,
                 report.cutoff.isoformat(),
                 days,
+                "" if report.caught_up else "; more at the next pass",
                 extra={"deleted": report.deleted},
             )
 

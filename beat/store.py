@@ -257,15 +257,17 @@ class Store(StoreConnection):
     # -- schedules ----------------------------------------------------------------
 
     def insert_schedule(
-        self, definition: ScheduleDefinition, first_fire: Callable[[datetime], datetime | None]
+        self, build: Callable[[datetime], tuple[ScheduleDefinition, datetime | None]]
     ) -> Schedule:
-        """Insert a new schedule; ``first_fire`` gets the database time and gives next_fire_at."""
+        """Insert a new schedule: ``build(now)`` gives its definition and next fire time
+        from the database time of the inserting transaction."""
         try:
             with self._transaction() as conn:
                 now = conn.execute(select(func.now())).scalar_one()
+                definition, next_fire_at = build(now)
                 row = conn.execute(
                     insert(schedules)
-                    .values(**definition_values(definition), next_fire_at=first_fire(now))
+                    .values(**definition_values(definition), next_fire_at=next_fire_at)
                     .returning(schedules)
                 ).one()
         except IntegrityError as exc:

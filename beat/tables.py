@@ -23,6 +23,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    func,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
@@ -78,6 +79,19 @@ class RunState(enum.StrEnum):
     CANCELLED = "cancelled"
     #: Its ``expires`` passed before a worker started it: it never runs late.
     EXPIRED = "expired"
+
+
+#: States a run never leaves: retention deletes only these.
+FINISHED_STATES = (
+    RunState.SUCCEEDED,
+    RunState.FAILED,
+    RunState.LOST,
+    RunState.SKIPPED,
+    RunState.CANCELLED,
+    RunState.EXPIRED,
+)
+#: SQL that holds for a finished run (the predicate of the retention index).
+FINISHED_SQL = f"state IN ({', '.join(repr(state.value) for state in FINISHED_STATES)})"
 
 
 def _in(column: str, values: type[enum.StrEnum]) -> str:
@@ -221,6 +235,12 @@ Index(
     "ix_beat_runs_running_lease",
     runs.c.lease_expires_at,
     postgresql_where=text("state = 'running'"),
+)
+# Finished runs by age, oldest first: retention deletes batches without a table scan.
+Index(
+    "ix_beat_runs_finished_age",
+    func.coalesce(runs.c.finished_at, runs.c.claimed_at),
+    postgresql_where=text(FINISHED_SQL),
 )
 
 leader = Table(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
+import pytest
 import redis
 from sqlalchemy import text
 
@@ -70,3 +71,14 @@ def task_ids(messages: list[dict[str, Any]]) -> list[str]:
 
 def seconds(delta: timedelta) -> float:
     return delta.total_seconds()
+
+
+def slow_client_clock(monkeypatch: pytest.MonkeyPatch, behind: timedelta) -> None:
+    """Set the API's clock (``datetime.now`` in ``beat.api``) ``behind`` the database's."""
+
+    class SlowClock(datetime):
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> datetime:  # type: ignore[override]
+            return datetime.now(tz) - behind
+
+    monkeypatch.setattr("beat.api.datetime", SlowClock)

@@ -38,7 +38,7 @@ from beat.scheduler import HAScheduler
 from beat.store import Store
 from beat.tables import RunState
 from tests.conftest import SessionEnv
-from tests.integration.helpers import broker_messages, run_rows, task_ids
+from tests.integration.helpers import broker_messages, run_rows, slow_client_clock, task_ids
 
 pytestmark = pytest.mark.integration
 
@@ -503,6 +503,18 @@ def test_prune_deletes_only_old_finished_runs_in_batches(cli: Cli, store: Store)
     assert again.stdout.startswith("deleted 0 finished runs older than ")
 
 
+def test_finding_15_retention_deletes_expired_runs_too(cli: Cli, store: Store) -> None:
+    """An expired run never runs: it is finished business, or it would pile up for ever."""
+    insert_run(store, state=RunState.EXPIRED.value, fire_ago=40 * 86400, finished_ago=40 * 86400)
+    recent = insert_run(store, state=RunState.EXPIRED.value, fire_ago=60, finished_ago=60)
+
+    report = as_json(cli("prune", "--older-than", "30d", "--json"))
+
+    assert report["deleted"] == 1
+    assert "expired" in report["states"]
+    assert [row.id for row in run_rows(store)] == [recent]
+
+
 def test_prune_commits_each_batch_on_its_own(store: Store) -> None:
     for _ in range(5):
         insert_run(store, fire_ago=7200, finished_ago=7200)
@@ -732,12 +744,27 @@ def test_overlap_jitter_window_and_one_off_options(cli: Cli) -> None:
     assert bad.exit_code == 2
 
 
+def test_finding_9_in_counts_from_the_database_clock(
+    cli: Cli, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow_client_clock(monkeypatch, timedelta(seconds=120))
+
+    as_json(cli("add", "soon", "tasks.demo.add", "--in", "90s", "--json"))
+    added = schedule_row(store, "soon")
+    as_json(cli("update", "soon", "--in", "10m", "--json"))
+    updated = schedule_row(store, "soon")
+
+    assert added.next_fire_at == added.created_at + timedelta(seconds=90)
+    assert updated.next_fire_at == updated.updated_at + timedelta(minutes=10)
+
+
 def test_backfill_creates_the_missing_runs_of_a_past_window(cli: Cli, store: Store) -> None:
     as_json(cli("add", "hourly", "tasks.demo.add", "--cron", "0 * * * *", "--json"))
-    window = ("--from", "2026-01-01T00:00:00+00:00", "--to", "2026-01-01T05:30:00+00:00")
+    hour = store.now().replace(minute=0, second=0, microsecond=0)
+    window = ("--from", (hour - timedelta(hours=6)).isoformat(), "--to", hour.isoformat())
     created = as_json(cli("backfill", "hourly", *window, "--json"))
     assert [run["fire_at"] for run in created] == [
-        f"2026-01-01T0{hour}:00:00+00:00" for hour in range(6)
+        (hour - timedelta(hours=ago)).isoformat() for ago in range(6, -1, -1)
     ]
     assert {run["state"] for run in created} == {"pending"}
     again = as_json(cli("backfill", "hourly", *window, "--json"))
@@ -746,10 +773,51 @@ def test_backfill_creates_the_missing_runs_of_a_past_window(cli: Cli, store: Sto
         "backfill",
         "hourly",
         "--from",
-        "2025-01-01T00:00:00+00:00",
+        (hour - timedelta(days=20)).isoformat(),
         "--to",
-        "2026-01-01T00:00:00+00:00",
+        (hour - timedelta(days=1)).isoformat(),
     )
     assert too_long.exit_code == 2
     assert "backfill a shorter window" in too_long.stderr
-    assert len(run_rows(store)) == 6
+    assert len(run_rows(store)) == 7
+
+
+def assert_refused(cli: Cli, store: Store, args: list[str], *says: str) -> None:
+    """Exit 2, one error line that says what to do, nothing written."""
+    before = table_rows(store)
+    result = cli(*args)
+    assert result.exit_code == 2, result.output
+    [line] = error_lines(result)
+    assert all(words in line for words in says), line
+    assert result.stdout == ""
+    assert table_rows(store) == before
+
+
+def test_finding_5_backfill_refuses_fire_times_still_to_come(cli: Cli, store: Store) -> None:
+    as_json(cli("add", "minutely", "tasks.demo.add", "--cron", "* * * * *", "--json"))
+    now = store.now()
+    window = ["--from", (now - timedelta(minutes=30)).isoformat()]
+    future = [*window, "--to", (now + timedelta(minutes=30)).isoformat()]
+
+    assert_refused(cli, store, ["backfill", "minutely", *future], "--to", "end the window at now")
+    past = as_json(cli("backfill", "minutely", *window, "--to", now.isoformat(), "--json"))
+    assert len(past) in (30, 31), "a window that has passed is backfilled"
+
+
+def test_finding_11_backfill_refuses_a_window_older_than_the_history_retention(
+    cli: Cli, store: Store
+) -> None:
+    """After retention deleted the runs of a window, backfill cannot tell they ran."""
+    as_json(cli("add", "hourly", "tasks.demo.add", "--cron", "0 * * * *", "--json"))
+    hour = store.now().replace(minute=0, second=0, microsecond=0) - timedelta(days=31)
+    for ago in range(3):
+        fire_at = hour + timedelta(hours=ago)
+        age = (store.now() - fire_at).total_seconds()
+        insert_run(store, schedule_name="hourly", fire_at=fire_at, finished_ago=age)
+    assert OpsStore(store.engine).prune(timedelta(days=30)).deleted == 3
+    window = ["--from", hour.isoformat(), "--to", (hour + timedelta(hours=2)).isoformat()]
+
+    assert_refused(cli, store, ["backfill", "hourly", *window], "--from", "history_retention_days")
+    now = store.now()
+    recent = ["--from", (now - timedelta(days=29)).isoformat(), "--to", now.isoformat()]
+    assert len(as_json(cli("backfill", "hourly", *recent, "--limit", "1000", "--json"))) > 600

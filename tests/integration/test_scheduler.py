@@ -13,11 +13,13 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 from celery.schedules import crontab
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from beat.api import Schedules
 from beat.code_schedules import periodic
 from beat.leader import lock_key
+from beat.ops_store import FINISHED_STATES, OpsStore
 from beat.scheduler import HAScheduler
 from beat.store import Claim, Store
 from beat.tables import Origin, RunState
@@ -271,34 +273,74 @@ def test_a_beat_schedule_entry_with_an_unknown_key_stops_beat_at_start(
         make_scheduler({"beat_schedule": {"x": {"task": "t", "schedule": 5.0, "overlap": "skip"}}})
 
 
-def test_the_leader_enforces_history_retention_in_small_batches(
-    make_scheduler: SchedulerFactory, store: Store
-) -> None:
-    from sqlalchemy import text
+FINISHED = sorted(state.value for state in FINISHED_STATES)
 
+
+def insert_old_runs(store: Store, count: int, state: str, *, days: int = 40) -> None:
+    """``count`` runs of ``state`` claimed (and, if finished, finished) ``days`` ago."""
+    finished = "now() - make_interval(days => :days)" if state in FINISHED else "NULL"
     with store.engine.begin() as conn:
         conn.execute(
             text(
                 "INSERT INTO beat_runs (id, task, state, claimed_at, finished_at)"
-                " SELECT gen_random_uuid(), 't', 'succeeded', now() - interval '40 days',"
-                " now() - interval '40 days' FROM generate_series(1, 1500)"
-            )
+                " SELECT gen_random_uuid(), 't', :state, now() - make_interval(days => :days),"
+                f" {finished} FROM generate_series(1, :count)"
+            ),
+            {"state": state, "days": days, "count": count},
         )
-        conn.execute(
-            text(
-                "INSERT INTO beat_runs (id, task, state, claimed_at)"
-                " SELECT gen_random_uuid(), 't', 'queued', now() - interval '40 days'"
-                " FROM generate_series(1, 3)"
-            )
+
+
+def count_runs(store: Store, *states: str) -> int:
+    with store.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM beat_runs WHERE state = ANY(:states)"),
+                {"states": list(states)},
+            ).scalar_one()
         )
+
+
+def test_finding_15_retention_deletes_a_backlog_at_every_pass_until_it_is_gone(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
+    backlog = 20_000
+    for state in FINISHED:
+        insert_old_runs(store, backlog // len(FINISHED), state)
+    unfinished = ("pending", "queued", "running", "retrying")
+    for state in unfinished:
+        insert_old_runs(store, 3, state)
     scheduler = make_scheduler()
+
+    started, passes, left = time.monotonic(), 0, [backlog]
+    while left[-1] and passes < 40:  # each pass deletes one batch of 1,000 at least
+        scheduler.tick()
+        passes += 1
+        left.append(count_runs(store, *FINISHED))
+    elapsed, deleted = time.monotonic() - started, backlog - left[-1]
+    print(
+        f"retention deleted {deleted} runs in {passes} passes ({elapsed:.2f}s,"
+        f" {deleted / elapsed:,.0f} runs/s with the ticks' waits); left after each pass: {left}"
+    )
+
+    assert left[-1] == 0, f"{left[-1]} old runs left after {passes} passes (one batch a minute?)"
+    assert count_runs(store, *unfinished) == 3 * len(unfinished), "unfinished runs are kept"
+    insert_old_runs(store, 1, "succeeded")
     scheduler.tick()
-    assert len(run_rows(store)) == 503, "one batch of 1,000 per pass"
-    scheduler.tick()
-    assert len(run_rows(store)) == 503, "at most one batch a minute"
-    scheduler._next_retention = 0.0  # a minute later
-    scheduler.tick()
-    assert {row.state for row in run_rows(store)} == {"queued"}, "unfinished runs are kept"
+    assert count_runs(store, *FINISHED) == 1, "caught up: the next prune is a minute later"
+
+
+def test_finding_15_prune_deletes_batch_after_batch_within_its_budget(store: Store) -> None:
+    insert_old_runs(store, 20_000, "succeeded")
+    ops = OpsStore(store.engine)
+
+    first = ops.prune(timedelta(days=30), batch=1000, budget=0.0)
+    started = time.monotonic()
+    rest = ops.prune(timedelta(days=30), batch=1000)
+    elapsed = time.monotonic() - started
+    print(f"prune deleted {rest.deleted} runs in {elapsed:.2f}s: {rest.deleted / elapsed:,.0f}/s")
+
+    assert (first.deleted, first.batches, first.caught_up) == (1000, 1, False)
+    assert (rest.deleted, rest.caught_up) == (19_000, True)
 
 
 def test_a_leader_cut_off_from_postgres_lets_a_standby_lead(

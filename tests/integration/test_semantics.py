@@ -14,7 +14,7 @@ from beat.policies import jitter_delay, plan_fires
 from beat.run_store import RunStore, Started
 from beat.store import Store
 from beat.tables import RunState
-from tests.integration.helpers import make_due, run_rows
+from tests.integration.helpers import make_due, run_rows, slow_client_clock
 
 pytestmark = pytest.mark.integration
 
@@ -146,6 +146,25 @@ def test_a_one_off_in_n_seconds(store: Store) -> None:
     assert created.next_fire_at is not None
     delay = created.next_fire_at - datetime.now(UTC)
     assert timedelta(seconds=25) < delay <= timedelta(seconds=30)
+
+
+def test_finding_9_relative_times_count_from_the_database_clock(
+    store: Store, leader: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow_client_clock(monkeypatch, timedelta(seconds=120))
+    schedules = Schedules(store)
+
+    soon = schedules.create("soon", "t", in_seconds=90, allow_unregistered=True)
+    tick = schedules.create("tick", "t", every=60, allow_unregistered=True)
+
+    # created_at is the database's now() of the inserting transaction.
+    assert soon.next_fire_at == soon.created_at + timedelta(seconds=90)
+    assert tick.next_fire_at == tick.created_at + timedelta(seconds=60), "one period from now"
+    assert store.claim_due(leader, batch=10, plan=planner).runs == [], "nothing is due yet"
+    later = schedules.update("soon", in_seconds=300)
+    assert later.next_fire_at == later.updated_at + timedelta(seconds=300)
+    slower = schedules.update("tick", every=600)
+    assert slower.next_fire_at == slower.updated_at + timedelta(seconds=600)
 
 
 @pytest.mark.parametrize(

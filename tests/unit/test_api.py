@@ -32,6 +32,14 @@ def test_every_and_at() -> None:
     assert define("once", "t", at=at).trigger == Once(at=at)
 
 
+def test_finding_9_relative_times_count_from_the_given_now() -> None:
+    now = datetime(2026, 1, 1, 12, tzinfo=UTC)  # the database's, not this host's
+    assert define("soon", "t", in_seconds=90, now=now).trigger == Once(
+        at=now + timedelta(seconds=90)
+    )
+    assert define("tick", "t", every=60, now=now).trigger == Every(seconds=60.0, anchor=now)
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
