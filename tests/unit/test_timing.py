@@ -1008,6 +1008,14 @@ class OracleCron:
                     if second in self.seconds:
                         yield datetime.combine(day, time(hour, minute, second))
 
+    def fires_in_a_calendar_cycle(self) -> bool:
+        day = date(2000, 1, 1)
+        while day.year < 2400:
+            if self.day_matches(day):
+                return True
+            day += timedelta(days=1)
+        return False
+
 
 def reference_fires(
     expression: str, zone: ZoneInfo, after: datetime, until: datetime, limit: int | None = None
@@ -1087,6 +1095,125 @@ def test_every_hour_near_transitions(
     check_cron_fires(expression, zone, instant + offset)
 
 
+# Finding 17: random expressions in every spelling the oracle reads (names, ranges
+# from a value to itself, steps, lists, L, a#n, both day fields restricted) against
+# the brute-force matcher, from random instants and from instants near transitions.
+
+FINDING_17_ZONES = [
+    "America/New_York",
+    "Europe/Berlin",
+    "Australia/Lord_Howe",
+    "Asia/Kolkata",
+    "UTC",
+]
+
+
+@st.composite
+def field_element(draw: st.DrawFn, low: int, high: int, names: tuple[str, ...] = ()) -> str:
+    """One list element: a value, a range (often from a value to itself), a step."""
+
+    def spelled(value: int) -> str:
+        if value - low < len(names) and draw(st.booleans()):
+            return names[value - low]
+        return str(value)
+
+    first, last = sorted(draw(st.tuples(st.integers(low, high), st.integers(low, high))))
+    step = draw(st.integers(1, 7))
+    shape = draw(st.sampled_from(["value", "same", "same/step", "range", "range/step", "*/step"]))
+    if shape == "value":
+        return spelled(first)
+    if shape == "same":
+        return f"{spelled(first)}-{spelled(first)}"
+    if shape == "same/step":
+        return f"{spelled(first)}-{spelled(first)}/{step}"
+    if shape == "range":
+        return f"{spelled(first)}-{spelled(last)}"
+    if shape == "range/step":
+        return f"{spelled(first)}-{spelled(last)}/{step}"
+    return f"*/{step + 1}"
+
+
+def cron_field(
+    low: int, high: int, names: tuple[str, ...] = (), *, star: int = 1
+) -> st.SearchStrategy[str]:
+    """``*`` (``star`` times as likely as one other shape) or a list of 1 to 3 elements."""
+    elements = st.lists(field_element(low, high, names), min_size=1, max_size=3).map(",".join)
+    return st.one_of(*[st.just("*")] * star, elements)
+
+
+FINDING_17_DAYS_OF_MONTH = st.one_of(
+    st.just("*"),
+    cron_field(1, 31),
+    cron_field(29, 31),  # days some months lack: some expressions never fire
+    st.just("L"),
+    cron_field(1, 31).map(lambda field: f"{field},L"),
+)
+FINDING_17_DAYS_OF_WEEK = st.one_of(
+    st.just("*"),
+    cron_field(0, 7, WEEKDAY_NAMES),
+    st.lists(
+        st.tuples(st.integers(0, 7), st.integers(1, 5), st.booleans()).map(
+            lambda day_nth_named: (
+                f"{WEEKDAY_NAMES[day_nth_named[0] % 7] if day_nth_named[2] else day_nth_named[0]}"
+                f"#{day_nth_named[1]}"
+            )
+        ),
+        min_size=1,
+        max_size=2,
+    ).map(",".join),
+)
+FINDING_17_MONTHS = st.one_of(
+    cron_field(1, 12, MONTH_NAMES, star=3),
+    # Months without a 30th or 31st: with late days, some expressions never fire.
+    st.sampled_from(["2", "feb", "2-2/3", "4,6", "apr-apr", "9,11", "feb,nov"]),
+)
+FINDING_17_SECONDS = st.sampled_from(["0", "7-7", "10-10/5", "*/20", "15,45", "50-59/3"])
+
+
+@st.composite
+def finding_17_crons(draw: st.DrawFn) -> str:
+    fields = [
+        draw(cron_field(0, 59)),
+        draw(cron_field(0, 23, star=2)),
+        draw(FINDING_17_DAYS_OF_MONTH),
+        draw(FINDING_17_MONTHS),
+        draw(FINDING_17_DAYS_OF_WEEK),
+    ]
+    if draw(st.integers(0, 4)) == 0:  # seconds first, now and then
+        fields.insert(0, draw(FINDING_17_SECONDS))
+    return " ".join(fields)
+
+
+@st.composite
+def zones_and_starts(draw: st.DrawFn) -> tuple[ZoneInfo, datetime]:
+    """A zone, and an instant: anywhere, or within two days of one of its transitions."""
+    name = draw(st.sampled_from(FINDING_17_ZONES))
+    changes = transitions(name, draw(st.integers(2000, 2035)))
+    near_a_change = draw(st.booleans())
+    if changes and near_a_change:
+        change: datetime = draw(st.sampled_from(changes))
+        offset = timedelta(minutes=draw(st.integers(-2 * 24 * 60, 2 * 24 * 60)))
+        return ZoneInfo(name), change + offset
+    return ZoneInfo(name), draw(START_INSTANTS)
+
+
+@PROPERTY_SETTINGS
+@given(expression=finding_17_crons(), zone_and_start=zones_and_starts())
+def test_finding_17_fire_times_equal_a_brute_force_matchers(
+    expression: str, zone_and_start: tuple[ZoneInfo, datetime]
+) -> None:
+    zone, start = zone_and_start
+    if not OracleCron.parse(expression).fires_in_a_calendar_cycle():
+        with pytest.raises(InvalidSchedule, match="never fires"):
+            parse_cron(expression)
+        return
+    trigger = parse_cron(expression)
+    # Within a bounded window, so that rare expressions keep the oracle quick.
+    until = start + timedelta(days=45)
+    fires = fire_times(trigger, zone, after=start, until=until, limit=8)
+    assert fires == reference_fires(expression, zone, start, until, limit=8)
+
+
 @PROPERTY_SETTINGS
 @given(
     seconds=st.one_of(
@@ -1113,3 +1240,25 @@ def test_every_is_anchor_plus_whole_periods(
     assert fires[0] > start
     assert indices[0] == 0 or fires[0] - timedelta(microseconds=period) <= start
     assert fire_times(trigger, NEW_YORK, after=start, until=fires[-1], limit=100) == fires
+
+
+@pytest.mark.parametrize(
+    ("expression", "fires"),
+    [
+        ("0 0 30 2 *", False),
+        ("0 0 30-31 feb *", False),
+        ("0 0 31 4,6,9,11 *", False),
+        ("0 0 31 2-2/3 *", False),
+        ("0 0 29 2 *", True),  # leap years
+        ("0 0 30 2 1#5", True),  # a fifth Monday in February: 29 Feb 2016, 2044
+        ("0 0 31 2 */3", True),  # Sundays, Wednesdays and Saturdays in February
+        ("0 0 L 2 *", True),
+    ],
+)
+def test_finding_17_never_fires_is_decided_by_the_calendar(expression: str, fires: bool) -> None:
+    assert OracleCron.parse(expression).fires_in_a_calendar_cycle() is fires
+    if fires:
+        parse_cron(expression)
+    else:
+        with pytest.raises(InvalidSchedule, match="never fires"):
+            parse_cron(expression)
