@@ -10,8 +10,17 @@ Three triggers:
   so daylight saving time never moves it.
 * ``Once``: one instant.
 
-Daylight saving time (cron only). croniter iterates over naive wall times; this
-module maps each matching wall time to real instants:
+Fields hold values, names (``jan``-``dec``, ``sun``-``sat``; ``7`` is Sunday too),
+lists ``a,b``, ranges ``a-b`` (a range from a value to itself is that value;
+one that runs past the field's end wraps around: ``fri-mon``), steps ``*/n``,
+``a-b/n`` and ``a/n`` (from ``a`` to the field's end), ``L`` (last day of the
+month), ``15W`` (the weekday nearest the 15th), ``1#2`` (the second Monday) and
+``L5`` (the last Friday). croniter checks the syntax; which wall times match is
+decided here, from plain sets of values, because croniter reads ``N-N`` as the
+whole field and lets ``#`` and ``W`` turn the day fields' "either" into "both".
+
+Daylight saving time (cron only). The matching wall times are naive; this module
+maps each of them to real instants:
 
 * A job whose hour field names specific hours (no ``*`` in it: ``30 2 * * *``,
   ``0 9-17 * * 1-5``, ``0 1-23/2 * * *``) runs once per matching wall time:
@@ -37,17 +46,19 @@ refused. Instants past the end of the calendar (year 9999) are "no fire time".
 
 from __future__ import annotations
 
+import bisect
+import calendar
 import functools
 import math
 import re
-import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Final, assert_never
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadDateError, CroniterError, croniter
+from croniter import CroniterError, croniter
 
 from beat.errors import InvalidSchedule
 
@@ -71,7 +82,9 @@ _ONE_MICROSECOND: Final = timedelta(microseconds=1)
 _ONE_SECOND: Final = timedelta(seconds=1)
 _ONE_MINUTE: Final = timedelta(minutes=1)
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-# Where the "does it ever fire?" check starts: croniter searches 50 years ahead.
+# The Gregorian calendar repeats itself every 400 years (146,097 days, a whole
+# number of weeks): a day pattern that matches no date in 400 years never does.
+_CALENDAR_CYCLE_MONTHS: Final = 400 * 12
 _VALIDATION_START: Final = datetime(2000, 1, 1)
 
 _CRON_USAGE: Final = "use 5 fields 'minute hour day month weekday' or 6 with seconds first"
@@ -217,14 +230,100 @@ def _require_aware(moment: datetime, name: str) -> datetime:
 # Cron expressions: parsing and validation
 # ---------------------------------------------------------------------------
 
+_MONTH_NAMES: Final = {
+    name: number
+    for number, name in enumerate(
+        ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"),
+        start=1,
+    )
+}
+_WEEKDAY_NAMES: Final = {
+    name: number for number, name in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))
+}
+_LAST_DAY_AS_RANGE_END: Final = {"l": 31}  # "15-L": the 15th to the last day
+_NEAREST_WEEKDAY: Final = re.compile(r"^(?:(\d+)w|w(\d+))$", re.ASCII)
+_LAST_WEEKDAY: Final = re.compile(r"^l(\d+)$", re.ASCII)
+_MIDNIGHT: Final = (0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _DayRule:
+    """Which days of a month the two day fields select.
+
+    A field written ``*`` (or ``?``) does not restrict; when both restrict, a
+    day matching either one is selected (Vixie cron), whatever the values are
+    written with (``1#2``, ``L``, ``15W`` included).
+    """
+
+    days_of_month: frozenset[int]
+    last_day_of_month: bool  # L
+    nearest_weekday_to: int | None  # 15W
+    weekdays: frozenset[int]  # 0 = Sunday ... 6 = Saturday
+    nth_weekdays: frozenset[tuple[int, int]]  # (weekday, n): 1#2 is (1, 2)
+    last_weekdays: frozenset[int]  # L5 is 5
+    month_restricts: bool
+    week_restricts: bool
+
+    def days_in(self, first_weekday: int, length: int) -> tuple[int, ...]:
+        """The selected days of a month of ``length`` days whose 1st falls on
+        ``first_weekday`` (Monday 0, as ``calendar.monthrange`` gives it)."""
+        by_month = self._by_day_of_month(first_weekday, length)
+        by_week = self._by_day_of_week(first_weekday, length)
+        if self.month_restricts and self.week_restricts:
+            return tuple(sorted(by_month | by_week))
+        return tuple(sorted(by_month & by_week))
+
+    def _by_day_of_month(self, first_weekday: int, length: int) -> set[int]:
+        days = {day for day in self.days_of_month if day <= length}
+        if self.last_day_of_month:
+            days.add(length)
+        if self.nearest_weekday_to is not None:
+            days.add(_nearest_weekday(self.nearest_weekday_to, first_weekday, length))
+        return days
+
+    def _by_day_of_week(self, first_weekday: int, length: int) -> set[int]:
+        sunday_based_first = (first_weekday + 1) % 7
+        days = {
+            day
+            for day in range(1, length + 1)
+            if (sunday_based_first + day - 1) % 7 in self.weekdays
+        }
+        for weekday, nth in self.nth_weekdays:
+            day = 1 + (weekday - sunday_based_first) % 7 + 7 * (nth - 1)
+            if day <= length:
+                days.add(day)
+        last_weekday = (sunday_based_first + length - 1) % 7
+        days.update(length - (last_weekday - weekday) % 7 for weekday in self.last_weekdays)
+        return days
+
+
+def _nearest_weekday(day: int, first_weekday: int, length: int) -> int:
+    """The Monday-to-Friday day nearest ``day`` within its month (croniter's and
+    Quartz's ``W``): a Saturday moves to Friday, a Sunday to Monday, unless that
+    leaves the month. A day past the month's end is read as its last day."""
+    day = min(day, length)
+    weekday = (first_weekday + day - 1) % 7  # Monday 0
+    if weekday == 5:  # Saturday
+        return day - 1 if day > 1 else day + 2
+    if weekday == 6:  # Sunday
+        return day + 1 if day < length else day - 2
+    return day
+
 
 @dataclass(frozen=True, slots=True)
 class _WallClockCron:
-    """A validated cron expression and what the DST rules need to know about it."""
+    """A validated cron expression as sets of values, and what the DST rules need."""
 
     expression: str
     seconds_first: bool
     every_real_hour: bool
+    seconds: tuple[int, ...]  # sorted; (0,) without a seconds field
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    months: frozenset[int]
+    # Selected days by the shape of a month: (weekday of its 1st, its length).
+    # There are only 28 shapes, so every month is a lookup.
+    days_by_month_shape: Mapping[tuple[int, int], tuple[int, ...]]
 
     @property
     def resolution(self) -> timedelta:
@@ -232,29 +331,64 @@ class _WallClockCron:
 
     def next_after(self, wall: datetime) -> datetime | None:
         """The first matching naive wall time strictly after ``wall``; None past year 9999."""
-        # croniter carries its position as a float timestamp, which cannot hold
-        # microseconds exactly; starting from a whole second or minute keeps it exact
-        # and changes nothing, since matches are whole seconds or minutes.
-        start = self._floor(wall)
-        iterator = _croniter_for_this_thread(
-            self.expression, self.seconds_first, threading.get_ident()
-        )
         try:
-            following: datetime = iterator.get_next(datetime, start_time=start)
-        except (CroniterBadDateError, OverflowError, ValueError):
-            # No match in croniter's 50-year horizon, or the year 9999 was passed.
+            start = self._floor(wall) + self.resolution
+        except OverflowError:
             return None
-        return following
+        return self._first_match_from(start)
 
     def first_at_or_after(self, wall: datetime) -> datetime | None:
         """The first matching naive wall time at or after ``wall``."""
         floor = self._floor(wall)
-        return self.next_after(floor - self.resolution if floor == wall else floor)
+        return self._first_match_from(floor) if floor == wall else self.next_after(floor)
 
     def _floor(self, wall: datetime) -> datetime:
         if self.seconds_first:
             return wall.replace(microsecond=0)
         return wall.replace(second=0, microsecond=0)
+
+    def _first_match_from(self, start: datetime) -> datetime | None:
+        """The first match at or after ``start`` (a whole second or minute), month by
+        month; None if there is none within a calendar cycle or before year 10000."""
+        year, month, day, clock = start.year, start.month, start.day, start.timetuple()[3:6]
+        for _ in range(_CALENDAR_CYCLE_MONTHS + 12):
+            if month in self.months:
+                found = self._first_in_month(year, month, day, clock)
+                if found is not None:
+                    return found
+            year, month, day, clock = year + month // 12, month % 12 + 1, 1, _MIDNIGHT
+            if year > datetime.max.year:
+                return None
+        return None
+
+    def _first_in_month(
+        self, year: int, month: int, day: int, clock: tuple[int, ...]
+    ) -> datetime | None:
+        days = self.days_by_month_shape[calendar.monthrange(year, month)]
+        for selected in days[bisect.bisect_left(days, day) :]:
+            time_of_day = self._time_at_or_after(clock if selected == day else _MIDNIGHT)
+            if time_of_day is not None:
+                return datetime(year, month, selected, *time_of_day)
+        return None
+
+    def _time_at_or_after(self, clock: tuple[int, ...]) -> tuple[int, int, int] | None:
+        """The first matching (hour, minute, second) at or after ``clock`` in a day."""
+        hour, minute, second = clock
+        hours, minutes, seconds = self.hours, self.minutes, self.seconds
+        hour_index = bisect.bisect_left(hours, hour)
+        if hour_index < len(hours) and hours[hour_index] == hour:
+            minute_index = bisect.bisect_left(minutes, minute)
+            if minute_index < len(minutes) and minutes[minute_index] == minute:
+                second_index = bisect.bisect_left(seconds, second)
+                if second_index < len(seconds):
+                    return hour, minute, seconds[second_index]
+                minute_index += 1
+            if minute_index < len(minutes):
+                return hour, minutes[minute_index], seconds[0]
+            hour_index += 1
+        if hour_index < len(hours):
+            return hours[hour_index], minutes[0], seconds[0]
+        return None
 
 
 def _checked_text(expression: object) -> str:
@@ -270,10 +404,36 @@ def _compile(expression: str) -> _WallClockCron:
     _reject_hash_and_random(expression, fields)
     seconds_first = len(fields) == 6
     _check_each_field(expression, fields, seconds_first)
-    normalised = " ".join(fields)
-    _check_it_fires(expression, normalised, seconds_first)
-    hour_field = fields[2] if seconds_first else fields[1]
-    return _WallClockCron(normalised, seconds_first, every_real_hour="*" in hour_field)
+    cron = _wall_clock_cron(expression, fields, seconds_first)
+    _check_it_fires(expression, cron)
+    return cron
+
+
+def _wall_clock_cron(expression: str, fields: list[str], seconds_first: bool) -> _WallClockCron:
+    """The sets of values of fields croniter accepted."""
+    lowered = [field.lower() for field in fields]
+    second = lowered[0] if seconds_first else "0"
+    minute, hour, day_of_month, month, day_of_week = lowered[-5:]
+    try:
+        day_rule = _day_rule(day_of_month, day_of_week)
+        return _WallClockCron(
+            expression=" ".join(fields),
+            seconds_first=seconds_first,
+            every_real_hour="*" in hour,
+            seconds=_sorted_values(second, 0, 59),
+            minutes=_sorted_values(minute, 0, 59),
+            hours=_sorted_values(hour, 0, 23),
+            months=frozenset(_field_values(month, 1, 12, _MONTH_NAMES)),
+            days_by_month_shape={
+                (first_weekday, length): day_rule.days_in(first_weekday, length)
+                for first_weekday in range(7)
+                for length in (28, 29, 30, 31)
+            },
+        )
+    except (ValueError, KeyError):
+        # croniter accepted a spelling this module does not read: refuse it rather
+        # than guess what it means.
+        raise _cron_error(expression, "a field is not understood") from None
 
 
 def _fields_of(expression: str) -> list[str]:
@@ -336,29 +496,115 @@ def _croniter_refusal(expression: str, seconds_first: bool) -> str | None:
     return None
 
 
-def _check_it_fires(expression: str, normalised: str, seconds_first: bool) -> None:
-    iterator = croniter(normalised, _VALIDATION_START, second_at_beginning=seconds_first)
-    try:
-        iterator.get_next(datetime)
-    except CroniterBadDateError:
+def _check_it_fires(expression: str, cron: _WallClockCron) -> None:
+    if cron.first_at_or_after(_VALIDATION_START) is None:
         raise _cron_error(
             expression,
             "it never fires (no date matches its day and month fields)",
             fix="check those fields",
-        ) from None
+        )
 
 
 def _cron_error(expression: str, problem: str, *, fix: str = _CRON_USAGE) -> InvalidSchedule:
     return InvalidSchedule(f"invalid cron expression {expression!r}: {problem}; {fix}")
 
 
-@functools.lru_cache(maxsize=8192)
-def _croniter_for_this_thread(expression: str, seconds_first: bool, thread_id: int) -> croniter:
-    """A croniter owned by one thread: it keeps its position in itself, so sharing
-    one between threads would mix their answers, and building one per call costs
-    four times what a step does. A dead thread's id can be reused, which is safe:
-    only one live thread ever has a given id."""
-    return croniter(expression, _VALIDATION_START, second_at_beginning=seconds_first)
+def _sorted_values(field: str, low: int, high: int) -> tuple[int, ...]:
+    return tuple(sorted(_field_values(field, low, high, {})))
+
+
+def _field_values(field: str, low: int, high: int, names: Mapping[str, int]) -> set[int]:
+    values: set[int] = set()
+    for element in field.split(","):
+        values |= _element_values(element, low, high, names)
+    return values
+
+
+def _element_values(element: str, low: int, high: int, names: Mapping[str, int]) -> set[int]:
+    """The values of ``*``, ``a``, ``a-b``, each with or without ``/step``.
+
+    ``a/step`` runs from ``a`` to the field's end. A range from a value to itself
+    is that value, step or not. A range whose end comes before its start wraps
+    around the field: minutes ``50-10``, months ``nov-feb``.
+    """
+    body, slash, step_text = element.partition("/")
+    step = int(step_text) if slash else 1
+    if body in ("*", "?"):
+        first, last = low, high
+    elif "-" in body:
+        start, _, end = body.partition("-")
+        first, last = _value(start, names), _value(end, names)
+    else:
+        first = _value(body, names)
+        last = high if slash else first
+    if first == last:
+        return {first}
+    if first > last:
+        size = high - low + 1
+        return {
+            low + (first - low + offset) % size
+            for offset in range(0, (last - first) % size + 1, step)
+        }
+    return set(range(first, last + 1, step))
+
+
+def _value(text: str, names: Mapping[str, int]) -> int:
+    return names[text] if text in names else int(text)
+
+
+def _day_rule(day_of_month: str, day_of_week: str) -> _DayRule:
+    days_of_month, last_day_of_month, nearest_weekday_to = _read_day_of_month(day_of_month)
+    weekdays, nth_weekdays, last_weekdays = _read_day_of_week(day_of_week)
+    month_restricts = day_of_month not in ("*", "?")
+    week_restricts = day_of_week not in ("*", "?")
+    return _DayRule(
+        days_of_month=frozenset(days_of_month if month_restricts else range(1, 32)),
+        last_day_of_month=last_day_of_month,
+        nearest_weekday_to=nearest_weekday_to,
+        weekdays=frozenset(weekdays if week_restricts else range(7)),
+        nth_weekdays=frozenset(nth_weekdays),
+        last_weekdays=frozenset(last_weekdays),
+        month_restricts=month_restricts,
+        week_restricts=week_restricts,
+    )
+
+
+def _read_day_of_month(field: str) -> tuple[set[int], bool, int | None]:
+    """Plain days, whether ``L`` is there, and the day of a ``15W``."""
+    days: set[int] = set()
+    last_day = False
+    nearest_weekday_to = None
+    for element in field.split(","):
+        nearest = _NEAREST_WEEKDAY.match(element)
+        if element == "l":
+            last_day = True
+        elif nearest:
+            nearest_weekday_to = int(nearest.group(1) or nearest.group(2))
+        else:
+            days |= _element_values(element, 1, 31, _LAST_DAY_AS_RANGE_END)
+    return days, last_day, nearest_weekday_to
+
+
+def _read_day_of_week(field: str) -> tuple[set[int], set[tuple[int, int]], set[int]]:
+    """Plain weekdays, ``1#2`` as (1, 2), and the weekdays of ``L5``; Sunday is 0.
+
+    7 is Sunday too: ranges are read before folding it, so ``5-7`` is Friday to Sunday.
+    """
+    weekdays: set[int] = set()
+    nth_weekdays: set[tuple[int, int]] = set()
+    last_weekdays: set[int] = set()
+    for element in field.split(","):
+        last = _LAST_WEEKDAY.match(element)
+        if last:
+            last_weekdays.add(int(last.group(1)) % 7)
+        elif "#" in element:
+            which, _, nth = element.partition("#")
+            named = _element_values(which, 0, 6, _WEEKDAY_NAMES)
+            nth_weekdays |= {(weekday % 7, int(nth)) for weekday in named}
+        else:
+            named = _element_values(element, 0, 6, _WEEKDAY_NAMES)
+            weekdays |= {weekday % 7 for weekday in named}
+    return weekdays, nth_weekdays, last_weekdays
 
 
 # ---------------------------------------------------------------------------

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import calendar
 import functools
 import itertools
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from croniter import croniter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -397,6 +398,70 @@ class TestCronErrors:
     def test_not_a_string(self) -> None:
         with pytest.raises(InvalidSchedule, match="not a string"):
             parse_cron(None)  # type: ignore[arg-type]
+
+
+class TestOneValueRanges:
+    """A range from a value to itself is that value (croniter reads it as the whole
+    field), and the day fields' "either" holds for every way of writing them."""
+
+    def test_finding_17_one_hour_range_fires_only_in_that_hour(self) -> None:
+        fires = fires_on(parse_cron("* 11-11 * * *"), UTC_ZONE, 2024, 6, 3)
+        assert fires == [utc(2024, 6, 3, 11, minute) for minute in range(60)]
+
+    def test_finding_17_one_weekday_range_fires_on_that_weekday_only(self) -> None:
+        fires = iterate(parse_cron("0 9 * * sat-sat"), UTC_ZONE, utc(2024, 6, 3), 3)  # a Monday
+        assert fires == [utc(2024, 6, 8, 9), utc(2024, 6, 15, 9), utc(2024, 6, 22, 9)]
+
+    def test_finding_17_one_month_range_with_a_step_fires_in_that_month_only(self) -> None:
+        fires = iterate(parse_cron("0 0 1 12-12/4 *"), UTC_ZONE, utc(2024, 1, 1), 2)
+        assert fires == [utc(2024, 12, 1), utc(2025, 12, 1)]
+
+    def test_finding_17_one_month_range_that_never_fires_is_refused(self) -> None:
+        with pytest.raises(InvalidSchedule, match="never fires"):
+            parse_cron("0 0 31 2-2 *")
+
+    def test_finding_17_nth_weekday_and_day_of_month_fire_on_either(self) -> None:
+        # The 1st of each month, and each second Monday: never refused as "never fires".
+        fires = iterate(parse_cron("0 0 1 * 1#2"), UTC_ZONE, utc(2024, 1, 1), 5)
+        assert fires == [
+            utc(2024, 1, 8),
+            utc(2024, 2, 1),
+            utc(2024, 2, 12),
+            utc(2024, 3, 1),
+            utc(2024, 3, 11),
+        ]
+
+    def test_finding_17_last_weekday_and_day_of_month_fire_on_either(self) -> None:
+        # The 15th, and the last Friday of each month.
+        fires = iterate(parse_cron("0 0 15 * L5"), UTC_ZONE, utc(2024, 1, 1), 4)
+        assert fires == [utc(2024, 1, 15), utc(2024, 1, 26), utc(2024, 2, 15), utc(2024, 2, 23)]
+
+    @pytest.mark.parametrize(
+        ("expression", "start", "expected"),
+        [
+            ("0 0 L * *", "2024-01-31", "2024-02-29 2024-03-31 2024-04-30"),
+            ("0 0 25-L/3 2 *", "2024-01-01", "2024-02-25 2024-02-28"),
+            # The weekday nearest the 1st: Sat 1 Jun 2024 -> Mon 3; Sun 1 Sep -> Mon 2.
+            ("0 0 1W 6,9 *", "2024-01-01", "2024-06-03 2024-09-02"),
+            # The weekday nearest the 30th: Sat 30 Nov 2024 -> Fri 29; Sun 30 Jun -> Fri 28.
+            ("0 0 30W 6,11 *", "2024-01-01", "2024-06-28 2024-11-29"),
+            ("0 0 * 2 L1", "2024-01-01", "2024-02-26 2025-02-24"),  # the last Monday
+            ("0 0 * * MON-WED#1", "2024-07-01", "2024-07-02 2024-07-03 2024-08-05"),
+            ("0 0 * * 7", "2024-07-01", "2024-07-07 2024-07-14"),
+            ("0 0 * * 5-7", "2024-07-01", "2024-07-05 2024-07-06 2024-07-07 2024-07-12"),
+            ("0 0 * * fri-mon", "2024-07-02", "2024-07-05 2024-07-06 2024-07-07 2024-07-08"),
+            ("0 0 1 nov-feb *", "2024-03-01", "2024-11-01 2024-12-01 2025-01-01 2025-02-01"),
+            ("50-10/7 0 * * *", "2024-07-01", "2024-07-01T00:04 2024-07-01T00:50 2024-07-01T00:57"),
+            ("45/5 0 * * *", "2024-07-01", "2024-07-01T00:45 2024-07-01T00:50 2024-07-01T00:55"),
+            ("59/15 0 * * *", "2024-07-01", "2024-07-01T00:59 2024-07-02T00:59"),
+            ("0 0 13 * ?", "2024-07-01", "2024-07-13 2024-08-13"),
+            ("30-30/10 0 0 * * *", "2024-07-01", "2024-07-01T00:00:30 2024-07-02T00:00:30"),
+        ],
+    )
+    def test_special_values(self, expression: str, start: str, expected: str) -> None:
+        fires = [datetime.fromisoformat(text).replace(tzinfo=UTC) for text in expected.split()]
+        begin = datetime.fromisoformat(start).replace(tzinfo=UTC)
+        assert iterate(parse_cron(expression), UTC_ZONE, begin, len(fires)) == fires
 
 
 class TestZones:
@@ -820,13 +885,13 @@ def occurrences(wall: datetime, zone: ZoneInfo) -> list[datetime]:
 
 
 def end_of_gap(wall: datetime, zone: ZoneInfo) -> datetime:
-    """The first instant whose wall time is later than the skipped ``wall``: a slow scan."""
+    """The first instant whose wall time is later than the skipped ``wall``: a scan
+    by hours, then minutes, then seconds, from well before it."""
     instant = wall.replace(tzinfo=UTC) - timedelta(hours=15)
-    while wall_clock(instant, zone) <= wall:
-        instant += timedelta(minutes=1)
-    while wall_clock(instant - timedelta(seconds=1), zone) > wall:
-        instant -= timedelta(seconds=1)
-    return instant
+    for step in (timedelta(hours=1), timedelta(minutes=1), timedelta(seconds=1)):
+        while wall_clock(instant + step, zone) <= wall:
+            instant += step
+    return instant + timedelta(seconds=1)
 
 
 def is_first_instant_after_a_gap(instant: datetime, zone: ZoneInfo) -> bool:
@@ -835,30 +900,144 @@ def is_first_instant_after_a_gap(instant: datetime, zone: ZoneInfo) -> bool:
     return wall_clock(instant, zone) - wall_clock(previous, zone) > timedelta(seconds=1)
 
 
-def matching_walls(expression: str, first: datetime, last: datetime) -> Iterator[datetime]:
-    """croniter's own matches over naive wall times, ``first`` <= wall <= ``last``."""
-    seconds_first = len(expression.split()) == 6
-    iterator = croniter(expression, first - timedelta(seconds=1), second_at_beginning=seconds_first)
-    while (wall := iterator.get_next(datetime)) <= last:
-        yield wall
+# An independent brute-force reading of cron, for the properties: each field is a
+# plain set of values, every day is tested against the day fields, and every
+# second (or minute) of a matching day against the rest. Only the syntax the
+# strategies write: *, a, a-b (never wrapping), /step after * or a range, lists,
+# names, 7 = Sunday, L in the day of month, a#n in the day of week.
+
+MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+WEEKDAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def plain_values(field: str, low: int, high: int, names: tuple[str, ...] = ()) -> set[int]:
+    def number(text: str) -> int:
+        return names.index(text) + low if text in names else int(text)
+
+    found: set[int] = set()
+    for part in field.lower().split(","):
+        body, _, step = part.partition("/")
+        if body == "*":
+            first, last = low, high
+        else:
+            start, _, end = body.partition("-")
+            first, last = number(start), number(end or start)
+        found.update(range(first, last + 1, int(step or 1)))
+    return found
+
+
+@dataclass(frozen=True)
+class OracleCron:
+    seconds: set[int]
+    minutes: set[int]
+    hours: set[int]
+    months: set[int]
+    days_of_month: set[int]
+    last_day_of_month: bool
+    weekdays: set[int]  # 0 = Sunday
+    nth_weekdays: set[tuple[int, int]]
+    month_restricts: bool
+    week_restricts: bool
+
+    @classmethod
+    def parse(cls, expression: str) -> OracleCron:
+        fields = expression.split()
+        second = fields.pop(0) if len(fields) == 6 else "0"
+        minute, hour, day_of_month, month, day_of_week = fields
+        dom_parts = day_of_month.lower().split(",")
+        dow_parts = day_of_week.lower().split(",")
+        plain_days = ",".join(part for part in dom_parts if part != "l")
+        plain_weekdays = ",".join(part for part in dow_parts if "#" not in part)
+        return cls(
+            seconds=plain_values(second, 0, 59),
+            minutes=plain_values(minute, 0, 59),
+            hours=plain_values(hour, 0, 23),
+            months=plain_values(month, 1, 12, MONTH_NAMES),
+            days_of_month=plain_values(plain_days, 1, 31) if plain_days else set(),
+            last_day_of_month="l" in dom_parts,
+            weekdays={day % 7 for day in plain_values(plain_weekdays, 0, 6, WEEKDAY_NAMES)}
+            if plain_weekdays
+            else set(),
+            nth_weekdays={
+                (day % 7, int(nth))
+                for part in dow_parts
+                if "#" in part
+                for which, nth in [part.split("#")]
+                for day in plain_values(which, 0, 6, WEEKDAY_NAMES)
+            },
+            month_restricts=day_of_month != "*",
+            week_restricts=day_of_week != "*",
+        )
+
+    def day_matches(self, day: date) -> bool:
+        if day.month not in self.months:
+            return False
+        last = calendar.monthrange(day.year, day.month)[1]
+        by_month = day.day in self.days_of_month or (self.last_day_of_month and day.day == last)
+        weekday = day.isoweekday() % 7
+        nth = (day.day - 1) // 7 + 1
+        by_week = weekday in self.weekdays or (weekday, nth) in self.nth_weekdays
+        if self.month_restricts and self.week_restricts:
+            return by_month or by_week
+        return (by_month or not self.month_restricts) and (by_week or not self.week_restricts)
+
+    def matches(self, wall: datetime) -> bool:
+        return (
+            self.day_matches(wall.date())
+            and wall.hour in self.hours
+            and wall.minute in self.minutes
+            and wall.second in self.seconds
+        )
+
+    def walls(self, first: datetime, last: datetime) -> Iterator[datetime]:
+        """Every matching naive wall time from ``first`` to ``last``, in order."""
+        day = first.date()
+        while day <= last.date():
+            if self.day_matches(day):
+                yield from (wall for wall in self.walls_of(day) if first <= wall <= last)
+            day += timedelta(days=1)
+
+    def walls_of(self, day: date) -> Iterator[datetime]:
+        for hour in range(24):
+            if hour not in self.hours:
+                continue
+            for minute in range(60):
+                if minute not in self.minutes:
+                    continue
+                for second in range(60):
+                    if second in self.seconds:
+                        yield datetime.combine(day, time(hour, minute, second))
+
+    def fires_in_a_calendar_cycle(self) -> bool:
+        day = date(2000, 1, 1)
+        while day.year < 2400:
+            if self.day_matches(day):
+                return True
+            day += timedelta(days=1)
+        return False
 
 
 def reference_fires(
-    expression: str, zone: ZoneInfo, after: datetime, until: datetime
+    expression: str, zone: ZoneInfo, after: datetime, until: datetime, limit: int | None = None
 ) -> list[datetime]:
     """The DST rules applied literally to every matching wall time around the window:
     specific hours take the first occurrence of a wall time or, for a skipped one,
-    the end of the gap; every-hour jobs take all occurrences."""
+    the end of the gap; every-hour jobs take all occurrences. The ``limit`` oldest."""
+    oracle = OracleCron.parse(expression)
     first = wall_clock(after, zone) - 2 * LARGEST_SHIFT
     last = wall_clock(until, zone) + 2 * LARGEST_SHIFT
     instants: set[datetime] = set()
-    for wall in matching_walls(expression, first, last):
+    for wall in oracle.walls(first, last):
+        if wall > last:
+            break
         real = occurrences(wall, zone)
         if is_specific_hour(expression):
-            instants.add(real[0] if real else end_of_gap(wall, zone))
-        else:
-            instants.update(real)
-    return sorted(instant for instant in instants if after < instant <= until)
+            real = [real[0] if real else end_of_gap(wall, zone)]
+        instants.update(instant for instant in real if after < instant <= until)
+        if limit is not None and len(instants) >= limit:
+            # Wall times later than this by more than a shift are later instants.
+            last = min(last, wall_clock(sorted(instants)[limit - 1], zone) + 2 * LARGEST_SHIFT)
+    return sorted(instants)[:limit]
 
 
 def check_cron_fires(expression: str, zone: ZoneInfo, start: datetime) -> None:
@@ -870,10 +1049,9 @@ def check_cron_fires(expression: str, zone: ZoneInfo, start: datetime) -> None:
     local = [fire.astimezone(zone) for fire in fires]
     assert len({(moment.replace(tzinfo=None), moment.fold) for moment in local}) == len(fires)
 
-    seconds_first = len(expression.split()) == 6
+    oracle = OracleCron.parse(expression)
     for fire, moment in zip(fires, local, strict=True):
-        wall = moment.replace(tzinfo=None)
-        matches = croniter.match(expression, wall, second_at_beginning=seconds_first)
+        matches = oracle.matches(moment.replace(tzinfo=None))
         if is_specific_hour(expression):
             assert matches or is_first_instant_after_a_gap(fire, zone)
         else:
@@ -917,6 +1095,125 @@ def test_every_hour_near_transitions(
     check_cron_fires(expression, zone, instant + offset)
 
 
+# Finding 17: random expressions in every spelling the oracle reads (names, ranges
+# from a value to itself, steps, lists, L, a#n, both day fields restricted) against
+# the brute-force matcher, from random instants and from instants near transitions.
+
+FINDING_17_ZONES = [
+    "America/New_York",
+    "Europe/Berlin",
+    "Australia/Lord_Howe",
+    "Asia/Kolkata",
+    "UTC",
+]
+
+
+@st.composite
+def field_element(draw: st.DrawFn, low: int, high: int, names: tuple[str, ...] = ()) -> str:
+    """One list element: a value, a range (often from a value to itself), a step."""
+
+    def spelled(value: int) -> str:
+        if value - low < len(names) and draw(st.booleans()):
+            return names[value - low]
+        return str(value)
+
+    first, last = sorted(draw(st.tuples(st.integers(low, high), st.integers(low, high))))
+    step = draw(st.integers(1, 7))
+    shape = draw(st.sampled_from(["value", "same", "same/step", "range", "range/step", "*/step"]))
+    if shape == "value":
+        return spelled(first)
+    if shape == "same":
+        return f"{spelled(first)}-{spelled(first)}"
+    if shape == "same/step":
+        return f"{spelled(first)}-{spelled(first)}/{step}"
+    if shape == "range":
+        return f"{spelled(first)}-{spelled(last)}"
+    if shape == "range/step":
+        return f"{spelled(first)}-{spelled(last)}/{step}"
+    return f"*/{step + 1}"
+
+
+def cron_field(
+    low: int, high: int, names: tuple[str, ...] = (), *, star: int = 1
+) -> st.SearchStrategy[str]:
+    """``*`` (``star`` times as likely as one other shape) or a list of 1 to 3 elements."""
+    elements = st.lists(field_element(low, high, names), min_size=1, max_size=3).map(",".join)
+    return st.one_of(*[st.just("*")] * star, elements)
+
+
+FINDING_17_DAYS_OF_MONTH = st.one_of(
+    st.just("*"),
+    cron_field(1, 31),
+    cron_field(29, 31),  # days some months lack: some expressions never fire
+    st.just("L"),
+    cron_field(1, 31).map(lambda field: f"{field},L"),
+)
+FINDING_17_DAYS_OF_WEEK = st.one_of(
+    st.just("*"),
+    cron_field(0, 7, WEEKDAY_NAMES),
+    st.lists(
+        st.tuples(st.integers(0, 7), st.integers(1, 5), st.booleans()).map(
+            lambda day_nth_named: (
+                f"{WEEKDAY_NAMES[day_nth_named[0] % 7] if day_nth_named[2] else day_nth_named[0]}"
+                f"#{day_nth_named[1]}"
+            )
+        ),
+        min_size=1,
+        max_size=2,
+    ).map(",".join),
+)
+FINDING_17_MONTHS = st.one_of(
+    cron_field(1, 12, MONTH_NAMES, star=3),
+    # Months without a 30th or 31st: with late days, some expressions never fire.
+    st.sampled_from(["2", "feb", "2-2/3", "4,6", "apr-apr", "9,11", "feb,nov"]),
+)
+FINDING_17_SECONDS = st.sampled_from(["0", "7-7", "10-10/5", "*/20", "15,45", "50-59/3"])
+
+
+@st.composite
+def finding_17_crons(draw: st.DrawFn) -> str:
+    fields = [
+        draw(cron_field(0, 59)),
+        draw(cron_field(0, 23, star=2)),
+        draw(FINDING_17_DAYS_OF_MONTH),
+        draw(FINDING_17_MONTHS),
+        draw(FINDING_17_DAYS_OF_WEEK),
+    ]
+    if draw(st.integers(0, 4)) == 0:  # seconds first, now and then
+        fields.insert(0, draw(FINDING_17_SECONDS))
+    return " ".join(fields)
+
+
+@st.composite
+def zones_and_starts(draw: st.DrawFn) -> tuple[ZoneInfo, datetime]:
+    """A zone, and an instant: anywhere, or within two days of one of its transitions."""
+    name = draw(st.sampled_from(FINDING_17_ZONES))
+    changes = transitions(name, draw(st.integers(2000, 2035)))
+    near_a_change = draw(st.booleans())
+    if changes and near_a_change:
+        change: datetime = draw(st.sampled_from(changes))
+        offset = timedelta(minutes=draw(st.integers(-2 * 24 * 60, 2 * 24 * 60)))
+        return ZoneInfo(name), change + offset
+    return ZoneInfo(name), draw(START_INSTANTS)
+
+
+@PROPERTY_SETTINGS
+@given(expression=finding_17_crons(), zone_and_start=zones_and_starts())
+def test_finding_17_fire_times_equal_a_brute_force_matchers(
+    expression: str, zone_and_start: tuple[ZoneInfo, datetime]
+) -> None:
+    zone, start = zone_and_start
+    if not OracleCron.parse(expression).fires_in_a_calendar_cycle():
+        with pytest.raises(InvalidSchedule, match="never fires"):
+            parse_cron(expression)
+        return
+    trigger = parse_cron(expression)
+    # Within a bounded window, so that rare expressions keep the oracle quick.
+    until = start + timedelta(days=45)
+    fires = fire_times(trigger, zone, after=start, until=until, limit=8)
+    assert fires == reference_fires(expression, zone, start, until, limit=8)
+
+
 @PROPERTY_SETTINGS
 @given(
     seconds=st.one_of(
@@ -943,3 +1240,25 @@ def test_every_is_anchor_plus_whole_periods(
     assert fires[0] > start
     assert indices[0] == 0 or fires[0] - timedelta(microseconds=period) <= start
     assert fire_times(trigger, NEW_YORK, after=start, until=fires[-1], limit=100) == fires
+
+
+@pytest.mark.parametrize(
+    ("expression", "fires"),
+    [
+        ("0 0 30 2 *", False),
+        ("0 0 30-31 feb *", False),
+        ("0 0 31 4,6,9,11 *", False),
+        ("0 0 31 2-2/3 *", False),
+        ("0 0 29 2 *", True),  # leap years
+        ("0 0 30 2 1#5", True),  # a fifth Monday in February: 29 Feb 2016, 2044
+        ("0 0 31 2 */3", True),  # Sundays, Wednesdays and Saturdays in February
+        ("0 0 L 2 *", True),
+    ],
+)
+def test_finding_17_never_fires_is_decided_by_the_calendar(expression: str, fires: bool) -> None:
+    assert OracleCron.parse(expression).fires_in_a_calendar_cycle() is fires
+    if fires:
+        parse_cron(expression)
+    else:
+        with pytest.raises(InvalidSchedule, match="never fires"):
+            parse_cron(expression)
