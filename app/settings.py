@@ -37,6 +37,9 @@ DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/habeat"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: Task modules of this project, always imported by workers and beat.
 TASK_MODULES = ("tasks.demo",)
+#: Modules that extend the worker itself: the guard that sets aside messages it
+#: cannot decode or unpack, instead of dying on them.
+WORKER_MODULES = ("beat.poison_messages",)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,7 +125,7 @@ class Settings:
             "worker_send_task_events": True,
             "timezone": self.timezone,
             "enable_utc": True,
-            "imports": (*TASK_MODULES, *self.imports),
+            "imports": (*WORKER_MODULES, *TASK_MODULES, *self.imports),
             "beat_scheduler": "beat.scheduler:HAScheduler",
             "beat_max_loop_interval": self.max_wait,
             "habeat_database_url": self.database_url,
