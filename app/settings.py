@@ -18,6 +18,7 @@
 | HABEAT_VISIBILITY_TIMEOUT | 3600 | seconds before the Redis broker redelivers an unacked message |
 | HABEAT_LEASE_TIMEOUT | 30 | seconds a worker's lease on a run lasts without a heartbeat |
 | HABEAT_MAX_ATTEMPTS | 3 | attempts of a run whose workers die, before it is marked lost |
+| HABEAT_DEAD_LETTER_MAX_LENGTH | 1000 | malformed messages kept in `habeat.dead_letter` (0: none) |
 | HABEAT_IMPORTS | (none) | extra comma-separated task modules to import |
 | HABEAT_METRICS_PORT | (none: off) | port of beat's Prometheus endpoint `/metrics` (0: off) |
 | HABEAT_WORKER_METRICS_PORT | (none: off) | port of a worker's Prometheus endpoint (0: off) |
@@ -61,6 +62,7 @@ class Settings:
     visibility_timeout: int = 3600
     lease_timeout: float = 30.0
     max_attempts: int = 3
+    dead_letter_max_length: int = 1000
     broker_key_prefix: str = ""
     imports: tuple[str, ...] = ()
     metrics_port: int | None = None
@@ -90,6 +92,9 @@ class Settings:
             visibility_timeout=int(_number(env, "HABEAT_VISIBILITY_TIMEOUT", 3600)),
             lease_timeout=_number(env, "HABEAT_LEASE_TIMEOUT", 30.0),
             max_attempts=int(_number(env, "HABEAT_MAX_ATTEMPTS", 3)),
+            dead_letter_max_length=int(
+                _number(env, "HABEAT_DEAD_LETTER_MAX_LENGTH", 1000, allow_zero=True)
+            ),
             broker_key_prefix=env.get("HABEAT_BROKER_KEY_PREFIX", ""),
             imports=tuple(
                 name.strip() for name in env.get("HABEAT_IMPORTS", "").split(",") if name.strip()
@@ -143,6 +148,7 @@ class Settings:
             "habeat_default_overlap_policy": self.overlap_policy,
             "habeat_lease_timeout": self.lease_timeout,
             "habeat_max_attempts": self.max_attempts,
+            "habeat_dead_letter_max_length": self.dead_letter_max_length,
             "habeat_visibility_timeout": self.visibility_timeout,
             "habeat_metrics_port": self.metrics_port,
             "habeat_worker_metrics_port": self.worker_metrics_port,

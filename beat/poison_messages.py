@@ -14,9 +14,12 @@ outcome, the one Celery already has for the malformed messages it recognises:
 the message is removed from its queue (acknowledged, or never delivered) and
 set aside. Setting aside logs ONE ERROR line with the task ID, the queue and
 what was wrong; counts it in ``habeat_worker_messages_set_aside_total{reason}``;
-and, on a Redis broker, keeps a copy in a capped Redis list,
-``habeat_dead_letter_key`` (with the broker's ``global_keyprefix``), so the
-message can be read, fixed and sent again. Celery's own multi-line reports of
+and, on a Redis broker, keeps a copy in a Redis list capped at
+``habeat_dead_letter_max_length`` records, ``habeat_dead_letter_key``
+(``habeat.dead_letter`` after the broker's ``global_keyprefix``: not a plausible
+queue name, so no worker consumes it by accident). Each record is JSON with the
+queue, task ID, reason, problem, time, and the message exactly as the broker
+stored it, so it can be read, fixed and sent again. Celery's own multi-line reports of
 these messages are replaced by that line (the copy holds the whole message).
 Messages are never retried: the next one is taken at once.
 
@@ -37,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from celery import bootsteps
 from celery.exceptions import InvalidTaskError
 from celery.signals import worker_init
@@ -44,14 +48,10 @@ from celery.worker.consumer import consumer as celery_consumer
 from kombu.exceptions import ContentDisallowed
 
 from beat import metrics
+from beat.config import BeatConfig
 
 logger = logging.getLogger(__name__)
 
-#: Redis list of the messages set aside (after the broker's ``global_keyprefix``).
-#: Not a plausible queue name: no worker consumes it by accident.
-DEFAULT_DEAD_LETTER_KEY = "habeat.dead_letter"
-#: Most messages kept there; the oldest are dropped beyond it (0: keep none).
-DEFAULT_DEAD_LETTER_MAX_LENGTH = 1000
 #: Longest description of a problem put in the log line.
 MAX_PROBLEM_LENGTH = 300
 
@@ -91,14 +91,10 @@ class DeadLetters:
         self.max_length = max_length
 
     @classmethod
-    def of(cls, consumer: Any) -> DeadLetters:
-        conf = consumer.app.conf
-        key = conf.get("habeat_dead_letter_key") or DEFAULT_DEAD_LETTER_KEY
-        max_length = conf.get("habeat_dead_letter_max_length")
-        if max_length is None:
-            max_length = DEFAULT_DEAD_LETTER_MAX_LENGTH
+    def of(cls, consumer: Any, config: BeatConfig) -> DeadLetters:
+        """The list on the consumer's current channel; other brokers keep nothing."""
         channel = consumer.task_consumer.channel if _is_redis(consumer) else None
-        return cls(channel, key, int(max_length))
+        return cls(channel, config.dead_letter_key, config.dead_letter_max_length)
 
     def keep(self, message: SetAside) -> str:
         """Keep a copy; say where it went, for the log line."""
@@ -114,9 +110,14 @@ class DeadLetters:
                 "message": message.raw,
             }
         )
+        # A plain client on the broker's pool, and the prefix added here: kombu's
+        # prefixing client leaves some commands (LTRIM) unprefixed.
+        key = getattr(self.channel, "global_keyprefix", "") + self.key
         try:
-            with self.channel.conn_or_acquire() as client, client.pipeline() as pipe:
-                pipe.lpush(self.key, record).ltrim(self.key, 0, self.max_length - 1).execute()
+            with redis.Redis(connection_pool=self.channel.pool).pipeline() as pipe:
+                pipe.lpush(key, record)
+                pipe.ltrim(key, 0, self.max_length - 1)
+                pipe.execute()
         except Exception as exc:  # the message is still removed: a loop is worse than a loss
             return f"dropped (no copy kept: {type(exc).__name__}: {exc})"
         return f"a copy is kept in Redis list {self.key!r}"
@@ -130,7 +131,8 @@ class PoisonMessageGuard(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
-        self.dead_letters = DeadLetters(None, DEFAULT_DEAD_LETTER_KEY, 0)
+        self.config = BeatConfig.from_celery_conf(c.app.conf)
+        self.dead_letters = DeadLetters(None, self.config.dead_letter_key, 0)
         # Instance attributes: the consumer looks these up when it builds its
         # task handler (and Tasks.start hands on_decode_error to kombu).
         c.on_decode_error = self._guard_decode_error(c.on_decode_error)
@@ -142,7 +144,7 @@ class PoisonMessageGuard(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def start(self, c: Any) -> None:
         # Runs again on every reconnection, with the new channel.
-        self.dead_letters = DeadLetters.of(c)
+        self.dead_letters = DeadLetters.of(c, self.config)
         if _is_redis(c):
             self._guard_brpop(c.task_consumer.channel)
 
@@ -268,8 +270,9 @@ class PoisonMessageGuard(bootsteps.StartStopStep):  # type: ignore[misc]
 def envelope_problem(channel: Any, item: bytes | str) -> str | None:
     """What keeps kombu from delivering this Redis list item, or None if nothing does."""
     try:
-        payload = json.loads(item)
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        # Decoded as kombu decodes it (UTF-8, bad bytes replaced), so both agree.
+        payload = json.loads(item.decode(errors="replace") if isinstance(item, bytes) else item)
+    except ValueError as exc:
         return f"not a kombu message: not JSON ({exc})"
     if not isinstance(payload, dict):
         return f"not a kombu message: a JSON {type(payload).__name__}, not an object"
