@@ -120,7 +120,7 @@ class DeadLetters:
                 pipe.execute()
         except Exception as exc:  # the message is still removed: a loop is worse than a loss
             return f"dropped (no copy kept: {type(exc).__name__}: {exc})"
-        return f"a copy is kept in Redis list {self.key!r}"
+        return f"a copy is kept in Redis list {key!r}"
 
 
 class PoisonMessageGuard(bootsteps.StartStopStep):  # type: ignore[misc]

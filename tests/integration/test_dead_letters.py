@@ -39,8 +39,8 @@ def test_the_list_keeps_the_newest_records_up_to_its_length(
     dead_letters = DeadLetters(channel, "habeat.dead_letter", max_length=2)
     where = [dead_letters.keep(set_aside(n)) for n in range(3)]
 
-    assert where == ["a copy is kept in Redis list 'habeat.dead_letter'"] * 3
     key = test_env.broker_key_prefix + "habeat.dead_letter"  # the broker's prefix applies
+    assert where == [f"a copy is kept in Redis list {key!r}"] * 3
     records = [json.loads(item) for item in redis_client.lrange(key, 0, -1)]
     assert [r["task_id"] for r in records] == ["task-2", "task-1"]
     assert records[0] | {"set_aside_at": 0} == {
