@@ -7,7 +7,8 @@ the worker exits ("Unrecoverable error"), restores the unacknowledged message,
 and every restarted worker takes it again and dies. A Redis list item that is
 not JSON kills the worker the same way (the item itself is lost), and a JSON
 item that is not a kombu envelope restarts the consumer as if the broker had
-gone away, which cancels the tasks running on that worker.
+gone away (which, with ``worker_cancel_long_running_tasks_on_connection_loss``,
+cancels the tasks running on that worker).
 
 :class:`PoisonMessageGuard` (a consumer bootstep) turns all of these into one
 outcome, the one Celery already has for the malformed messages it recognises:
@@ -19,9 +20,9 @@ and, on a Redis broker, keeps a copy in a Redis list capped at
 (``habeat.dead_letter`` after the broker's ``global_keyprefix``: not a plausible
 queue name, so no worker consumes it by accident). Each record is JSON with the
 queue, task ID, reason, problem, time, and the message exactly as the broker
-stored it, so it can be read, fixed and sent again. Celery's own multi-line reports of
-these messages are replaced by that line (the copy holds the whole message).
-Messages are never retried: the next one is taken at once.
+stored it, so it can be read, fixed and sent again. Celery's own multi-line
+reports of these messages are replaced by that line (the copy holds the whole
+message). Messages are never retried: the next one is taken at once.
 
 Install it in any Celery app by listing this module in ``imports``; the worker
 imports it before it builds its consumer (no task changes)::
