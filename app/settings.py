@@ -18,6 +18,7 @@
 | HABEAT_VISIBILITY_TIMEOUT | 3600 | seconds before the Redis broker redelivers an unacked message |
 | HABEAT_LEASE_TIMEOUT | 30 | seconds a worker's lease on a run lasts without a heartbeat |
 | HABEAT_MAX_ATTEMPTS | 3 | attempts of a run whose workers die, before it is marked lost |
+| HABEAT_DEAD_LETTER_MAX_LENGTH | 1000 | malformed messages kept in `habeat.dead_letter` (0: none) |
 | HABEAT_IMPORTS | (none) | extra comma-separated task modules to import |
 | HABEAT_METRICS_PORT | (none: off) | port of beat's Prometheus endpoint `/metrics` (0: off) |
 | HABEAT_WORKER_METRICS_PORT | (none: off) | port of a worker's Prometheus endpoint (0: off) |
@@ -35,10 +36,12 @@ from beat.errors import ConfigError
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/habeat"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-#: Modules always imported by workers and beat: the worker's run tracking (plain
-#: tasks' runs and expired deliveries, see ``beat.run_tracking``), then this
-#: project's tasks.
-TASK_MODULES = ("beat.run_tracking", "tasks.demo")
+#: Task modules of this project, always imported by workers and beat.
+TASK_MODULES = ("tasks.demo",)
+#: Modules that extend the worker itself: the run tracking (receipt of runs, plain
+#: tasks' runs, expired deliveries, see ``beat.run_tracking``) and the guard that
+#: sets aside messages it cannot decode or unpack, instead of dying on them.
+WORKER_MODULES = ("beat.run_tracking", "beat.poison_messages")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,6 +63,7 @@ class Settings:
     visibility_timeout: int = 3600
     lease_timeout: float = 30.0
     max_attempts: int = 3
+    dead_letter_max_length: int = 1000
     broker_key_prefix: str = ""
     imports: tuple[str, ...] = ()
     metrics_port: int | None = None
@@ -89,6 +93,9 @@ class Settings:
             visibility_timeout=int(_number(env, "HABEAT_VISIBILITY_TIMEOUT", 3600)),
             lease_timeout=_number(env, "HABEAT_LEASE_TIMEOUT", 30.0),
             max_attempts=int(_number(env, "HABEAT_MAX_ATTEMPTS", 3)),
+            dead_letter_max_length=int(
+                _number(env, "HABEAT_DEAD_LETTER_MAX_LENGTH", 1000, allow_zero=True)
+            ),
             broker_key_prefix=env.get("HABEAT_BROKER_KEY_PREFIX", ""),
             imports=tuple(
                 name.strip() for name in env.get("HABEAT_IMPORTS", "").split(",") if name.strip()
@@ -124,7 +131,7 @@ class Settings:
             "worker_send_task_events": True,
             "timezone": self.timezone,
             "enable_utc": True,
-            "imports": (*TASK_MODULES, *self.imports),
+            "imports": (*WORKER_MODULES, *TASK_MODULES, *self.imports),
             "beat_scheduler": "beat.scheduler:HAScheduler",
             "beat_max_loop_interval": self.max_wait,
             "habeat_database_url": self.database_url,
@@ -142,6 +149,7 @@ class Settings:
             "habeat_default_overlap_policy": self.overlap_policy,
             "habeat_lease_timeout": self.lease_timeout,
             "habeat_max_attempts": self.max_attempts,
+            "habeat_dead_letter_max_length": self.dead_letter_max_length,
             "habeat_visibility_timeout": self.visibility_timeout,
             "habeat_metrics_port": self.metrics_port,
             "habeat_worker_metrics_port": self.worker_metrics_port,

@@ -68,6 +68,11 @@ class BeatConfig:
     metrics_port: int | None = None
     #: Address the metrics endpoints bind to (beat's, and a worker's when it has a port).
     metrics_address: str = "0.0.0.0"
+    #: Redis list, on the broker (after its ``global_keyprefix``), where workers keep
+    #: the messages they cannot decode or unpack (``beat.poison_messages``).
+    dead_letter_key: str = "habeat.dead_letter"
+    #: Most messages kept in that list; the oldest go first (0: keep none, only log them).
+    dead_letter_max_length: int = 1000
 
     @classmethod
     def from_celery_conf(cls, conf: Any) -> BeatConfig:
@@ -111,6 +116,11 @@ class BeatConfig:
             )
         if not self.key_prefix:
             raise ConfigError("habeat_key_prefix must not be empty")
+        if not self.dead_letter_key or self.dead_letter_max_length < 0:
+            raise ConfigError(
+                "habeat_dead_letter_key must not be empty and habeat_dead_letter_max_length"
+                " must be 0 (keep none) or more"
+            )
 
     def schedule_defaults(self) -> dict[str, str]:
         """Fields a schedule gets when its definition leaves them out."""

@@ -1,4 +1,5 @@
-"""Prometheus metrics of beat and of the workers' idempotent task base.
+"""Prometheus metrics of beat, of the workers' idempotent task base and of their
+poison message guard.
 
 Every metric is defined once, here, on :data:`REGISTRY`: a registry of our own
 rather than ``prometheus_client``'s default one. Flower (and users' own code)
@@ -148,7 +149,7 @@ TICK_ERRORS = Counter(
     registry=REGISTRY,
 )
 
-# -- workers (tasks.base.IdempotentTask) -------------------------------------------------
+# -- workers (tasks.base.IdempotentTask, beat.poison_messages) ---------------------------
 
 WORKER_DUPLICATE_DELIVERIES = Counter(
     "habeat_worker_duplicate_deliveries_total",
@@ -170,6 +171,13 @@ WORKER_RUN_DURATION = Histogram(
 WORKER_REQUEUED = Counter(
     "habeat_worker_requeued_total",
     "Deliveries handed back to the broker because the guard could not reach PostgreSQL.",
+    registry=REGISTRY,
+)
+WORKER_MESSAGES_SET_ASIDE = Counter(
+    "habeat_worker_messages_set_aside_total",
+    "Broker messages this worker could not decode or unpack (or whose task it does not"
+    " know), removed from their queue and kept in the dead-letter list, by reason.",
+    ["reason"],
     registry=REGISTRY,
 )
 

@@ -94,14 +94,14 @@ class Cluster:
             **env,
         )
 
-    def worker(self, name: str, concurrency: int = 4, **env: str) -> Process:
+    def worker(self, name: str, concurrency: int = 4, pool: str = "threads", **env: str) -> Process:
         return self.start(
             name,
             "worker",
             "-l",
             "info",
             "-P",
-            "threads",
+            pool,
             "-c",
             str(concurrency),
             "-n",

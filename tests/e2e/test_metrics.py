@@ -140,20 +140,8 @@ def test_a_prefork_worker_sums_its_children_in_multiprocess_mode(
 
 def test_a_prefork_worker_without_multiprocess_mode_says_what_to_do(cluster: Cluster) -> None:
     port = free_port()
-    worker = cluster.start(
-        "worker1",
-        "worker",
-        "-l",
-        "info",
-        "-P",
-        "prefork",
-        "-c",
-        "1",
-        "-n",
-        "worker1@%h",
-        "--without-gossip",
-        "--without-mingle",
-        HABEAT_WORKER_METRICS_PORT=str(port),
+    worker = cluster.worker(
+        "worker1", concurrency=1, pool="prefork", HABEAT_WORKER_METRICS_PORT=str(port)
     )
     wait_until(lambda: scrape(port) is not None, timeout=30)
     wait_until(lambda: "PROMETHEUS_MULTIPROC_DIR" in worker.output(), timeout=10)

@@ -44,3 +44,10 @@ def test_code_schedules_take_the_defaults_unless_they_say_otherwise() -> None:
 def test_a_setting_that_is_not_a_number_is_refused(name: str) -> None:
     with pytest.raises(ConfigError, match=f"{name}='soon' is not a number"):
         Settings.from_env({name: "soon"})
+
+
+def test_workers_install_the_poison_message_guard_and_size_its_dead_letter_list() -> None:
+    app = create_app(Settings.from_env({"HABEAT_DEAD_LETTER_MAX_LENGTH": "0"}))
+    assert "beat.poison_messages" in app.conf.imports
+    config = BeatConfig.from_celery_conf(app.conf)
+    assert (config.dead_letter_key, config.dead_letter_max_length) == ("habeat.dead_letter", 0)
