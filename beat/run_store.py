@@ -274,10 +274,13 @@ class RunStore(StoreConnection):
         *,
         state: RunState,
         error: str | None = None,
-        retries: int | None = None,
+        attempt_retries: int,
         retry_in: float | None = None,
     ) -> bool:
-        """Record a plain run's outcome (its worker holds it: nobody else may start it)."""
+        """Record the outcome of the plain run's attempt that Celery numbered
+        ``attempt_retries`` (its ``request.retries``), unless a later attempt (the retry
+        it asked for, received before this one ended) holds the run now."""
+        retries = attempt_retries + 1 if state is RunState.RETRYING else None
         values = _outcome(state, error=error, retries=retries, retry_in=retry_in)
         with self._transaction() as conn:
             return (
@@ -286,6 +289,7 @@ class RunStore(StoreConnection):
                     .where(
                         runs.c.id == run_id,
                         runs.c.plain,
+                        runs.c.retries == attempt_retries,
                         runs.c.state.in_([RunState.RUNNING.value, RunState.LOST.value]),
                     )
                     .values(**values)

@@ -73,7 +73,16 @@ def is_guarded(task: Any) -> bool:
 
 def retry_delay(retry: Retry) -> float:
     """Seconds until the retry Celery published is due (its countdown or ETA)."""
-    when = retry.when
+    return seconds_until(retry.when)
+
+
+def seconds_until(when: Any) -> float:
+    """A countdown (seconds) or an ETA (datetime) as seconds from now; 0 if neither."""
+    if isinstance(when, str):
+        try:
+            when = datetime.fromisoformat(when)
+        except ValueError:
+            return 0.0
     if isinstance(when, int | float):
         return float(when)
     if isinstance(when, datetime):
@@ -266,13 +275,12 @@ def _plain_run_ended(
     outcome = _OUTCOMES.get(state or "", RunState.FAILED)
     error = error_text(retval) if isinstance(retval, BaseException) else None
     retry_in = retry_delay(retval) if isinstance(retval, Retry) else None
-    retries = (task.request.retries or 0) + 1 if outcome is RunState.RETRYING else None
     try:
         _store_of(task).finish_plain(
             run_id,
             state=outcome,
             error=None if outcome is RunState.SUCCEEDED else error,
-            retries=retries,
+            attempt_retries=task.request.retries or 0,
             retry_in=retry_in,
         )
     except HABeatError as exc:

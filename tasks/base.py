@@ -45,7 +45,7 @@ from beat.run_store import (
     run_id_for,
     run_store_for,
 )
-from beat.run_tracking import REQUEUE_DELAY, error_text, retry_delay
+from beat.run_tracking import REQUEUE_DELAY, error_text, retry_delay, seconds_until
 from beat.tables import RunState
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,8 @@ class _Execution:
     stop: threading.Event = field(default_factory=threading.Event)
     session: Session | None = None
     started: float = field(default_factory=time.monotonic)
+    #: The retry this attempt asked for was recorded before Celery published it.
+    retry_recorded: bool = False
 
     def heartbeat_loop(self) -> None:
         valid_until = time.monotonic() + self.lease_seconds
@@ -96,7 +98,8 @@ class _Execution:
                 if not self.store.heartbeat(
                     self.run_id, owner=self.owner, lease_seconds=self.lease_seconds
                 ):
-                    self._lose("another worker holds it now")
+                    if not self.stop.is_set():  # not our own outcome being recorded
+                        self._lose("another worker holds it now")
                     return
                 valid_until = sent_at + self.lease_seconds
             except HABeatError as exc:
@@ -244,12 +247,13 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         try:
             result = super().__call__(*args, **kwargs)
         except Retry as retry:
-            self._finish(
-                execution,
-                RunState.RETRYING,
-                retries=(self.request.retries or 0) + 1,
-                retry_in=retry_delay(retry),
-            )
+            if not execution.retry_recorded:
+                self._finish(
+                    execution,
+                    RunState.RETRYING,
+                    retries=(self.request.retries or 0) + 1,
+                    retry_in=retry_delay(retry),
+                )
             raise
         except Ignore:
             self._finish(execution, RunState.CANCELLED, error="ignored by the task")
@@ -264,6 +268,36 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         if not self._finish(execution, RunState.SUCCEEDED):
             raise Ignore  # another worker owns the run now: its outcome is the one recorded
         return result
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """Publish the task; a retry of the run executing now is recorded first.
+
+        Celery publishes a retry inside ``self.retry()``, before the attempt that asked
+        for it ends: a retry due at once may reach a worker first. Recording
+        ``retrying`` (with its due time) before the publish lets that delivery in, and
+        a retry whose message is then lost is found by the leader past its due time."""
+        execution = self._execution()
+        retries = options.get("retries") or 0
+        if (
+            execution is not None
+            and not execution.retry_recorded
+            and task_id == self.request.id
+            and retries > (self.request.retries or 0)
+        ):
+            execution.stop.set()  # the lease ends with this record: no more heartbeats
+            execution.retry_recorded = self._finish(
+                execution,
+                RunState.RETRYING,
+                retries=retries,
+                retry_in=seconds_until(options.get("eta") or options.get("countdown")),
+            )
+        return super().apply_async(args, kwargs, task_id=task_id, **options)
 
     def _finish(
         self,

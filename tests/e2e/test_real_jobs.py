@@ -19,7 +19,7 @@ from beat.store import Store
 from beat.tables import RunState
 from tests.conftest import SessionEnv
 from tests.e2e.cluster import Cluster, wait_until
-from tests.integration.helpers import run_rows
+from tests.integration.helpers import broker_messages, run_rows, task_ids
 
 pytestmark = pytest.mark.e2e
 
@@ -301,10 +301,20 @@ def test_finding_4_a_long_healthy_backlog_gets_no_copies(
             f"backlog-{index:03d}", "e2e.record", at=now, args=["b"], allow_unregistered=True
         )
     client = redis.Redis.from_url(test_env.redis_url)
-    queue = f"{test_env.broker_key_prefix}celery"
-    wait_until(lambda: client.llen(queue) >= backlog, timeout=30)
+
+    def backlog_runs() -> set[str]:
+        return {str(run.id) for run in run_rows(store) if run.schedule_name.startswith("backlog")}
+
+    wait_until(lambda: len(backlog_runs()) == backlog, timeout=30)
+    expected = backlog_runs()
+
+    def queued_ids() -> list[str]:
+        return task_ids(broker_messages(client, test_env.broker_key_prefix))
+
+    wait_until(lambda: expected <= set(queued_ids()), timeout=30)
     time.sleep(55)  # past the look (30 s untaken) and its confirmation, with no worker
-    assert client.llen(queue) == backlog, "no copy of a message the broker still holds"
+    ids = [task_id for task_id in queued_ids() if task_id in expected]
+    assert sorted(ids) == sorted(expected), "each message once: no copy of one the broker holds"
     client.close()
     assert "the broker no longer holds its message" not in cluster.logs()
 
@@ -337,33 +347,35 @@ def test_finding_2b_a_retry_whose_message_the_broker_lost_is_sent_again(
     assert cluster.effects() == {str(run.id): 1}
 
 
-def test_a_run_whose_worker_dies_before_starting_it_is_sent_again_within_the_lease(
+def test_a_retry_held_by_a_worker_that_dies_is_sent_again_at_its_time(
     cluster: Cluster, store: Store
 ) -> None:
-    """A message a worker reserved (all its slots busy) is not left in kombu's unacked
-    hash for the visibility timeout when that worker dies."""
+    """A worker holds a retry until its countdown ends (in kombu's unacked hash): if it
+    dies meanwhile, the run is published again at its retry time, not after the
+    visibility timeout, and not before its time."""
     cluster.settings = DEFAULT_VISIBILITY
     cluster.beat("beat0")
-    busy = cluster.worker("worker0", concurrency=1)
+    holder = cluster.worker("worker0", concurrency=2)
     wait_until(lambda: cluster.leading_process() is not None, timeout=30)
-    schedules = Schedules(store)
-    schedules.create(
-        "busy", "e2e.slow", at=datetime.now(UTC), args=["busy", 30], allow_unregistered=True
+    Schedules(store).create(
+        "held-retry",
+        "e2e.retry_now",
+        at=datetime.now(UTC),
+        args=["r", 1, 12],
+        allow_unregistered=True,
     )
-    wait_until(lambda: runs_of(store, "busy") and one_run(store, "busy").state == "running", 30)
-    schedules.create(
-        "reserved", "e2e.record", at=datetime.now(UTC), args=["r"], allow_unregistered=True
-    )
-    wait_until(
-        lambda: runs_of(store, "reserved") and one_run(store, "reserved").received_at is not None,
-        timeout=30,
-    )
-    assert one_run(store, "reserved").state == "queued", "reserved, waiting for a free slot"
-    busy.signal(signal.SIGKILL)
-    busy.popen.wait()
+
+    def held() -> bool:
+        rows = runs_of(store, "held-retry")
+        return bool(rows) and rows[0].state == "retrying" and rows[0].lease_owner is not None
+
+    wait_until(held, timeout=30)
+    holder.signal(signal.SIGKILL)
+    holder.popen.wait()
     killed_at = time.monotonic()
     cluster.worker("worker1", concurrency=2)
-    wait_until(lambda: one_run(store, "reserved").state == "succeeded", timeout=60)
-    print(f"the reserved run succeeded {time.monotonic() - killed_at:.1f}s after the kill")
-    run = one_run(store, "reserved")
-    assert cluster.effects().get(str(run.id)) == 1
+    wait_until(lambda: one_run(store, "held-retry").state == "succeeded", timeout=60)
+    print(f"the retry succeeded {time.monotonic() - killed_at:.1f}s after its worker was killed")
+    run = one_run(store, "held-retry")
+    assert run.started_at >= run.not_before, "the retry did not run before its countdown ended"
+    assert cluster.effects() == {str(run.id): 1}
