@@ -27,7 +27,7 @@ from beat import timing
 from beat.config import BeatConfig
 from beat.errors import InvalidSchedule, UnknownTask
 from beat.models import Schedule, ScheduleDefinition
-from beat.store import Store
+from beat.store import Store, next_fire_after_retiming
 from beat.tables import MisfirePolicy, Origin, OverlapPolicy
 from beat.timing import Trigger
 
@@ -324,7 +324,10 @@ class Schedules:
                 current.definition.timezone,
             )
             if timing_changed:
-                return definition, first_fire_at(definition, now)
+                recomputed = first_fire_at(definition, now)
+                return definition, next_fire_after_retiming(
+                    current.next_fire_at, recomputed, definition, now
+                )
             return definition, current.next_fire_at
 
         return self.store.replace_schedule(name, build)

@@ -334,9 +334,12 @@ class Store(StoreConnection):
             existing = {
                 row.name: row
                 for row in conn.execute(
-                    select(schedules).where(
+                    select(schedules)
+                    .where(
                         or_(schedules.c.name.in_(names), schedules.c.origin == Origin.CODE.value)
                     )
+                    # A claim in flight must not advance next_fire_at under the sync's feet.
+                    .with_for_update()
                 )
             }
             for definition, code_hash in definitions:
@@ -373,11 +376,19 @@ class Store(StoreConnection):
         elif row.code_hash == code_hash:
             report.unchanged.append(definition.name)
         else:
+            definition = _with_stored_anchor(definition, row)
+            values_ = definition_values(definition) | {"code_hash": code_hash}
             values_.pop("enabled")  # a pause made at runtime survives a code change
+            if any(values_[name] != row._mapping[name] for name in TIMING_COLUMNS):
+                values_["next_fire_at"] = next_fire_after_retiming(
+                    row.next_fire_at, first_fire(definition, now), definition, now
+                )
+            # Otherwise the next fire time stays: fire times missed while no beat ran
+            # (a deploy) are claimed late and go through the misfire policy.
             conn.execute(
                 update(schedules)
                 .where(schedules.c.id == row.id)
-                .values(**values_, next_fire_at=first_fire(definition, now), updated_at=func.now())
+                .values(**values_, updated_at=func.now())
             )
             report.updated.append(definition.name)
 
@@ -959,6 +970,52 @@ _ADVANCE = (
         disabled_reason=func.coalesce(_ADVANCED.c.reasons, schedules.c.disabled_reason),
     )
 )
+
+
+#: The columns that decide when a schedule fires; a change of any moves its next fire time.
+TIMING_COLUMNS = (
+    "trigger_kind",
+    "cron",
+    "every_seconds",
+    "anchor_at",
+    "run_at",
+    "timezone",
+    "start_at",
+    "end_at",
+)
+
+
+def next_fire_after_retiming(
+    current: datetime | None,
+    recomputed: datetime | None,
+    definition: ScheduleDefinition,
+    now: datetime,
+) -> datetime | None:
+    """The next fire time of a schedule whose timing changed at database time ``now``.
+
+    The new timing applies from now on (``recomputed``), except for a fire time the
+    old timing made due that no beat claimed (``current <= now``: every beat was down
+    during a deploy, say). That one stays the next fire time, so the claim runs or
+    records it, and the new timing's fire times since, under the misfire policy
+    rather than losing them silently; unless the new window (start_at, end_at)
+    leaves it out, which says those times are no longer wanted.
+    """
+    if current is None or current > now or (recomputed is not None and recomputed <= current):
+        return recomputed
+    if definition.start_at is not None and current < definition.start_at:
+        return recomputed
+    if definition.end_at is not None and current > definition.end_at:
+        return recomputed
+    return current
+
+
+def _with_stored_anchor(definition: ScheduleDefinition, row: Row[Any]) -> ScheduleDefinition:
+    """An interval without start_at keeps the anchor it got when first synced (code
+    gives it the time of collection): its phase does not move at every deploy."""
+    trigger = definition.trigger
+    if not isinstance(trigger, Every) or definition.start_at is not None or row.anchor_at is None:
+        return definition
+    return replace(definition, trigger=Every(seconds=trigger.seconds, anchor=row.anchor_at))
 
 
 def _trigger_from_row(row: Row[Any]) -> Trigger:
