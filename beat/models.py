@@ -138,3 +138,21 @@ class RunToPublish:
 
     def __post_init__(self) -> None:
         require_aware(self.fire_at, "fire_at")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UnpublishableRun:
+    """A run whose message cannot be built from its own options or payload: publishing
+    it again would fail the same way."""
+
+    run: RunToPublish
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Quarantine:
+    """A schedule the scheduler disables because it cannot be planned or published."""
+
+    schedule_id: int
+    name: str
+    reason: str

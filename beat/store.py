@@ -66,8 +66,17 @@ from beat.errors import (
     StaleEpoch,
     StoreError,
     StoreUnavailable,
+    error_text,
 )
-from beat.models import DueSchedule, FirePlan, RunToPublish, Schedule, ScheduleDefinition
+from beat.models import (
+    DueSchedule,
+    FirePlan,
+    Quarantine,
+    RunToPublish,
+    Schedule,
+    ScheduleDefinition,
+    UnpublishableRun,
+)
 from beat.policies import jitter_delay
 from beat.tables import (
     SCHEDULES_CHANNEL,
@@ -94,6 +103,8 @@ SYNC_LOCK_ID = 0x6861_6265_6174_01
 
 #: Plans a due schedule's fire times: ``plan(schedule, now, until)``, up to ``until``.
 Planner = Callable[[DueSchedule, datetime, datetime], FirePlan]
+#: A run a claim inserts: (run ID, schedule, fire time, not before).
+_Fire = tuple[uuid.UUID, DueSchedule, datetime, datetime | None]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -118,6 +129,8 @@ class Claim:
     deferred: int = 0
     #: Schedules disabled because their window ended, with the reason.
     disabled: list[tuple[str, str | None]] = field(default_factory=list)
+    #: Schedules quarantined because they could not be read or planned.
+    quarantined: list[Quarantine] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -472,14 +485,18 @@ class Store(StoreConnection):
             self._fence(conn, epoch, idle_timeout)
             now = conn.execute(select(func.now())).scalar_one()
             clock = time.monotonic()
-            rows = conn.execute(_due_query(batch), {"ahead": ahead})
-            due = self._with_active_runs(conn, [_due_from_row(row) for row in rows])
-            if not due:
+            rows = conn.execute(_due_query(batch), {"ahead": ahead}).all()
+            if not rows:
                 return Claim(runs=[], now=now, clock=clock, schedules_claimed=0, skipped=0)
+            due, unreadable = _due_schedules(rows)
+            due = self._with_active_runs(conn, due)
             horizon = now + timedelta(seconds=ahead)
-            plans = [(s, plan(s, now, _until(s, now, horizon))) for s in due]
+            plans, fires, unplannable = _plan_each(due, plan, now, horizon)
+            # A schedule that cannot be planned is set aside; the rest of the batch goes on.
+            quarantined = [*unreadable, *unplannable]
+            _quarantine(conn, quarantined)
             cancelled = self._cancel_active(conn, plans)
-            inserted = self._insert_runs(conn, epoch, plans, now)
+            inserted = self._insert_runs(conn, epoch, fires)
             skipped = self._insert_skipped(conn, epoch, plans, now)
             self._advance(conn, plans)
         # Runs claimed ahead are published by this leader at their fire time; jittered
@@ -491,11 +508,12 @@ class Store(StoreConnection):
             armed=armed,
             now=now,
             clock=clock,
-            schedules_claimed=len(due),
+            schedules_claimed=len(rows),
             skipped=skipped,
             cancelled=cancelled,
             deferred=len(inserted) - len(to_publish) - len(armed),
             disabled=[(s.name, p.disable_reason) for s, p in plans if p.disable_reason],
+            quarantined=quarantined,
         )
 
     @staticmethod
@@ -568,31 +586,22 @@ class Store(StoreConnection):
             )
 
     @staticmethod
-    def _insert_runs(
-        conn: Connection, epoch: int, plans: list[tuple[DueSchedule, FirePlan]], now: datetime
-    ) -> list[RunToPublish]:
+    def _insert_runs(conn: Connection, epoch: int, fires: list[_Fire]) -> list[RunToPublish]:
         """Insert a ``pending`` run per planned fire time in one statement.
 
         Only the fire times travel as arrays; each run's payload is copied from its
         schedule row (locked by this claim) inside PostgreSQL.
         """
-        fires = [
-            (uuid.uuid4(), schedule, fire_at) for schedule, plan in plans for fire_at in plan.fire
-        ]
         if not fires:
             return []
-        not_before = {
-            run_id: _not_before(run_id, fire_at, schedule.jitter_seconds, now)
-            for run_id, schedule, fire_at in fires
-        }
         inserted = set(
             conn.scalars(
                 _INSERT_RUNS,
                 {
-                    "ids": [run_id for run_id, _, _ in fires],
-                    "schedule_ids": [schedule.id for _, schedule, _ in fires],
-                    "fire_ats": [fire_at for _, _, fire_at in fires],
-                    "not_befores": list(not_before.values()),
+                    "ids": [run_id for run_id, _, _, _ in fires],
+                    "schedule_ids": [schedule.id for _, schedule, _, _ in fires],
+                    "fire_ats": [fire_at for _, _, fire_at, _ in fires],
+                    "not_befores": [not_before for _, _, _, not_before in fires],
                     "epoch": epoch,
                 },
             )
@@ -603,8 +612,8 @@ class Store(StoreConnection):
                 len(fires) - len(inserted),
             )
         return [
-            _new_run(run_id, schedule, fire_at, not_before[run_id])
-            for run_id, schedule, fire_at in fires
+            _new_run(run_id, schedule, fire_at, not_before)
+            for run_id, schedule, fire_at, not_before in fires
             if run_id in inserted
         ]
 
@@ -751,6 +760,32 @@ class Store(StoreConnection):
                 .values(state=RunState.QUEUED.value, published_at=func.now()),
                 {"ids": list(run_ids)},
             ).rowcount
+
+    def fail_unpublishable(self, rejected: Sequence[UnpublishableRun]) -> list[Quarantine]:
+        """Mark ``failed``, with their error, the runs whose message cannot be built, and
+        quarantine their schedules (see ``_quarantine``); returns the quarantines."""
+        quarantined: dict[int, Quarantine] = {}
+        with self._transaction() as conn:
+            for entry in rejected:
+                row = conn.execute(
+                    update(runs)
+                    .where(runs.c.id == entry.run.id, runs.c.state == RunState.PENDING.value)
+                    .values(
+                        state=RunState.FAILED.value,
+                        error=f"cannot be published: {entry.error}",
+                        finished_at=func.now(),
+                    )
+                    .returning(runs.c.schedule_id)
+                ).one_or_none()
+                if row is None or row.schedule_id is None or row.schedule_id in quarantined:
+                    continue
+                quarantined[row.schedule_id] = Quarantine(
+                    schedule_id=row.schedule_id,
+                    name=entry.run.schedule_name or "?",
+                    reason=f"run {entry.run.id} cannot be published: {entry.error}",
+                )
+            _quarantine(conn, list(quarantined.values()))
+        return list(quarantined.values())
 
     def seconds_until_lease_expiry(self) -> float | None:
         """Seconds until the earliest lease of a running run expires (negative if it
@@ -1171,6 +1206,77 @@ def _not_before(
     if jitter_seconds > 0:
         return fire_at + jitter_delay(run_id, jitter_seconds)
     return fire_at if fire_at > now else None
+
+
+def _due_schedules(rows: Sequence[Row[Any]]) -> tuple[list[DueSchedule], list[Quarantine]]:
+    """The due rows as schedules, and those whose stored definition cannot be read
+    (e.g. a zone or cron written with psql): each alone is quarantined."""
+    due: list[DueSchedule] = []
+    unreadable: list[Quarantine] = []
+    for row in rows:
+        try:
+            due.append(_due_from_row(row))
+        except Exception as exc:  # bad data in one row must not stop every claim
+            reason = f"its stored definition cannot be read: {error_text(exc)}"
+            unreadable.append(Quarantine(schedule_id=row.id, name=row.name, reason=reason))
+    return due, unreadable
+
+
+def _plan_each(
+    due: list[DueSchedule], plan: Planner, now: datetime, horizon: datetime
+) -> tuple[list[tuple[DueSchedule, FirePlan]], list[_Fire], list[Quarantine]]:
+    """Plan every due schedule and its new runs; a schedule whose planning raises is
+    returned apart, to be quarantined, and the others go on."""
+    plans: list[tuple[DueSchedule, FirePlan]] = []
+    fires: list[_Fire] = []
+    unplannable: list[Quarantine] = []
+    for schedule in due:
+        try:
+            fire_plan = plan(schedule, now, _until(schedule, now, horizon))
+            new = [_new_fire(schedule, fire_at, now) for fire_at in fire_plan.fire]
+        except Exception as exc:  # pure computation: the schedule's data is at fault
+            reason = f"its fire times cannot be planned: {error_text(exc)}"
+            unplannable.append(
+                Quarantine(schedule_id=schedule.id, name=schedule.name, reason=reason)
+            )
+            continue
+        plans.append((schedule, fire_plan))
+        fires.extend(new)
+    return plans, fires, unplannable
+
+
+def _new_fire(schedule: DueSchedule, fire_at: datetime, now: datetime) -> _Fire:
+    run_id = uuid.uuid4()
+    return run_id, schedule, fire_at, _not_before(run_id, fire_at, schedule.jitter_seconds, now)
+
+
+def _quarantine(conn: Connection, quarantined: Sequence[Quarantine]) -> None:
+    """Disable each schedule with its reason and fail its runs waiting in the outbox
+    (they would fail the same way). A schedule quarantined already keeps its first
+    reason and time: that is the cause to fix."""
+    first_time = schedules.c.quarantined_at.is_(None)
+    for entry in quarantined:
+        conn.execute(
+            update(schedules)
+            .where(schedules.c.id == entry.schedule_id)
+            .values(
+                enabled=False,
+                quarantined_at=func.coalesce(schedules.c.quarantined_at, func.now()),
+                disabled_reason=case(
+                    (first_time, literal(entry.reason)), else_=schedules.c.disabled_reason
+                ),
+                updated_at=func.now(),
+            )
+        )
+        conn.execute(
+            update(runs)
+            .where(runs.c.schedule_id == entry.schedule_id, runs.c.state == RunState.PENDING.value)
+            .values(
+                state=RunState.FAILED.value,
+                error=f"not published: its schedule was quarantined ({entry.reason})",
+                finished_at=func.now(),
+            )
+        )
 
 
 def _until(schedule: DueSchedule, now: datetime, horizon: datetime) -> datetime:
