@@ -60,6 +60,9 @@ class Schedule:
     updated_at: datetime
     runs_count: int = 0
     disabled_reason: str | None = None
+    #: When the scheduler disabled it because it could not be planned or published
+    #: (``disabled_reason`` says why); cleared when it is enabled again.
+    quarantined_at: datetime | None = None
 
     def __post_init__(self) -> None:
         require_aware(self.next_fire_at, "next_fire_at")

@@ -311,8 +311,10 @@ class Store(StoreConnection):
                 .where(schedules.c.id == row.id)
                 .values(**values_, next_fire_at=next_fire_at, updated_at=func.now())
                 .values(
-                    # A schedule enabled again starts afresh: its old disable reason goes.
-                    disabled_reason=None if definition.enabled else schedules.c.disabled_reason
+                    # A schedule enabled again starts afresh: its old disable reason goes,
+                    # and so does its quarantine.
+                    disabled_reason=None if definition.enabled else schedules.c.disabled_reason,
+                    quarantined_at=None if definition.enabled else schedules.c.quarantined_at,
                 )
                 .returning(schedules)
             ).one()
@@ -1125,6 +1127,7 @@ def _schedule_from_row(row: Row[Any]) -> Schedule:
         updated_at=row.updated_at,
         runs_count=row.runs_count,
         disabled_reason=row.disabled_reason,
+        quarantined_at=row.quarantined_at,
     )
 
 
