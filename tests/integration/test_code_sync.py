@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 SchedulerFactory = Callable[..., HAScheduler]
 
 #: Fire times older than this are misfires in these tests (the default is 60 s).
-GRACE = 8.0
+GRACE = 10.0
 
 
 def code(policy: str, *, every: float = 10.0, x: int = 1) -> dict[str, Any]:
