@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 from beat.api import Schedules
 from beat.errors import InvalidSchedule
+from beat.policies import plan_fires
 from beat.scheduler import HAScheduler
 from beat.store import Store
 from beat.tables import RunState
@@ -151,3 +152,33 @@ def test_finding_14_a_huge_jitter_or_headers_that_are_no_object_are_refused_at_i
             "h", "tasks.demo.add", every=5, options={"headers": "x"}, allow_unregistered=True
         )
     assert schedules.list() == []
+
+
+def test_finding_14_a_row_that_cannot_be_read_is_quarantined_in_the_claim(store: Store) -> None:
+    """A zone or a cron that only psql could write: the claim sets that row aside."""
+    Schedules(store).create(
+        "good", "tasks.demo.add", every=1, start_at=datetime.now(UTC), allow_unregistered=True
+    )
+    insert_bad_schedule(store, "bad-zone", jitter=0, options="{}")
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE beat_schedules SET timezone = 'Mars/Olympus_Mons' WHERE name = 'bad-zone'")
+        )
+        conn.execute(text("UPDATE beat_schedules SET next_fire_at = now() - interval '1 second'"))
+    assert store.take_leadership(1, "me")
+
+    claim = store.claim_due(
+        1,
+        batch=10,
+        plan=lambda due, now, until: plan_fires(
+            due, now, until=until, misfire_grace=60, max_catchup=100
+        ),
+    )
+
+    assert {run.schedule_name for run in claim.runs} == {"good"}
+    assert [(entry.name, entry.reason.split(":")[0]) for entry in claim.quarantined] == [
+        ("bad-zone", "its stored definition cannot be read")
+    ]
+    row = schedule_row(store, "bad-zone")
+    assert (row.enabled, row.quarantined_at is not None) == (False, True)
+    assert "Mars/Olympus_Mons" in row.disabled_reason
