@@ -363,7 +363,7 @@ def list_(ctx: click.Context, as_json: bool) -> None:
             s.definition.task,
             spec_text(s),
             s.definition.timezone,
-            "yes" if s.definition.enabled else "paused",
+            _enabled_text(s),
             _time(s.next_fire_at),
             last[s.name].state.value if s.name in last else "-",
         )
@@ -595,8 +595,9 @@ def prune(ctx: click.Context, older_than: timedelta, batch: int, as_json: bool) 
 @_json_option
 @click.pass_context
 def health(ctx: click.Context, as_json: bool) -> None:
-    """Exit 0 if PostgreSQL answers, the schema is current, Redis answers and a leader
-    holds a valid lease; else exit 1 with one line per failing check."""
+    """Exit 0 if PostgreSQL answers, the schema is current, Redis answers, a leader
+    holds a valid lease and no schedule is quarantined; else exit 1 with one line per
+    failing check."""
     config = _config(ctx)
     manager = _schedules(ctx, check_schema=False)
     checks = health_checks(manager, config)
@@ -609,9 +610,10 @@ def health(ctx: click.Context, as_json: bool) -> None:
             }
         )
     else:
+        width = max(len(check.name) for check in checks)
         for check in checks:
             if check.ok:
-                click.echo(f"ok  {check.name:<8}  {check.detail}")
+                click.echo(f"ok  {check.name:<{width}}  {check.detail}")
             else:
                 click.echo(f"Error: {check.name}: {check.detail}", err=True)
     if not healthy:
@@ -729,7 +731,13 @@ class Check:
 
 
 def health_checks(manager: Schedules, config: BeatConfig) -> list[Check]:
-    """postgres, schema, redis, leader: each passes or says what is wrong."""
+    """postgres, schema, redis, leader, schedules: each passes or says what is wrong."""
+    checks = _service_checks(manager, config)
+    return [*checks, _quarantine_check(manager, checks)]
+
+
+def _service_checks(manager: Schedules, config: BeatConfig) -> list[Check]:
+    """postgres, schema, redis, leader."""
     store = manager.store
     postgres = _probe("postgres", _ops(manager).ping, f"PostgreSQL at {store.url} answers")
     schema = (
@@ -759,6 +767,30 @@ def _leader_check(manager: Schedules, lease: LeaseStatus) -> Check:
             name="leader", ok=True, detail=f"{info.holder} leads (epoch {info.epoch}{expiry})"
         )
     return Check(name="leader", ok=False, detail=_leader_status(info, lease))
+
+
+def _quarantine_check(manager: Schedules, checks: list[Check]) -> Check:
+    """Red while any schedule is quarantined (it fires no more until it is resumed)."""
+    failed = [
+        check.name for check in checks if check.name in ("postgres", "schema") and not check.ok
+    ]
+    if failed:
+        return _not_checked("schedules", f"the {failed[0]} check failed")
+    try:
+        found = _ops(manager).quarantined()
+    except (HABeatError, SQLAlchemyError) as exc:
+        return Check(name="schedules", ok=False, detail=first_line(exc))
+    if not found:
+        return Check(name="schedules", ok=True, detail="no schedule is quarantined")
+    listed = "; ".join(
+        f"{entry.name} since {_time(entry.quarantined_at)} UTC ({entry.reason})" for entry in found
+    )
+    return Check(
+        name="schedules",
+        ok=False,
+        detail=f"{len(found)} quarantined, not firing: {listed}:"
+        " fix each, then `celery -A app schedules resume NAME`",
+    )
 
 
 def _probe(name: str, action: Callable[[], object], success: str) -> Check:
@@ -807,9 +839,17 @@ def schedule_document(schedule: Schedule) -> dict[str, Any]:
         "max_runs": definition.max_runs,
         "runs_count": schedule.runs_count,
         "disabled_reason": schedule.disabled_reason,
+        "quarantined_at": _iso(schedule.quarantined_at),
         "next_fire_at": _iso(schedule.next_fire_at),
         "last_fire_at": _iso(schedule.last_fire_at),
     }
+
+
+def _enabled_text(schedule: Schedule, *, with_reason: bool = False) -> str:
+    if schedule.quarantined_at is not None:
+        reason = f" since {_time(schedule.quarantined_at)} UTC: {schedule.disabled_reason}"
+        return "quarantined" + (reason if with_reason else "")
+    return "yes" if schedule.definition.enabled else "paused"
 
 
 def upcoming_fires(schedule: Schedule, now: datetime, count: int) -> list[datetime]:
@@ -834,7 +874,7 @@ def _definition_text(schedule: Schedule) -> str:
         ("task", definition.task),
         ("schedule", spec_text(schedule)),
         ("zone", definition.timezone),
-        ("enabled", "yes" if definition.enabled else "paused"),
+        ("enabled", _enabled_text(schedule, with_reason=True)),
         ("origin", definition.origin.value),
         ("args", json.dumps(list(definition.args))),
         ("kwargs", json.dumps(definition.kwargs)),

@@ -27,7 +27,8 @@ from beat import timing
 from beat.config import BeatConfig
 from beat.errors import InvalidSchedule, UnknownTask
 from beat.models import Schedule, ScheduleDefinition
-from beat.store import Store
+from beat.policies import MAX_JITTER_SECONDS
+from beat.store import Store, next_fire_after_retiming
 from beat.tables import MisfirePolicy, Origin, OverlapPolicy
 from beat.timing import Trigger
 
@@ -99,8 +100,11 @@ def define(
         at = now + timedelta(seconds=in_seconds)
     trigger = _trigger(cron=cron, every=every, at=at, start_at=start_at, now=now)
     _check_window(start_at, end_at, max_runs)
-    if not _positive_number(jitter, allow_zero=True):
-        raise InvalidSchedule(f"jitter must be a number of seconds >= 0, got {jitter!r}")
+    if not _positive_number(jitter, allow_zero=True) or jitter > MAX_JITTER_SECONDS:
+        raise InvalidSchedule(
+            f"jitter must be a number of seconds from 0 to {MAX_JITTER_SECONDS:g} (a day),"
+            f" got {jitter!r}"
+        )
     payload_args, payload_kwargs = _check_payload(args, kwargs)
     publish_options = _check_options(options, queue)
     policy = _misfire_policy(misfire_policy)
@@ -269,6 +273,11 @@ def _check_options(options: Mapping[str, Any] | None, queue: str | None) -> dict
         json.dumps(merged, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidSchedule(f"options must be plain JSON: {exc}") from exc
+    headers = merged.get("headers")
+    if headers is not None and not isinstance(headers, Mapping):
+        raise InvalidSchedule(
+            f"options.headers must be a JSON object, got {type(headers).__name__}: {headers!r:.80}"
+        )
     expires = merged.get("expires")
     if expires is not None and (
         not isinstance(expires, int | float) or not math.isfinite(expires) or expires <= 0
@@ -348,7 +357,10 @@ class Schedules:
                 current.definition.timezone,
             )
             if timing_changed:
-                return definition, first_fire_at(definition, now)
+                recomputed = first_fire_at(definition, now)
+                return definition, next_fire_after_retiming(
+                    current.next_fire_at, recomputed, definition, now
+                )
             return definition, current.next_fire_at
 
         return self.store.replace_schedule(name, build)

@@ -13,6 +13,12 @@ delivery of a run.
 
 Runs claimed ahead of their fire time are built into a batch before it and
 sent at it (``publish_at``): their lateness is one Redis round trip.
+
+Two kinds of failure are told apart. A broker error (the broker is down, a
+connection drops) stops publishing: the rest stay in the outbox for the next
+pass. A run whose own options or payload cannot be made into a message (say
+``options.headers`` is not an object) would fail the same way every time: it is
+left out and returned in ``rejected``, and the others are published.
 """
 
 from __future__ import annotations
@@ -20,12 +26,16 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from beat.models import RunToPublish
+from kombu.exceptions import EncodeError
+from kombu.exceptions import OperationalError as KombuOperationalError
+
+from beat.errors import error_text
+from beat.models import RunToPublish, UnpublishableRun
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +59,24 @@ REPR_LIMIT = 1024
 #: Routing options of a run: a queue is declared once per batch for each distinct set.
 ROUTING_OPTIONS = ("queue", "exchange", "routing_key", "exchange_type")
 
+#: Errors that building one message raises when the run's own options or payload are
+#: wrong (a type, a value, an unknown queue, a payload that does not serialise).
+RUN_FAULTS: tuple[type[Exception], ...] = (
+    TypeError,
+    ValueError,
+    LookupError,
+    ArithmeticError,
+    EncodeError,
+)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PublishResult:
     published: list[uuid.UUID]
     #: The error that stopped publishing, if any; the unpublished runs stay in the outbox.
     error: Exception | None = None
+    #: Runs left out because their message cannot be built; the others went on.
+    rejected: list[UnpublishableRun] = field(default_factory=list)
 
 
 def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
@@ -63,6 +85,7 @@ def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
     ``published`` lists the runs of the chunks whose flush succeeded.
     """
     published: list[uuid.UUID] = []
+    rejected: list[UnpublishableRun] = []
     if not runs:
         return PublishResult(published=published)
     try:
@@ -70,9 +93,8 @@ def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
             declared: set[tuple[Any, ...]] = set()
             for chunk in _chunks(runs, CHUNK):
                 with producer.batch(max_size=len(chunk) + 1):
-                    for run in chunk:
-                        _send(app, producer, run, declared)
-                published.extend(run.id for run in chunk)
+                    sent = [run for run in chunk if _sent(app, producer, run, declared, rejected)]
+                published.extend(run.id for run in sent)
     except Exception as exc:  # the broker's errors are many and transport-specific
         logger.error(
             "publishing stopped after %d of %d runs: %s; the rest stay in the outbox",
@@ -81,8 +103,8 @@ def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
             exc,
             extra={"published": len(published), "due": len(runs)},
         )
-        return PublishResult(published=published, error=exc)
-    return PublishResult(published=published)
+        return PublishResult(published=published, error=exc, rejected=rejected)
+    return PublishResult(published=published, rejected=rejected)
 
 
 def publish_at(app: Any, runs: Sequence[RunToPublish], deadline: float) -> PublishResult:
@@ -90,8 +112,10 @@ def publish_at(app: Any, runs: Sequence[RunToPublish], deadline: float) -> Publi
     (``time.monotonic()``): at the fire time, only one round trip is left to do.
 
     kombu's producer batch holds the messages until it is flushed; its size is set
-    so that it never flushes early. Runs are published all or none.
+    so that it never flushes early. Runs are published all or none (less those
+    ``rejected``).
     """
+    rejected: list[UnpublishableRun] = []
     if not runs:
         return PublishResult(published=[])
     try:
@@ -99,8 +123,7 @@ def publish_at(app: Any, runs: Sequence[RunToPublish], deadline: float) -> Publi
             declared: set[tuple[Any, ...]] = set()
             # Each message may take one command per priority step (kombu's pexpire).
             with producer.batch(max_size=len(runs) * MAX_COMMANDS_PER_MESSAGE + 1):
-                for run in runs:
-                    _send(app, producer, run, declared)
+                sent = [run for run in runs if _sent(app, producer, run, declared, rejected)]
                 time.sleep(max(0.0, deadline - time.monotonic()))
     except Exception as exc:  # the broker's errors are many and transport-specific
         logger.error(
@@ -109,8 +132,41 @@ def publish_at(app: Any, runs: Sequence[RunToPublish], deadline: float) -> Publi
             exc,
             extra={"published": 0, "due": len(runs)},
         )
-        return PublishResult(published=[], error=exc)
-    return PublishResult(published=[run.id for run in runs])
+        return PublishResult(published=[], error=exc, rejected=rejected)
+    return PublishResult(published=[run.id for run in sent], rejected=rejected)
+
+
+def _sent(
+    app: Any,
+    producer: Any,
+    run: RunToPublish,
+    declared: set[tuple[Any, ...]],
+    rejected: list[UnpublishableRun],
+) -> bool:
+    """Add the message of ``run`` to the producer's batch; False (and the error in
+    ``rejected``) if the run itself cannot be made into a message. Broker errors raise."""
+    try:
+        _send(app, producer, run, declared)
+    except Exception as exc:
+        if not is_run_fault(exc, producer.connection):
+            raise
+        rejected.append(UnpublishableRun(run=run, error=error_text(exc)))
+        return False
+    return True
+
+
+def is_run_fault(exc: Exception, connection: Any) -> bool:
+    """Whether ``exc``, raised while one message was built, comes from the run itself
+    rather than from the broker. Anything that may be the broker's counts as the
+    broker's: a run wrongly taken for faulty would be failed, one wrongly taken for a
+    broker error only waits in the outbox."""
+    broker_errors = (
+        OSError,
+        KombuOperationalError,
+        *getattr(connection, "connection_errors", ()),
+        *getattr(connection, "channel_errors", ()),
+    )
+    return isinstance(exc, RUN_FAULTS) and not isinstance(exc, broker_errors)
 
 
 def _send(app: Any, producer: Any, run: RunToPublish, declared: set[tuple[Any, ...]]) -> None:
@@ -119,7 +175,6 @@ def _send(app: Any, producer: Any, run: RunToPublish, declared: set[tuple[Any, .
     routing = tuple(repr(options.get(key)) for key in ROUTING_OPTIONS)
     if routing in declared:
         options["declare"] = []
-    declared.add(routing)
     app.send_task(
         run.task,
         args=run.args,
@@ -131,12 +186,22 @@ def _send(app: Any, producer: Any, run: RunToPublish, declared: set[tuple[Any, .
         retry=False,
         **options,
     )
+    declared.add(routing)  # only once a message went through the declaration
 
 
 def publish_options(run: RunToPublish) -> dict[str, Any]:
-    """``send_task`` options of a run: its schedule's options plus our headers."""
+    """``send_task`` options of a run: its schedule's options plus our headers.
+
+    Raises TypeError for options that are not a JSON object (rows written with psql)."""
+    if not isinstance(run.options, Mapping):
+        raise TypeError(f"options must be a JSON object, got {type(run.options).__name__}")
     options = dict(run.options)
-    headers = dict(options.pop("headers", None) or {})
+    given = options.pop("headers", None) or {}
+    if not isinstance(given, Mapping):
+        raise TypeError(
+            f"options.headers must be a JSON object, got {type(given).__name__}: {given!r:.80}"
+        )
+    headers = dict(given)
     headers[SCHEDULE_HEADER] = run.schedule_name
     headers[FIRE_AT_HEADER] = run.fire_at.isoformat() if run.fire_at else None
     headers[ATTEMPT_HEADER] = run.attempt + 1  # the attempt this delivery starts

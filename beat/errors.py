@@ -61,3 +61,9 @@ class LeaseUnavailable(LeaseError):
 
 class DispatchError(HABeatError):
     """Publishing a run to the Celery broker failed."""
+
+
+def error_text(exc: BaseException) -> str:
+    """An exception as one line for people: its type and the first line of its message."""
+    message = str(exc).strip()
+    return f"{type(exc).__name__}: {message.splitlines()[0]}" if message else type(exc).__name__

@@ -66,6 +66,9 @@ class Schedule:
     updated_at: datetime
     runs_count: int = 0
     disabled_reason: str | None = None
+    #: When the scheduler disabled it because it could not be planned or published
+    #: (``disabled_reason`` says why); cleared when it is enabled again.
+    quarantined_at: datetime | None = None
 
     def __post_init__(self) -> None:
         require_aware(self.next_fire_at, "next_fire_at")
@@ -153,3 +156,21 @@ class RunToPublish:
     def celery_task_id(self) -> str:
         """The task ID its messages carry: the caller's, or the run ID."""
         return self.task_id or str(self.id)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UnpublishableRun:
+    """A run whose message cannot be built from its own options or payload: publishing
+    it again would fail the same way."""
+
+    run: RunToPublish
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Quarantine:
+    """A schedule the scheduler disables because it cannot be planned or published."""
+
+    schedule_id: int
+    name: str
+    reason: str

@@ -82,6 +82,15 @@ class LastRun:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class QuarantinedSchedule:
+    """A schedule the scheduler disabled because it could not be planned or published."""
+
+    name: str
+    reason: str | None
+    quarantined_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PruneReport:
     deleted: int
     #: Transactions that deleted at least one row.
@@ -107,6 +116,21 @@ class OpsStore(StoreConnection):
         with self._transaction() as conn:
             now: datetime = conn.execute(select(func.now())).scalar_one()
         return now
+
+    def quarantined(self) -> list[QuarantinedSchedule]:
+        """The quarantined schedules, oldest quarantine first."""
+        query = (
+            select(schedules.c.name, schedules.c.disabled_reason, schedules.c.quarantined_at)
+            .where(schedules.c.quarantined_at.is_not(None))
+            .order_by(schedules.c.quarantined_at, schedules.c.name)
+        )
+        with self._transaction() as conn:
+            return [
+                QuarantinedSchedule(
+                    name=row.name, reason=row.disabled_reason, quarantined_at=row.quarantined_at
+                )
+                for row in conn.execute(query)
+            ]
 
     # -- run history --------------------------------------------------------------
 
@@ -311,5 +335,6 @@ __all__ = [
     "LastRun",
     "OpsStore",
     "PruneReport",
+    "QuarantinedSchedule",
     "RunRecord",
 ]

@@ -44,6 +44,9 @@ from beat.timing import Every, Trigger, fire_times, next_fire_after
 _SEARCH_RESOLUTION = timedelta(milliseconds=1)
 #: Most misfires counted one by one for a summary; past this the count is a lower bound.
 MISFIRE_COUNT_CAP = 10_000
+#: Longest jitter of a schedule (a day): a longer delay is a mistake, and a huge one
+#: overflows the date arithmetic of every claim.
+MAX_JITTER_SECONDS = 86_400.0
 
 
 def plan_fires(
@@ -56,10 +59,20 @@ def plan_fires(
 ) -> FirePlan:
     """Plan one claim of ``due`` at database time ``now``: its fire times up to ``until``
     (default ``now``; later when claiming ahead), with ``due.next_fire_at <= until``.
-    Misfires are judged against ``now``."""
+    Misfires are judged against ``now``. Raises ValueError for a schedule that cannot
+    be planned (a jitter out of range, written around the API's checks)."""
+    check_jitter(due.jitter_seconds)
     horizon = now if until is None else max(now, until)
     plan = _plan_misfires(due, now, horizon, misfire_grace=misfire_grace, max_catchup=max_catchup)
     return _apply_overlap(due, _apply_window(due, plan))
+
+
+def check_jitter(seconds: float) -> None:
+    """Raise ValueError unless ``seconds`` is a jitter from 0 to a day (NaN is not)."""
+    if not 0.0 <= seconds <= MAX_JITTER_SECONDS:
+        raise ValueError(
+            f"jitter_seconds is {seconds:g}: it must be from 0 to {MAX_JITTER_SECONDS:g} (a day)"
+        )
 
 
 def jitter_delay(run_id: uuid.UUID, max_seconds: float) -> timedelta:

@@ -35,7 +35,7 @@ from beat.dispatch import publish_at, publish_runs
 from beat.errors import HABeatError, StaleEpoch
 from beat.leader import LeaderLease
 from beat.lost_messages import LostMessages
-from beat.models import DueSchedule, FirePlan, RunToPublish
+from beat.models import DueSchedule, FirePlan, Quarantine, RunToPublish, UnpublishableRun
 from beat.ops_store import OpsStore
 from beat.policies import plan_fires
 from beat.store import Claim, ScheduleChangeListener, Store, masked_url
@@ -88,6 +88,17 @@ class _ErrorReporter:
         if self._streak:
             logger.warning("beat recovered after %d failed attempts", self._streak)
         self._streak, self._last_message = 0, ""
+
+
+def _log_quarantines(quarantined: list[Quarantine]) -> None:
+    for entry in quarantined:
+        logger.error(
+            "schedule %s is quarantined: %s; fix it, then `celery -A app schedules resume %s`",
+            entry.name,
+            entry.reason,
+            entry.name,
+            extra={"schedule": entry.name},
+        )
 
 
 class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
@@ -539,9 +550,24 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             result = publish_at(self.app, runs, deadline)
         self.store.mark_published(result.published)
         self._count_published(runs, result.published, source)
+        if result.rejected:
+            self._reject(result.rejected)
         if result.error is not None:
             metrics.PUBLISH_ERRORS.inc()
             raise result.error
+
+    def _reject(self, rejected: list[UnpublishableRun]) -> None:
+        """Fail the runs whose message cannot be built and quarantine their schedules,
+        so that one bad schedule does not stop the others."""
+        for entry in rejected:
+            logger.error(
+                "run %s of schedule %s cannot be published: %s; it is marked failed",
+                entry.run.id,
+                entry.run.schedule_name,
+                entry.error,
+                extra={"run_id": str(entry.run.id), "schedule": entry.run.schedule_name},
+            )
+        _log_quarantines(self.store.fail_unpublishable(rejected))
 
     @staticmethod
     def _count_published(runs: list[RunToPublish], published: list[Any], source: str) -> None:
@@ -592,6 +618,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             logger.warning(
                 "schedule %s disabled itself: %s", name, reason, extra={"schedule": name}
             )
+        _log_quarantines(claim.quarantined)
         if claim.cancelled:
             logger.warning(
                 "cancelled %d active runs (overlap policy cancel_previous)", len(claim.cancelled)

@@ -66,14 +66,17 @@ from beat.errors import (
     StaleEpoch,
     StoreError,
     StoreUnavailable,
+    error_text,
 )
 from beat.models import (
     PLAIN_RUN_INTERRUPTED,
     DueSchedule,
     FirePlan,
+    Quarantine,
     RunToPublish,
     Schedule,
     ScheduleDefinition,
+    UnpublishableRun,
 )
 from beat.policies import jitter_delay
 from beat.tables import (
@@ -101,6 +104,8 @@ SYNC_LOCK_ID = 0x6861_6265_6174_01
 
 #: Plans a due schedule's fire times: ``plan(schedule, now, until)``, up to ``until``.
 Planner = Callable[[DueSchedule, datetime, datetime], FirePlan]
+#: A run a claim inserts: (run ID, schedule, fire time, not before).
+_Fire = tuple[uuid.UUID, DueSchedule, datetime, datetime | None]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,6 +130,8 @@ class Claim:
     deferred: int = 0
     #: Schedules disabled because their window ended, with the reason.
     disabled: list[tuple[str, str | None]] = field(default_factory=list)
+    #: Schedules quarantined because they could not be read or planned.
+    quarantined: list[Quarantine] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -316,8 +323,10 @@ class Store(StoreConnection):
                 .where(schedules.c.id == row.id)
                 .values(**values_, next_fire_at=next_fire_at, updated_at=func.now())
                 .values(
-                    # A schedule enabled again starts afresh: its old disable reason goes.
-                    disabled_reason=None if definition.enabled else schedules.c.disabled_reason
+                    # A schedule enabled again starts afresh: its old disable reason goes,
+                    # and so does its quarantine.
+                    disabled_reason=None if definition.enabled else schedules.c.disabled_reason,
+                    quarantined_at=None if definition.enabled else schedules.c.quarantined_at,
                 )
                 .returning(schedules)
             ).one()
@@ -352,9 +361,12 @@ class Store(StoreConnection):
             existing = {
                 row.name: row
                 for row in conn.execute(
-                    select(schedules).where(
+                    select(schedules)
+                    .where(
                         or_(schedules.c.name.in_(names), schedules.c.origin == Origin.CODE.value)
                     )
+                    # A claim in flight must not advance next_fire_at under the sync's feet.
+                    .with_for_update()
                 )
             }
             for definition, code_hash in definitions:
@@ -391,11 +403,19 @@ class Store(StoreConnection):
         elif row.code_hash == code_hash:
             report.unchanged.append(definition.name)
         else:
+            definition = _with_stored_anchor(definition, row)
+            values_ = definition_values(definition) | {"code_hash": code_hash}
             values_.pop("enabled")  # a pause made at runtime survives a code change
+            if any(values_[name] != row._mapping[name] for name in TIMING_COLUMNS):
+                values_["next_fire_at"] = next_fire_after_retiming(
+                    row.next_fire_at, first_fire(definition, now), definition, now
+                )
+            # Otherwise the next fire time stays: fire times missed while no beat ran
+            # (a deploy) are claimed late and go through the misfire policy.
             conn.execute(
                 update(schedules)
                 .where(schedules.c.id == row.id)
-                .values(**values_, next_fire_at=first_fire(definition, now), updated_at=func.now())
+                .values(**values_, updated_at=func.now())
             )
             report.updated.append(definition.name)
 
@@ -479,14 +499,18 @@ class Store(StoreConnection):
             self._fence(conn, epoch, idle_timeout)
             now = conn.execute(select(func.now())).scalar_one()
             clock = time.monotonic()
-            rows = conn.execute(_due_query(batch), {"ahead": ahead})
-            due = self._with_active_runs(conn, [_due_from_row(row) for row in rows])
-            if not due:
+            rows = conn.execute(_due_query(batch), {"ahead": ahead}).all()
+            if not rows:
                 return Claim(runs=[], now=now, clock=clock, schedules_claimed=0, skipped=0)
+            due, unreadable = _due_schedules(rows)
+            due = self._with_active_runs(conn, due)
             horizon = now + timedelta(seconds=ahead)
-            plans = [(s, plan(s, now, _until(s, now, horizon))) for s in due]
+            plans, fires, unplannable = _plan_each(due, plan, now, horizon)
+            # A schedule that cannot be planned is set aside; the rest of the batch goes on.
+            quarantined = [*unreadable, *unplannable]
+            _quarantine(conn, quarantined)
             cancelled = self._cancel_active(conn, plans)
-            inserted = self._insert_runs(conn, epoch, plans, now)
+            inserted = self._insert_runs(conn, epoch, fires)
             skipped = self._insert_skipped(conn, epoch, plans, now)
             self._advance(conn, plans)
         # Runs claimed ahead are published by this leader at their fire time; jittered
@@ -498,11 +522,12 @@ class Store(StoreConnection):
             armed=armed,
             now=now,
             clock=clock,
-            schedules_claimed=len(due),
+            schedules_claimed=len(rows),
             skipped=skipped,
             cancelled=cancelled,
             deferred=len(inserted) - len(to_publish) - len(armed),
             disabled=[(s.name, p.disable_reason) for s, p in plans if p.disable_reason],
+            quarantined=quarantined,
         )
 
     @staticmethod
@@ -575,31 +600,22 @@ class Store(StoreConnection):
             )
 
     @staticmethod
-    def _insert_runs(
-        conn: Connection, epoch: int, plans: list[tuple[DueSchedule, FirePlan]], now: datetime
-    ) -> list[RunToPublish]:
+    def _insert_runs(conn: Connection, epoch: int, fires: list[_Fire]) -> list[RunToPublish]:
         """Insert a ``pending`` run per planned fire time in one statement.
 
         Only the fire times travel as arrays; each run's payload is copied from its
         schedule row (locked by this claim) inside PostgreSQL.
         """
-        fires = [
-            (uuid.uuid4(), schedule, fire_at) for schedule, plan in plans for fire_at in plan.fire
-        ]
         if not fires:
             return []
-        not_before = {
-            run_id: _not_before(run_id, fire_at, schedule.jitter_seconds, now)
-            for run_id, schedule, fire_at in fires
-        }
         inserted = set(
             conn.scalars(
                 _INSERT_RUNS,
                 {
-                    "ids": [run_id for run_id, _, _ in fires],
-                    "schedule_ids": [schedule.id for _, schedule, _ in fires],
-                    "fire_ats": [fire_at for _, _, fire_at in fires],
-                    "not_befores": list(not_before.values()),
+                    "ids": [run_id for run_id, _, _, _ in fires],
+                    "schedule_ids": [schedule.id for _, schedule, _, _ in fires],
+                    "fire_ats": [fire_at for _, _, fire_at, _ in fires],
+                    "not_befores": [not_before for _, _, _, not_before in fires],
                     "epoch": epoch,
                 },
             )
@@ -610,8 +626,8 @@ class Store(StoreConnection):
                 len(fires) - len(inserted),
             )
         return [
-            _new_run(run_id, schedule, fire_at, not_before[run_id])
-            for run_id, schedule, fire_at in fires
+            _new_run(run_id, schedule, fire_at, not_before)
+            for run_id, schedule, fire_at, not_before in fires
             if run_id in inserted
         ]
 
@@ -863,6 +879,32 @@ class Store(StoreConnection):
                 {"ids": list(run_ids)},
             ).rowcount
 
+    def fail_unpublishable(self, rejected: Sequence[UnpublishableRun]) -> list[Quarantine]:
+        """Mark ``failed``, with their error, the runs whose message cannot be built, and
+        quarantine their schedules (see ``_quarantine``); returns the quarantines."""
+        quarantined: dict[int, Quarantine] = {}
+        with self._transaction() as conn:
+            for entry in rejected:
+                row = conn.execute(
+                    update(runs)
+                    .where(runs.c.id == entry.run.id, runs.c.state == RunState.PENDING.value)
+                    .values(
+                        state=RunState.FAILED.value,
+                        error=f"cannot be published: {entry.error}",
+                        finished_at=func.now(),
+                    )
+                    .returning(runs.c.schedule_id)
+                ).one_or_none()
+                if row is None or row.schedule_id is None or row.schedule_id in quarantined:
+                    continue
+                quarantined[row.schedule_id] = Quarantine(
+                    schedule_id=row.schedule_id,
+                    name=entry.run.schedule_name or "?",
+                    reason=f"run {entry.run.id} cannot be published: {entry.error}",
+                )
+            _quarantine(conn, list(quarantined.values()))
+        return list(quarantined.values())
+
     def seconds_until_lease_expiry(self) -> float | None:
         """Seconds until the earliest lease of a running run expires (negative if it
         has), or None: the leader wakes then to reclaim the run of a dead worker."""
@@ -1083,6 +1125,52 @@ _ADVANCE = (
 )
 
 
+#: The columns that decide when a schedule fires; a change of any moves its next fire time.
+TIMING_COLUMNS = (
+    "trigger_kind",
+    "cron",
+    "every_seconds",
+    "anchor_at",
+    "run_at",
+    "timezone",
+    "start_at",
+    "end_at",
+)
+
+
+def next_fire_after_retiming(
+    current: datetime | None,
+    recomputed: datetime | None,
+    definition: ScheduleDefinition,
+    now: datetime,
+) -> datetime | None:
+    """The next fire time of a schedule whose timing changed at database time ``now``.
+
+    The new timing applies from now on (``recomputed``), except for a fire time the
+    old timing made due that no beat claimed (``current <= now``: every beat was down
+    during a deploy, say). That one stays the next fire time, so the claim runs or
+    records it, and the new timing's fire times since, under the misfire policy
+    rather than losing them silently; unless the new window (start_at, end_at)
+    leaves it out, which says those times are no longer wanted.
+    """
+    if current is None or current > now or (recomputed is not None and recomputed <= current):
+        return recomputed
+    if definition.start_at is not None and current < definition.start_at:
+        return recomputed
+    if definition.end_at is not None and current > definition.end_at:
+        return recomputed
+    return current
+
+
+def _with_stored_anchor(definition: ScheduleDefinition, row: Row[Any]) -> ScheduleDefinition:
+    """An interval without start_at keeps the anchor it got when first synced (code
+    gives it the time of collection): its phase does not move at every deploy."""
+    trigger = definition.trigger
+    if not isinstance(trigger, Every) or definition.start_at is not None or row.anchor_at is None:
+        return definition
+    return replace(definition, trigger=Every(seconds=trigger.seconds, anchor=row.anchor_at))
+
+
 def _trigger_from_row(row: Row[Any]) -> Trigger:
     kind = TriggerKind(row.trigger_kind)
     if kind is TriggerKind.CRON:
@@ -1155,6 +1243,7 @@ def _schedule_from_row(row: Row[Any]) -> Schedule:
         updated_at=row.updated_at,
         runs_count=row.runs_count,
         disabled_reason=row.disabled_reason,
+        quarantined_at=row.quarantined_at,
     )
 
 
@@ -1239,6 +1328,77 @@ def _not_before(
     if jitter_seconds > 0:
         return fire_at + jitter_delay(run_id, jitter_seconds)
     return fire_at if fire_at > now else None
+
+
+def _due_schedules(rows: Sequence[Row[Any]]) -> tuple[list[DueSchedule], list[Quarantine]]:
+    """The due rows as schedules, and those whose stored definition cannot be read
+    (e.g. a zone or cron written with psql): each alone is quarantined."""
+    due: list[DueSchedule] = []
+    unreadable: list[Quarantine] = []
+    for row in rows:
+        try:
+            due.append(_due_from_row(row))
+        except Exception as exc:  # bad data in one row must not stop every claim
+            reason = f"its stored definition cannot be read: {error_text(exc)}"
+            unreadable.append(Quarantine(schedule_id=row.id, name=row.name, reason=reason))
+    return due, unreadable
+
+
+def _plan_each(
+    due: list[DueSchedule], plan: Planner, now: datetime, horizon: datetime
+) -> tuple[list[tuple[DueSchedule, FirePlan]], list[_Fire], list[Quarantine]]:
+    """Plan every due schedule and its new runs; a schedule whose planning raises is
+    returned apart, to be quarantined, and the others go on."""
+    plans: list[tuple[DueSchedule, FirePlan]] = []
+    fires: list[_Fire] = []
+    unplannable: list[Quarantine] = []
+    for schedule in due:
+        try:
+            fire_plan = plan(schedule, now, _until(schedule, now, horizon))
+            new = [_new_fire(schedule, fire_at, now) for fire_at in fire_plan.fire]
+        except Exception as exc:  # pure computation: the schedule's data is at fault
+            reason = f"its fire times cannot be planned: {error_text(exc)}"
+            unplannable.append(
+                Quarantine(schedule_id=schedule.id, name=schedule.name, reason=reason)
+            )
+            continue
+        plans.append((schedule, fire_plan))
+        fires.extend(new)
+    return plans, fires, unplannable
+
+
+def _new_fire(schedule: DueSchedule, fire_at: datetime, now: datetime) -> _Fire:
+    run_id = uuid.uuid4()
+    return run_id, schedule, fire_at, _not_before(run_id, fire_at, schedule.jitter_seconds, now)
+
+
+def _quarantine(conn: Connection, quarantined: Sequence[Quarantine]) -> None:
+    """Disable each schedule with its reason and fail its runs waiting in the outbox
+    (they would fail the same way). A schedule quarantined already keeps its first
+    reason and time: that is the cause to fix."""
+    first_time = schedules.c.quarantined_at.is_(None)
+    for entry in quarantined:
+        conn.execute(
+            update(schedules)
+            .where(schedules.c.id == entry.schedule_id)
+            .values(
+                enabled=False,
+                quarantined_at=func.coalesce(schedules.c.quarantined_at, func.now()),
+                disabled_reason=case(
+                    (first_time, literal(entry.reason)), else_=schedules.c.disabled_reason
+                ),
+                updated_at=func.now(),
+            )
+        )
+        conn.execute(
+            update(runs)
+            .where(runs.c.schedule_id == entry.schedule_id, runs.c.state == RunState.PENDING.value)
+            .values(
+                state=RunState.FAILED.value,
+                error=f"not published: its schedule was quarantined ({entry.reason})",
+                finished_at=func.now(),
+            )
+        )
 
 
 def _until(schedule: DueSchedule, now: datetime, horizon: datetime) -> datetime:

@@ -559,6 +559,7 @@ def test_health_fails_without_a_leader_and_passes_while_one_leads(
         "schema": True,
         "redis": True,
         "leader": False,
+        "schedules": True,
     }
     human = cli("health")
     assert human.exit_code == 1
@@ -571,7 +572,7 @@ def test_health_fails_without_a_leader_and_passes_while_one_leads(
 
     healthy = cli("health")
     assert healthy.exit_code == 0, healthy.stderr
-    assert len(healthy.stdout.splitlines()) == 4
+    assert len(healthy.stdout.splitlines()) == 5
     assert all(line.startswith("ok") for line in healthy.stdout.splitlines())
     report = as_json(cli("health", "--json"))
     assert report["healthy"] is True
@@ -602,6 +603,7 @@ def test_health_names_every_failing_check(test_env: SessionEnv) -> None:
         "schema",
         "redis",
         "leader",
+        "schedules",
     ]
     assert "PostgreSQL at" in lines[0]
     assert "Redis at 127.0.0.1:1/0" in lines[2]

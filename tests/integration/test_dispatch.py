@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -97,3 +98,44 @@ def test_a_broker_that_is_down_publishes_nothing_and_says_why(test_env: SessionE
     for result in (now, later):
         assert result.published == []
         assert result.error is not None
+
+
+def test_finding_14_a_run_whose_message_cannot_be_built_is_rejected_alone(
+    test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    app = create_app(test_env.settings())
+    good = runs(4)
+    bad = replace(good[1], options={"headers": "oops"})
+    expired = replace(good[2], options={"expires": "soon"})  # Celery parses it as a date
+    batch = [good[0], bad, expired, good[3]]
+
+    for result in (
+        dispatch.publish_runs(app, batch),
+        dispatch.publish_at(app, batch, time.monotonic()),
+    ):
+        assert result.error is None
+        assert result.published == [good[0].id, good[3].id]
+        assert [(entry.run.id, entry.error.split(":")[0]) for entry in result.rejected] == [
+            (bad.id, "TypeError"),
+            (expired.id, "ValueError"),
+        ]
+    messages = broker_messages(redis_client, test_env.broker_key_prefix)
+    assert task_ids(messages) == [str(good[0].id), str(good[3].id)] * 2
+
+
+def test_finding_14_a_broker_error_while_a_message_is_built_stops_the_batch(
+    test_env: SessionEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection error is the broker's, not the run's: nothing is rejected, and
+    the runs stay in the outbox."""
+    app = create_app(test_env.settings())
+
+    def broker_gone(*args: object, **kwargs: object) -> None:
+        raise redis.ConnectionError("Connection reset by peer")
+
+    monkeypatch.setattr(app, "send_task", broker_gone)
+    result = dispatch.publish_runs(app, runs(3))
+
+    assert result.published == []
+    assert result.rejected == []
+    assert isinstance(result.error, redis.ConnectionError)

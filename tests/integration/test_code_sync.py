@@ -1,0 +1,84 @@
+"""Syncing code schedules across a deploy: fire times missed while every beat was
+down are handled by the misfire policy, whatever changed in the code."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from beat.api import Schedules
+from beat.scheduler import HAScheduler
+from beat.store import Store
+from beat.tables import RunState
+from tests.integration.helpers import make_due, run_rows
+
+pytestmark = pytest.mark.integration
+
+SchedulerFactory = Callable[..., HAScheduler]
+
+#: Fire times older than this are misfires in these tests (the default is 60 s).
+GRACE = 10.0
+
+
+def code(policy: str, *, every: float = 10.0, x: int = 1) -> dict[str, Any]:
+    entry = {"task": "tasks.demo.add", "schedule": every, "kwargs": {"x": x}}
+    return {"beat_schedule": {"job": entry | {"misfire_policy": policy}}}
+
+
+def deploy_after_downtime(
+    make_scheduler: SchedulerFactory, store: Store, before: dict[str, Any], after: dict[str, Any]
+) -> Any:
+    """Beat runs ``before``, every beat stops for 35 s, beat starts again with ``after``;
+    returns the schedule's next fire time when beat stopped."""
+    old = make_scheduler(before, misfire_grace=GRACE)
+    old.tick()
+    old.close()
+    make_due(store, seconds_ago=35)  # missed since: -35 s, -25 s, -15 s; -5 s within grace
+    missed_from = Schedules(store).get("job").next_fire_at
+    make_scheduler(after, misfire_grace=GRACE).tick()
+    return missed_from
+
+
+@pytest.mark.parametrize(
+    ("policy", "queued", "skipped"),
+    [("fire_all", [0, 1, 2, 3], []), ("fire_once", [2, 3], [0, 1]), ("skip", [3], [0, 1, 2])],
+)
+def test_finding_6_a_kwargs_change_keeps_the_fire_times_missed_during_the_deploy(
+    make_scheduler: SchedulerFactory,
+    store: Store,
+    policy: str,
+    queued: list[int],
+    skipped: list[int],
+) -> None:
+    missed_from = deploy_after_downtime(make_scheduler, store, code(policy, x=1), code(policy, x=2))
+
+    rows = run_rows(store)
+    by_state = {
+        state: [
+            (row.fire_at - missed_from) / timedelta(seconds=10)
+            for row in rows
+            if row.state == state
+        ]
+        for state in (RunState.QUEUED.value, RunState.SKIPPED.value)
+    }
+    assert by_state == {RunState.QUEUED.value: queued, RunState.SKIPPED.value: skipped}
+    assert all(row.kwargs == {"x": 2} for row in rows), "the runs carry the new definition"
+    assert all("misfire" in row.reason for row in rows if row.state == RunState.SKIPPED.value)
+
+
+def test_finding_6_a_timing_change_still_handles_the_fire_time_missed_under_the_old_one(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
+    missed_from = deploy_after_downtime(
+        make_scheduler, store, code("fire_all", every=10), code("fire_all", every=20)
+    )
+
+    rows = run_rows(store)
+    # From the first missed fire time on, the new timing's: -35 s and -15 s, both run.
+    assert [row.fire_at - missed_from for row in rows] == [timedelta(0), timedelta(seconds=20)]
+    assert {row.state for row in rows} == {RunState.QUEUED.value}
+    job = Schedules(store).get("job")
+    assert job.next_fire_at == missed_from + timedelta(seconds=40), "the interval keeps its phase"
