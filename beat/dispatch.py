@@ -12,12 +12,14 @@ the outbox and are published again, and the worker's guard refuses a second
 delivery of a run.
 
 Runs claimed ahead of their fire time are built into a batch before it and
-sent at it (``publish_at``): their lateness is one Redis round trip.
+sent at it (``publish_at``): their lateness is one Redis round trip. Nothing of
+them reaches the broker before that time, whatever the routing or transport.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -38,9 +40,12 @@ ATTEMPT_HEADER = "habeat_attempt"
 #: publish again.
 CHUNK = 500
 
-#: Redis commands kombu may queue for one message: an LPUSH, and a PEXPIRE per
-#: priority step for a queue with an expiry.
-MAX_COMMANDS_PER_MESSAGE = 12
+#: Size of the producer batch of ``publish_at``: never reached. kombu flushes a batch
+#: by itself once it holds ``max_size`` Redis commands, and one message takes an
+#: LPUSH per queue its exchange routes it to (plus a PEXPIRE per priority step of a
+#: queue with an expiry): no size derived from the number of messages fits every
+#: routing, and an early flush would send runs before their fire time.
+NEVER_FLUSH = sys.maxsize
 
 #: ``argsrepr``/``kwargsrepr`` (shown by Flower and in worker logs) are cut to this.
 REPR_LIMIT = 1024
@@ -88,28 +93,39 @@ def publish_at(app: Any, runs: Sequence[RunToPublish], deadline: float) -> Publi
     """Build the messages of ``runs`` now and send them together at ``deadline``
     (``time.monotonic()``): at the fire time, only one round trip is left to do.
 
-    kombu's producer batch holds the messages until it is flushed; its size is set
-    so that it never flushes early. Runs are published all or none.
+    Nothing is handed to the broker before ``deadline``: the messages wait in a kombu
+    producer batch that never flushes by itself (``NEVER_FLUSH``), and on a transport
+    that cannot batch (kombu would send each message as it is built) they are built
+    at the deadline instead. Runs are reported published all or none (a failed
+    send may have delivered some: they are sent again, and the worker's guard runs
+    each once).
     """
     if not runs:
         return PublishResult(published=[])
     try:
         with app.producer_or_acquire() as producer:
-            declared: set[tuple[Any, ...]] = set()
-            # Each message may take one command per priority step (kombu's pexpire).
-            with producer.batch(max_size=len(runs) * MAX_COMMANDS_PER_MESSAGE + 1):
-                for run in runs:
-                    _send(app, producer, run, declared)
+            build_ahead = producer.supports_batch_publish
+            with producer.batch(max_size=NEVER_FLUSH):
+                if build_ahead:
+                    _send_all(app, producer, runs)
                 time.sleep(max(0.0, deadline - time.monotonic()))
+                if not build_ahead:
+                    _send_all(app, producer, runs)
     except Exception as exc:  # the broker's errors are many and transport-specific
         logger.error(
-            "publishing %d runs at their fire time failed: %s; they stay in the outbox",
+            "publishing %d runs at their fire time failed: %s",
             len(runs),
             exc,
             extra={"published": 0, "due": len(runs)},
         )
         return PublishResult(published=[], error=exc)
     return PublishResult(published=[run.id for run in runs])
+
+
+def _send_all(app: Any, producer: Any, runs: Sequence[RunToPublish]) -> None:
+    declared: set[tuple[Any, ...]] = set()
+    for run in runs:
+        _send(app, producer, run, declared)
 
 
 def _send(app: Any, producer: Any, run: RunToPublish, declared: set[tuple[Any, ...]]) -> None:

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 import pytest
 import redis
+from kombu import Exchange, Queue
 from sqlalchemy import text
 
 from beat.api import Schedules
@@ -116,3 +117,51 @@ def test_every_fire_time_within_the_window_is_claimed_ahead_in_one_claim(store: 
     (schedule,) = Schedules(store).list()
     assert schedule.next_fire_at is not None
     assert schedule.next_fire_at > claim.now + timedelta(seconds=2), "advanced past the window"
+
+
+def db_now(store: Store) -> datetime:
+    with store.engine.connect() as conn:
+        return conn.execute(text("SELECT clock_timestamp()")).scalar_one()  # type: ignore[no-any-return]
+
+
+def test_finding_10_a_run_routed_to_many_queues_reaches_none_before_its_fire_time(
+    store: Store, make_scheduler: SchedulerFactory, redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
+    """A message takes one Redis command per queue its exchange routes it to: kombu's
+    batch used to flush itself as the message was built, seconds before its time."""
+    exchange = Exchange("reports", type="topic")
+    queues = [Queue(f"reports-{index}", exchange, routing_key="reports.#") for index in range(20)]
+    # The default longest wait: the tick that claims the run builds its message at once.
+    scheduler = make_scheduler(claim_ahead=2.0, max_wait=5.0, conf={"task_queues": queues})
+    with scheduler.app.connection_for_write() as conn:  # as the workers consuming them do
+        for queue in queues:
+            queue(conn.default_channel).declare()
+    created = Schedules(store).create(
+        "soon",
+        "t",
+        in_seconds=1.5,
+        queue="reports-0",
+        options={"routing_key": "reports.daily"},
+        allow_unregistered=True,
+    )
+    assert created.next_fire_at is not None
+    keys = [f"{test_env.broker_key_prefix}{queue.name}" for queue in queues]
+    first_seen: list[datetime] = []
+
+    def watch() -> None:  # the database's clock as the message shows in any of the queues
+        if redis_client.brpop(keys, timeout=10):
+            first_seen.append(db_now(store))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    deadline = time.monotonic() + 10
+    while watcher.is_alive() and time.monotonic() < deadline:
+        scheduler.tick()
+    watcher.join()
+
+    assert first_seen, "the run was never published"
+    print(f"seen {(first_seen[0] - created.next_fire_at).total_seconds():+.4f}s from its fire time")
+    assert first_seen[0] >= created.next_fire_at, "published before its fire time"
+    assert sum(int(redis_client.llen(key)) for key in keys) == len(keys) - 1, (  # type: ignore[arg-type]
+        "one copy in each queue (the watcher took one)"
+    )
