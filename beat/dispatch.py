@@ -22,10 +22,11 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from beat.errors import HABeatError
 from beat.models import RunToPublish
 
 logger = logging.getLogger(__name__)
@@ -89,14 +90,22 @@ def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
     return PublishResult(published=published)
 
 
-def publish_at(app: Any, runs: Sequence[RunToPublish], deadline: float) -> PublishResult:
+def publish_at(
+    app: Any,
+    runs: Sequence[RunToPublish],
+    deadline: float,
+    *,
+    before_send: Callable[[], None] | None = None,
+) -> PublishResult:
     """Build the messages of ``runs`` now and send them together at ``deadline``
     (``time.monotonic()``): at the fire time, only one round trip is left to do.
 
     Nothing is handed to the broker before ``deadline``: the messages wait in a kombu
     producer batch that never flushes by itself (``NEVER_FLUSH``), and on a transport
     that cannot batch (kombu would send each message as it is built) they are built
-    at the deadline instead. Runs are reported published all or none (a failed
+    at the deadline instead. ``before_send`` is called at the deadline, just before
+    the send: a ``HABeatError`` from it (e.g. this process no longer leads) discards
+    the messages and propagates. Runs are reported published all or none (a failed
     send may have delivered some: they are sent again, and the worker's guard runs
     each once).
     """
@@ -109,8 +118,12 @@ def publish_at(app: Any, runs: Sequence[RunToPublish], deadline: float) -> Publi
                 if build_ahead:
                     _send_all(app, producer, runs)
                 time.sleep(max(0.0, deadline - time.monotonic()))
+                if before_send is not None:
+                    before_send()
                 if not build_ahead:
                     _send_all(app, producer, runs)
+    except HABeatError:
+        raise  # from before_send: not the broker's error, nothing was sent
     except Exception as exc:  # the broker's errors are many and transport-specific
         logger.error(
             "publishing %d runs at their fire time failed: %s",

@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 import redis
 from kombu import Exchange, Queue
 from sqlalchemy import text
 
+from beat import scheduler as scheduler_module
 from beat.api import Schedules
 from beat.config import BeatConfig
 from beat.errors import ConfigError
+from beat.leader import lock_key
 from beat.models import DueSchedule, FirePlan
 from beat.policies import plan_fires
+from beat.scheduler import HAScheduler
 from beat.store import Store
 from beat.tables import RunState
 from tests.conftest import SessionEnv
@@ -122,6 +127,65 @@ def test_every_fire_time_within_the_window_is_claimed_ahead_in_one_claim(store: 
 def db_now(store: Store) -> datetime:
     with store.engine.connect() as conn:
         return conn.execute(text("SELECT clock_timestamp()")).scalar_one()  # type: ignore[no-any-return]
+
+
+def tick_until(
+    scheduler: HAScheduler, store: Store, done: Callable[[], bool], *, until: datetime
+) -> None:
+    """Tick as ``celery beat`` does (sleeping the back-off a failed tick asks for) until
+    ``done()`` or the database's clock passes ``until``."""
+    while not done() and db_now(store) < until:
+        time.sleep(min(scheduler.tick(), 1.0))
+
+
+def queued(store: Store, name: str) -> bool:
+    return any(row.state == RunState.QUEUED.value for row in run_rows(store, schedule_name=name))
+
+
+def test_finding_8_a_leader_paused_past_its_lease_sends_nothing_it_claimed_ahead(
+    store: Store,
+    make_scheduler: SchedulerFactory,
+    redis_client: redis.Redis,
+    test_env: SessionEnv,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The leader pauses as it starts waiting for the fire time of runs it claimed
+    ahead; meanwhile its lease expires and another process leads. Woken, it must not
+    send them: the next leader publishes them from the outbox, once."""
+    created = Schedules(store).create("soon", "t", in_seconds=1.5, allow_unregistered=True)
+    assert created.next_fire_at is not None
+    paused = make_scheduler(claim_ahead=2.0)
+    send_at_fire_time = scheduler_module.publish_at
+    taken_over: list[int] = []
+
+    def another_process_leads_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        if not taken_over:
+            epoch = paused.epoch
+            assert epoch is not None
+            redis_client.set(lock_key(test_env.key_prefix), "another", px=10_000)
+            assert store.take_leadership(epoch + 1, "another")
+            taken_over.append(epoch + 1)
+        return send_at_fire_time(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "publish_at", another_process_leads_meanwhile)
+    fire_at = created.next_fire_at
+    tick_until(paused, store, lambda: False, until=fire_at + timedelta(seconds=0.5))
+
+    assert taken_over, "the paused leader never came to send"
+    assert broker_messages(redis_client, test_env.broker_key_prefix) == [], (
+        "the replaced leader sent what it claimed ahead"
+    )
+    assert not paused.is_leader
+    (row,) = run_rows(store)
+    assert row.state == RunState.PENDING.value, "left to the next leader's outbox"
+
+    redis_client.delete(lock_key(test_env.key_prefix))  # the other process hands over
+    successor = make_scheduler(claim_ahead=2.0)
+    tick_until(
+        successor, store, lambda: queued(store, "soon"), until=db_now(store) + timedelta(seconds=5)
+    )
+    paused.tick()
+    assert task_ids(broker_messages(redis_client, test_env.broker_key_prefix)) == [str(row.id)]
 
 
 def test_finding_10_a_run_routed_to_many_queues_reaches_none_before_its_fire_time(

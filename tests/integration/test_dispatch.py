@@ -15,6 +15,7 @@ import redis
 
 from app.factory import create_app
 from beat import dispatch
+from beat.errors import StaleEpoch
 from beat.models import RunToPublish
 from tests.conftest import SessionEnv
 from tests.integration.helpers import broker_messages, task_ids
@@ -126,3 +127,16 @@ def test_finding_10_a_transport_that_cannot_batch_sends_nothing_before_the_deadl
     assert seen_early, "the watcher looked before the deadline"
     assert max(seen_early) == 0, "messages left before their time"
     assert redis_client.llen(key) == 5
+
+
+def test_publish_at_sends_nothing_when_the_last_check_before_the_send_refuses(
+    test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    app = create_app(test_env.settings())
+
+    def lease_lost() -> None:
+        raise StaleEpoch("another process leads")
+
+    with pytest.raises(StaleEpoch):
+        dispatch.publish_at(app, runs(3), time.monotonic() + 0.1, before_send=lease_lost)
+    assert broker_messages(redis_client, test_env.broker_key_prefix) == []
