@@ -217,9 +217,9 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             self._report_claim(claim, duration)
         if self.after_claim_commit is not None:
             self.after_claim_commit(claim)
+        self._arm(claim)  # first: if the broker fails the publish below, these keep their time
         self._publish(claim.runs, source="claim")
         self._revoke(claim.cancelled)
-        self._arm(claim)
         self._in_burst = claim.schedules_claimed >= self.config.claim_batch
         if self._in_burst and not self._armed_due():
             return  # more are due: claim again at once
@@ -280,7 +280,9 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
 
     def _publish_armed(self, *, until: float) -> None:
         """Publish armed runs whose deadline is before ``until``, a fire time at a time,
-        each built ahead and sent when its time comes if the lease is still ours then."""
+        each built ahead and sent when its time comes if the lease is still ours then.
+        Runs the broker fails to take are kept and sent again on the next tick (at once
+        if their time has come), not left to the outbox's grace of ``outbox_grace``."""
         armed = self._armed  # _drop_armed may swap in another dict meanwhile
         for fire_at in sorted(armed):
             deadline, runs = armed[fire_at]
@@ -289,8 +291,11 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             del armed[fire_at]
             try:
                 self._publish(runs, source="claim", deadline=deadline)
-            except StaleEpoch:
-                self._keep_armed(fire_at, deadline, runs)  # for _step_down to count and drop
+            except Exception as exc:
+                # Kept for the next tick if the broker failed, or for _step_down to count
+                # and drop if the lease is lost; not if PostgreSQL failed after the send.
+                if isinstance(exc, StaleEpoch) or not isinstance(exc, HABeatError):
+                    self._keep_armed(fire_at, deadline, runs)
                 raise
 
     def _confirm_lease(self) -> None:

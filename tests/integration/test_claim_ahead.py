@@ -14,6 +14,7 @@ import pytest
 import redis
 from kombu import Exchange, Queue
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from beat import scheduler as scheduler_module
 from beat.api import Schedules
@@ -23,9 +24,10 @@ from beat.leader import lock_key
 from beat.models import DueSchedule, FirePlan
 from beat.policies import plan_fires
 from beat.scheduler import HAScheduler
-from beat.store import Store
+from beat.store import Claim, Store
 from beat.tables import RunState
 from tests.conftest import SessionEnv
+from tests.e2e.proxy import CuttableProxy
 from tests.integration.conftest import SchedulerFactory
 from tests.integration.helpers import broker_messages, run_rows, task_ids
 
@@ -229,3 +231,83 @@ def test_finding_10_a_run_routed_to_many_queues_reaches_none_before_its_fire_tim
     assert sum(int(redis_client.llen(key)) for key in keys) == len(keys) - 1, (  # type: ignore[arg-type]
         "one copy in each queue (the watcher took one)"
     )
+
+
+@pytest.fixture
+def broker_proxy(test_env: SessionEnv) -> Any:
+    """A link to the broker that the test can cut."""
+    url = make_url(test_env.redis_url)
+    proxy = CuttableProxy(url.host or "127.0.0.1", url.port or 6379)
+    yield proxy, url.set(port=proxy.port).render_as_string(hide_password=False)
+    proxy.close()
+
+
+def test_finding_12_a_broker_error_on_a_claims_runs_due_now_leaves_its_runs_ahead_on_time(
+    store: Store, make_scheduler: SchedulerFactory, broker_proxy: Any
+) -> None:
+    """The error raised by the publish of the runs due now skipped the arming of the
+    runs claimed ahead in the same claim: they waited for the outbox's grace."""
+    proxy, broker_url = broker_proxy
+    schedules = Schedules(store)
+    schedules.create("now", "t", in_seconds=0, allow_unregistered=True)
+    soon = schedules.create("soon", "t", in_seconds=1.5, allow_unregistered=True)
+    assert soon.next_fire_at is not None
+    scheduler = make_scheduler(claim_ahead=2.0, broker_url=broker_url)
+    with scheduler.app.producer_or_acquire() as producer:
+        assert producer.channel is not None  # connected, as after any earlier publish
+
+    def broker_fails(claim: Claim) -> None:
+        if claim.runs and claim.armed:
+            proxy.cut()
+
+    scheduler.after_claim_commit = broker_fails
+    assert scheduler.tick() > 0, "the publish of the runs due now failed"
+    proxy.heal()
+    fire_at = soon.next_fire_at
+    tick_until(
+        scheduler, store, lambda: queued(store, "soon"), until=fire_at + timedelta(seconds=5)
+    )
+
+    (row,) = run_rows(store, schedule_name="soon")
+    assert row.state == RunState.QUEUED.value, "left to the outbox's grace"
+    print(f"published {(row.published_at - fire_at).total_seconds():+.4f}s from its fire time")
+    assert row.published_at >= fire_at
+
+
+def test_finding_12_runs_claimed_ahead_the_broker_refuses_are_sent_once_it_is_back(
+    store: Store,
+    make_scheduler: SchedulerFactory,
+    broker_proxy: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broker is down at the fire time: the send fails, and the runs must go out as
+    soon as it is back, not after the outbox's grace (10 s after they were claimed)."""
+    proxy, broker_url = broker_proxy
+    schedules = Schedules(store)
+    schedules.create("now", "t", in_seconds=0, allow_unregistered=True)  # connects the pool
+    soon = schedules.create("soon", "t", in_seconds=1.5, allow_unregistered=True)
+    assert soon.next_fire_at is not None
+    scheduler = make_scheduler(claim_ahead=2.0, broker_url=broker_url)
+    send_at_fire_time = scheduler_module.publish_at
+    failed: list[int] = []
+
+    def broker_down_over_the_fire_time(*args: Any, **kwargs: Any) -> Any:
+        if failed:
+            return send_at_fire_time(*args, **kwargs)
+        proxy.cut()
+        result = send_at_fire_time(*args, **kwargs)
+        failed.append(1)
+        proxy.heal()
+        return result
+
+    monkeypatch.setattr(scheduler_module, "publish_at", broker_down_over_the_fire_time)
+    fire_at = soon.next_fire_at
+    tick_until(
+        scheduler, store, lambda: queued(store, "soon"), until=fire_at + timedelta(seconds=5)
+    )
+
+    assert failed, "the send at the fire time never happened"
+    (row,) = run_rows(store, schedule_name="soon")
+    assert row.state == RunState.QUEUED.value, "left to the outbox's grace"
+    print(f"published {(row.published_at - fire_at).total_seconds():+.4f}s from its fire time")
+    assert row.published_at >= fire_at
