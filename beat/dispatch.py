@@ -12,7 +12,8 @@ the outbox and are published again, and the worker's guard refuses a second
 delivery of a run.
 
 Runs claimed ahead of their fire time are built into a batch before it and
-sent at it (``publish_at``): their lateness is one Redis round trip.
+sent at it (``publish_at``): their lateness is one Redis round trip. Nothing of
+them reaches the broker before that time, whatever the routing or transport.
 
 Two kinds of failure are told apart. A broker error (the broker is down, a
 connection drops) stops publishing: the rest stay in the outbox for the next
@@ -24,9 +25,10 @@ left out and returned in ``rejected``, and the others are published.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,7 +36,7 @@ from typing import Any
 from kombu.exceptions import EncodeError
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from beat.errors import error_text
+from beat.errors import HABeatError, error_text
 from beat.models import RunToPublish, UnpublishableRun
 
 logger = logging.getLogger(__name__)
@@ -49,9 +51,12 @@ ATTEMPT_HEADER = "habeat_attempt"
 #: publish again.
 CHUNK = 500
 
-#: Redis commands kombu may queue for one message: an LPUSH, and a PEXPIRE per
-#: priority step for a queue with an expiry.
-MAX_COMMANDS_PER_MESSAGE = 12
+#: Size of the producer batch of ``publish_at``: never reached. kombu flushes a batch
+#: by itself once it holds ``max_size`` Redis commands, and one message takes an
+#: LPUSH per queue its exchange routes it to (plus a PEXPIRE per priority step of a
+#: queue with an expiry): no size derived from the number of messages fits every
+#: routing, and an early flush would send runs before their fire time.
+NEVER_FLUSH = sys.maxsize
 
 #: ``argsrepr``/``kwargsrepr`` (shown by Flower and in worker logs) are cut to this.
 REPR_LIMIT = 1024
@@ -107,27 +112,44 @@ def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
     return PublishResult(published=published, rejected=rejected)
 
 
-def publish_at(app: Any, runs: Sequence[RunToPublish], deadline: float) -> PublishResult:
+def publish_at(
+    app: Any,
+    runs: Sequence[RunToPublish],
+    deadline: float,
+    *,
+    before_send: Callable[[], None] | None = None,
+) -> PublishResult:
     """Build the messages of ``runs`` now and send them together at ``deadline``
     (``time.monotonic()``): at the fire time, only one round trip is left to do.
 
-    kombu's producer batch holds the messages until it is flushed; its size is set
-    so that it never flushes early. Runs are published all or none (less those
-    ``rejected``).
+    Nothing is handed to the broker before ``deadline``: the messages wait in a kombu
+    producer batch that never flushes by itself (``NEVER_FLUSH``), and on a transport
+    that cannot batch (kombu would send each message as it is built) they are built
+    at the deadline instead. ``before_send`` is called at the deadline, just before
+    the send: a ``HABeatError`` from it (e.g. this process no longer leads) discards
+    the messages and propagates. Runs are reported published all or none, less those
+    ``rejected`` (a failed send may have delivered some: they are sent again, and the
+    worker's guard runs each once).
     """
     rejected: list[UnpublishableRun] = []
     if not runs:
         return PublishResult(published=[])
     try:
         with app.producer_or_acquire() as producer:
-            declared: set[tuple[Any, ...]] = set()
-            # Each message may take one command per priority step (kombu's pexpire).
-            with producer.batch(max_size=len(runs) * MAX_COMMANDS_PER_MESSAGE + 1):
-                sent = [run for run in runs if _sent(app, producer, run, declared, rejected)]
+            build_ahead = producer.supports_batch_publish
+            with producer.batch(max_size=NEVER_FLUSH):
+                if build_ahead:
+                    sent = _send_all(app, producer, runs, rejected)
                 time.sleep(max(0.0, deadline - time.monotonic()))
+                if before_send is not None:
+                    before_send()
+                if not build_ahead:
+                    sent = _send_all(app, producer, runs, rejected)
+    except HABeatError:
+        raise  # from before_send: not the broker's error, nothing was sent
     except Exception as exc:  # the broker's errors are many and transport-specific
         logger.error(
-            "publishing %d runs at their fire time failed: %s; they stay in the outbox",
+            "publishing %d runs at their fire time failed: %s",
             len(runs),
             exc,
             extra={"published": 0, "due": len(runs)},
@@ -167,6 +189,14 @@ def is_run_fault(exc: Exception, connection: Any) -> bool:
         *getattr(connection, "channel_errors", ()),
     )
     return isinstance(exc, RUN_FAULTS) and not isinstance(exc, broker_errors)
+
+
+def _send_all(
+    app: Any, producer: Any, runs: Sequence[RunToPublish], rejected: list[UnpublishableRun]
+) -> list[RunToPublish]:
+    """Add the messages of ``runs`` to the batch; the runs whose message was built."""
+    declared: set[tuple[Any, ...]] = set()
+    return [run for run in runs if _sent(app, producer, run, declared, rejected)]
 
 
 def _send(app: Any, producer: Any, run: RunToPublish, declared: set[tuple[Any, ...]]) -> None:

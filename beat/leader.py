@@ -5,7 +5,9 @@
   that restarted empty cannot hand out an old epoch);
 - renew: compare-and-pexpire every ttl/3 from a thread of its own, so a slow
   tick never loses the lease (the failure mode of celery-redbeat #230);
-- release: compare-and-delete on clean shutdown, so a standby takes over at once.
+- release: compare-and-delete on clean shutdown, so a standby takes over at once;
+- time_left: compare-and-PTTL, asked just before an action that must not outlive
+  the lease (sending runs claimed ahead).
 
 Redis cannot fence a holder that pauses past its TTL: that is the job of the
 epoch, which PostgreSQL checks in every claim. Locally, the holder stops
@@ -68,6 +70,14 @@ end
 return 0
 """
 
+# Milliseconds the lock has left if ARGV[1] holds it, else false (nil).
+_TIME_LEFT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PTTL', KEYS[1])
+end
+return false
+"""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -110,6 +120,7 @@ class LeaderLease:
         self._bump = client.register_script(_BUMP)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._time_left = client.register_script(_TIME_LEFT)
         self._guard = threading.Lock()
         self._valid_until = 0.0  # time.monotonic() past which we no longer lead
         self._term = 0  # incremented on every acquisition, so an old renewer thread stops
@@ -150,6 +161,15 @@ class LeaderLease:
             if self._valid_until > 0:
                 self._valid_until = sent_at + self.ttl * (1 - DRIFT_MARGIN)
         return True
+
+    def time_left(self) -> float | None:
+        """Seconds the lock has left in Redis if this process holds it, else None (and
+        the lease is dropped): one round trip, compare and PTTL in one script."""
+        left = self._call(self._time_left, self.holder)
+        if left is None:
+            self._drop("another process holds the lease, or it expired")
+            return None
+        return int(left) / 1000
 
     def release(self) -> bool:
         """Give the lease up (compare-and-delete); True if we held it."""

@@ -32,8 +32,8 @@ from beat import code_schedules, metrics
 from beat.api import first_fire_at
 from beat.config import BeatConfig
 from beat.dispatch import publish_at, publish_runs
-from beat.errors import HABeatError, StaleEpoch
-from beat.leader import LeaderLease
+from beat.errors import HABeatError, LeaseUnavailable, StaleEpoch
+from beat.leader import DRIFT_MARGIN, LeaderLease
 from beat.lost_messages import LostMessages
 from beat.models import DueSchedule, FirePlan, Quarantine, RunToPublish, UnpublishableRun
 from beat.ops_store import OpsStore
@@ -212,7 +212,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._start()
         epoch = self._lead()
         if epoch is None:
-            self._armed.clear()  # the new leader publishes them from the outbox
+            self._drop_armed()
             self._lost_messages.forget()
             self._in_burst = False
             self._wait(self.config.standby_poll)
@@ -235,9 +235,9 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             self._report_claim(claim, duration)
         if self.after_claim_commit is not None:
             self.after_claim_commit(claim)
+        self._arm(claim)  # first: if the broker fails the publish below, these keep their time
         self._publish(claim.runs, source="claim")
         self._revoke(claim.cancelled)
-        self._arm(claim)
         self._in_burst = claim.schedules_claimed >= self.config.claim_batch
         if self._in_burst and not self._armed_due():
             return  # more are due: claim again at once
@@ -269,9 +269,26 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             if run.fire_at is None:  # armed runs have one; this narrows the type
                 continue
             deadline = claim.clock + (run.fire_at - claim.now).total_seconds()
-            earlier, runs = self._armed.get(run.fire_at, (deadline, []))
-            runs.append(run)
-            self._armed[run.fire_at] = (max(earlier, deadline), runs)
+            self._keep_armed(run.fire_at, deadline, [run])
+
+    def _keep_armed(self, fire_at: datetime, deadline: float, runs: list[RunToPublish]) -> None:
+        earlier, kept = self._armed.get(fire_at, (deadline, []))
+        kept.extend(runs)
+        self._armed[fire_at] = (max(earlier, deadline), kept)
+
+    def _drop_armed(self) -> None:
+        """Forget the runs claimed ahead, when this process stops leading: whoever leads
+        next publishes them from the outbox at their fire time (another epoch's runs
+        have no grace). Also called from the lease renewer's thread: the dict is
+        swapped, never changed under the loop's feet."""
+        armed, self._armed = self._armed, {}
+        dropped = sum(len(runs) for _, runs in list(armed.values()))
+        if dropped:
+            logger.warning(
+                "dropped %d runs claimed ahead: the next leader publishes them from the outbox",
+                dropped,
+                extra={"runs": dropped},
+            )
 
     def _next_armed_deadline(self) -> float:
         return min((deadline for deadline, _ in self._armed.values()), default=float("inf"))
@@ -281,13 +298,52 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
 
     def _publish_armed(self, *, until: float) -> None:
         """Publish armed runs whose deadline is before ``until``, a fire time at a time,
-        each built ahead and sent when its time comes."""
-        for fire_at in sorted(self._armed):
-            deadline, runs = self._armed[fire_at]
+        each built ahead and sent when its time comes if the lease is still ours then.
+        Runs the broker fails to take are kept and sent again on the next tick (at once
+        if their time has come), not left to the outbox's grace of ``outbox_grace``."""
+        armed = self._armed  # _drop_armed may swap in another dict meanwhile
+        for fire_at in sorted(armed):
+            deadline, runs = armed[fire_at]
             if deadline > until:
                 return
-            del self._armed[fire_at]  # published now, or by the outbox if this fails
-            self._publish(runs, source="claim", deadline=deadline)
+            del armed[fire_at]
+            try:
+                self._publish(runs, source="claim", deadline=deadline)
+            except Exception as exc:
+                # Kept for the next tick if the broker failed, or for _step_down to count
+                # and drop if the lease is lost; not if PostgreSQL failed after the send.
+                if isinstance(exc, StaleEpoch) or not isinstance(exc, HABeatError):
+                    self._keep_armed(fire_at, deadline, runs)
+                raise
+
+    def _confirm_lease(self) -> None:
+        """Raise StaleEpoch unless Redis confirms that this process holds the lease with
+        enough of it left to send: asked at the fire time, just before runs claimed
+        ahead are sent. A leader paused past its lease sends nothing then (the next
+        leader publishes the runs from its outbox) and steps down.
+
+        Checking, then sending, is not atomic: a process paused between the two for
+        longer than the lease had left still sends, a second message for a run the next
+        leader published (the worker's guard runs it once). The window is bounded: it is
+        one round trip long (as long as building the messages takes, on a transport that
+        cannot batch), the pause must outlast the tenth of the TTL the check requires,
+        and another process can take the lease only once it has expired in Redis, then
+        it records its epoch and reads its outbox before it sends."""
+        try:
+            left = self.lease.time_left()
+        except LeaseUnavailable as exc:
+            raise StaleEpoch(
+                f"cannot confirm the leader lease before sending runs claimed ahead: {exc}"
+            ) from exc
+        if left is None:
+            raise StaleEpoch(
+                "another process holds the leader lease, or it expired"
+                " (checked before sending runs claimed ahead)"
+            )
+        if left < self.config.lock_ttl * DRIFT_MARGIN:
+            raise StaleEpoch(
+                f"the leader lease expires in {left:.3f}s, too soon to send runs claimed ahead"
+            )
 
     def _until_next_claim(self, *, claimed_any: bool) -> float:
         """Seconds to wait: until the next fire time less ``claim_ahead``, or until a
@@ -338,6 +394,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             if lease.is_held():
                 return self._epoch
             self._epoch = None  # the renewer already said why
+            self._drop_armed()
             metrics.LEADERSHIP_CHANGES.labels(change=metrics.LOST).inc()
         epoch = lease.try_acquire(self.store.current_epoch())
         if epoch is None:
@@ -388,6 +445,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if self._epoch is not None:
             metrics.LEADERSHIP_CHANGES.labels(change=metrics.LOST).inc()
         self._epoch = None
+        self._drop_armed()
         if self._lease is not None:
             try:
                 self._lease.release()
@@ -398,6 +456,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         logger.warning("lost the leader lease: %s; claiming stops", reason)
         metrics.LEADER.set(0)  # at once: the next tick counts the change
         metrics.LEADER_EPOCH.set(0)
+        self._drop_armed()
 
     def _report_leadership(self) -> None:
         epoch = self.epoch
@@ -547,7 +606,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if deadline is None:
             result = publish_runs(self.app, runs)
         else:
-            result = publish_at(self.app, runs, deadline)
+            result = publish_at(self.app, runs, deadline, before_send=self._confirm_lease)
         self.store.mark_published(result.published)
         self._count_published(runs, result.published, source)
         if result.rejected:

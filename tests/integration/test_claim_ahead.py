@@ -6,20 +6,28 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 import redis
+from kombu import Exchange, Queue
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
+from beat import scheduler as scheduler_module
 from beat.api import Schedules
 from beat.config import BeatConfig
 from beat.errors import ConfigError
+from beat.leader import lock_key
 from beat.models import DueSchedule, FirePlan
 from beat.policies import plan_fires
-from beat.store import Store
+from beat.scheduler import HAScheduler
+from beat.store import Claim, Store
 from beat.tables import RunState
 from tests.conftest import SessionEnv
+from tests.e2e.proxy import CuttableProxy
 from tests.integration.conftest import SchedulerFactory
 from tests.integration.helpers import broker_messages, run_rows, task_ids
 
@@ -116,3 +124,190 @@ def test_every_fire_time_within_the_window_is_claimed_ahead_in_one_claim(store: 
     (schedule,) = Schedules(store).list()
     assert schedule.next_fire_at is not None
     assert schedule.next_fire_at > claim.now + timedelta(seconds=2), "advanced past the window"
+
+
+def db_now(store: Store) -> datetime:
+    with store.engine.connect() as conn:
+        return conn.execute(text("SELECT clock_timestamp()")).scalar_one()  # type: ignore[no-any-return]
+
+
+def tick_until(
+    scheduler: HAScheduler, store: Store, done: Callable[[], bool], *, until: datetime
+) -> None:
+    """Tick as ``celery beat`` does (sleeping the back-off a failed tick asks for) until
+    ``done()`` or the database's clock passes ``until``."""
+    while not done() and db_now(store) < until:
+        time.sleep(min(scheduler.tick(), 1.0))
+
+
+def queued(store: Store, name: str) -> bool:
+    return any(row.state == RunState.QUEUED.value for row in run_rows(store, schedule_name=name))
+
+
+def test_finding_8_a_leader_paused_past_its_lease_sends_nothing_it_claimed_ahead(
+    store: Store,
+    make_scheduler: SchedulerFactory,
+    redis_client: redis.Redis,
+    test_env: SessionEnv,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The leader pauses as it starts waiting for the fire time of runs it claimed
+    ahead; meanwhile its lease expires and another process leads. Woken, it must not
+    send them: the next leader publishes them from the outbox, once."""
+    created = Schedules(store).create("soon", "t", in_seconds=1.5, allow_unregistered=True)
+    assert created.next_fire_at is not None
+    paused = make_scheduler(claim_ahead=2.0)
+    send_at_fire_time = scheduler_module.publish_at
+    taken_over: list[int] = []
+
+    def another_process_leads_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        if not taken_over:
+            epoch = paused.epoch
+            assert epoch is not None
+            redis_client.set(lock_key(test_env.key_prefix), "another", px=10_000)
+            assert store.take_leadership(epoch + 1, "another")
+            taken_over.append(epoch + 1)
+        return send_at_fire_time(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "publish_at", another_process_leads_meanwhile)
+    fire_at = created.next_fire_at
+    tick_until(paused, store, lambda: False, until=fire_at + timedelta(seconds=0.5))
+
+    assert taken_over, "the paused leader never came to send"
+    assert broker_messages(redis_client, test_env.broker_key_prefix) == [], (
+        "the replaced leader sent what it claimed ahead"
+    )
+    assert not paused.is_leader
+    (row,) = run_rows(store)
+    assert row.state == RunState.PENDING.value, "left to the next leader's outbox"
+
+    redis_client.delete(lock_key(test_env.key_prefix))  # the other process hands over
+    successor = make_scheduler(claim_ahead=2.0)
+    tick_until(
+        successor, store, lambda: queued(store, "soon"), until=db_now(store) + timedelta(seconds=5)
+    )
+    paused.tick()
+    assert task_ids(broker_messages(redis_client, test_env.broker_key_prefix)) == [str(row.id)]
+
+
+def test_finding_10_a_run_routed_to_many_queues_reaches_none_before_its_fire_time(
+    store: Store, make_scheduler: SchedulerFactory, redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
+    """A message takes one Redis command per queue its exchange routes it to: kombu's
+    batch used to flush itself as the message was built, seconds before its time."""
+    exchange = Exchange("reports", type="topic")
+    queues = [Queue(f"reports-{index}", exchange, routing_key="reports.#") for index in range(20)]
+    # The default longest wait: the tick that claims the run builds its message at once.
+    scheduler = make_scheduler(claim_ahead=2.0, max_wait=5.0, conf={"task_queues": queues})
+    with scheduler.app.connection_for_write() as conn:  # as the workers consuming them do
+        for queue in queues:
+            queue(conn.default_channel).declare()
+    created = Schedules(store).create(
+        "soon",
+        "t",
+        in_seconds=1.5,
+        queue="reports-0",
+        options={"routing_key": "reports.daily"},
+        allow_unregistered=True,
+    )
+    assert created.next_fire_at is not None
+    keys = [f"{test_env.broker_key_prefix}{queue.name}" for queue in queues]
+    first_seen: list[datetime] = []
+
+    def watch() -> None:  # the database's clock as the message shows in any of the queues
+        if redis_client.brpop(keys, timeout=10):
+            first_seen.append(db_now(store))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    deadline = time.monotonic() + 10
+    while watcher.is_alive() and time.monotonic() < deadline:
+        scheduler.tick()
+    watcher.join()
+
+    assert first_seen, "the run was never published"
+    print(f"seen {(first_seen[0] - created.next_fire_at).total_seconds():+.4f}s from its fire time")
+    assert first_seen[0] >= created.next_fire_at, "published before its fire time"
+    assert sum(int(redis_client.llen(key)) for key in keys) == len(keys) - 1, (  # type: ignore[arg-type]
+        "one copy in each queue (the watcher took one)"
+    )
+
+
+@pytest.fixture
+def broker_proxy(test_env: SessionEnv) -> Any:
+    """A link to the broker that the test can cut."""
+    url = make_url(test_env.redis_url)
+    proxy = CuttableProxy(url.host or "127.0.0.1", url.port or 6379)
+    yield proxy, url.set(port=proxy.port).render_as_string(hide_password=False)
+    proxy.close()
+
+
+def test_finding_12_a_broker_error_on_a_claims_runs_due_now_leaves_its_runs_ahead_on_time(
+    store: Store, make_scheduler: SchedulerFactory, broker_proxy: Any
+) -> None:
+    """The error raised by the publish of the runs due now skipped the arming of the
+    runs claimed ahead in the same claim: they waited for the outbox's grace."""
+    proxy, broker_url = broker_proxy
+    schedules = Schedules(store)
+    schedules.create("now", "t", in_seconds=0, allow_unregistered=True)
+    soon = schedules.create("soon", "t", in_seconds=1.5, allow_unregistered=True)
+    assert soon.next_fire_at is not None
+    scheduler = make_scheduler(claim_ahead=2.0, broker_url=broker_url)
+    with scheduler.app.producer_or_acquire() as producer:
+        assert producer.channel is not None  # connected, as after any earlier publish
+
+    def broker_fails(claim: Claim) -> None:
+        if claim.runs and claim.armed:
+            proxy.cut()
+
+    scheduler.after_claim_commit = broker_fails
+    assert scheduler.tick() > 0, "the publish of the runs due now failed"
+    proxy.heal()
+    fire_at = soon.next_fire_at
+    tick_until(
+        scheduler, store, lambda: queued(store, "soon"), until=fire_at + timedelta(seconds=5)
+    )
+
+    (row,) = run_rows(store, schedule_name="soon")
+    assert row.state == RunState.QUEUED.value, "left to the outbox's grace"
+    print(f"published {(row.published_at - fire_at).total_seconds():+.4f}s from its fire time")
+    assert row.published_at >= fire_at
+
+
+def test_finding_12_runs_claimed_ahead_the_broker_refuses_are_sent_once_it_is_back(
+    store: Store,
+    make_scheduler: SchedulerFactory,
+    broker_proxy: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broker is down at the fire time: the send fails, and the runs must go out as
+    soon as it is back, not after the outbox's grace (10 s after they were claimed)."""
+    proxy, broker_url = broker_proxy
+    schedules = Schedules(store)
+    schedules.create("now", "t", in_seconds=0, allow_unregistered=True)  # connects the pool
+    soon = schedules.create("soon", "t", in_seconds=1.5, allow_unregistered=True)
+    assert soon.next_fire_at is not None
+    scheduler = make_scheduler(claim_ahead=2.0, broker_url=broker_url)
+    send_at_fire_time = scheduler_module.publish_at
+    failed: list[int] = []
+
+    def broker_down_over_the_fire_time(*args: Any, **kwargs: Any) -> Any:
+        if failed:
+            return send_at_fire_time(*args, **kwargs)
+        proxy.cut()
+        result = send_at_fire_time(*args, **kwargs)
+        failed.append(1)
+        proxy.heal()
+        return result
+
+    monkeypatch.setattr(scheduler_module, "publish_at", broker_down_over_the_fire_time)
+    fire_at = soon.next_fire_at
+    tick_until(
+        scheduler, store, lambda: queued(store, "soon"), until=fire_at + timedelta(seconds=5)
+    )
+
+    assert failed, "the send at the fire time never happened"
+    (row,) = run_rows(store, schedule_name="soon")
+    assert row.state == RunState.QUEUED.value, "left to the outbox's grace"
+    print(f"published {(row.published_at - fire_at).total_seconds():+.4f}s from its fire time")
+    assert row.published_at >= fire_at

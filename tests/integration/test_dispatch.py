@@ -9,12 +9,14 @@ import time
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 import redis
 
 from app.factory import create_app
 from beat import dispatch
+from beat.errors import StaleEpoch
 from beat.models import RunToPublish
 from tests.conftest import SessionEnv
 from tests.integration.helpers import broker_messages, task_ids
@@ -62,25 +64,35 @@ def test_runs_are_published_in_order_across_chunks_with_their_headers(
     assert headers["argsrepr"] == repr(batch[-1].args)
 
 
-def test_publish_at_sends_nothing_before_the_deadline(
-    test_env: SessionEnv, redis_client: redis.Redis
-) -> None:
-    app = create_app(test_env.settings())
-    key = f"{test_env.broker_key_prefix}celery"
+def publish_at_watched(
+    app: Any, redis_client: redis.Redis, queue_key: str, count: int
+) -> tuple[dispatch.PublishResult, list[int]]:
+    """``publish_at`` of ``count`` runs half a second ahead, with the queue's length
+    sampled until just before the deadline."""
     deadline = time.monotonic() + 0.5
     seen_early: list[int] = []
 
     def early_check() -> None:
         while time.monotonic() < deadline - 0.02:
-            seen_early.append(int(redis_client.llen(key)))  # type: ignore[arg-type]
+            seen_early.append(int(redis_client.llen(queue_key)))  # type: ignore[arg-type]
             time.sleep(0.01)
 
     watcher = threading.Thread(target=early_check)
     watcher.start()
-    result = dispatch.publish_at(app, runs(50), deadline)
+    result = dispatch.publish_at(app, runs(count), deadline)
     watcher.join()
-
     assert time.monotonic() >= deadline
+    return result, seen_early
+
+
+def test_publish_at_sends_nothing_before_the_deadline(
+    test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    app = create_app(test_env.settings())
+    key = f"{test_env.broker_key_prefix}celery"
+
+    result, seen_early = publish_at_watched(app, redis_client, key, 50)
+
     assert result.error is None
     assert len(result.published) == 50
     assert seen_early, "the watcher looked before the deadline"
@@ -139,3 +151,34 @@ def test_finding_14_a_broker_error_while_a_message_is_built_stops_the_batch(
     assert result.published == []
     assert result.rejected == []
     assert isinstance(result.error, redis.ConnectionError)
+
+
+def test_finding_10_a_transport_that_cannot_batch_sends_nothing_before_the_deadline(
+    test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    """With ``retry_on_timeout`` kombu refuses to batch on Redis and publishes each
+    message as it is built: they must then be built at the deadline, not ahead."""
+    app = create_app(test_env.settings())
+    options = app.conf.broker_transport_options
+    app.conf.broker_transport_options = {**options, "retry_on_timeout": True}
+    key = f"{test_env.broker_key_prefix}celery"
+
+    result, seen_early = publish_at_watched(app, redis_client, key, 5)
+
+    assert result.error is None
+    assert seen_early, "the watcher looked before the deadline"
+    assert max(seen_early) == 0, "messages left before their time"
+    assert redis_client.llen(key) == 5
+
+
+def test_publish_at_sends_nothing_when_the_last_check_before_the_send_refuses(
+    test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    app = create_app(test_env.settings())
+
+    def lease_lost() -> None:
+        raise StaleEpoch("another process leads")
+
+    with pytest.raises(StaleEpoch):
+        dispatch.publish_at(app, runs(3), time.monotonic() + 0.1, before_send=lease_lost)
+    assert broker_messages(redis_client, test_env.broker_key_prefix) == []

@@ -111,3 +111,22 @@ def test_unreachable_redis_is_a_clear_error() -> None:
         match=r"Redis at 127\.0\.0\.1:1/0 is unreachable .*docker compose up -d redis",
     ):
         lease(client, "x").try_acquire(0)
+
+
+def test_time_left_is_the_holders_remaining_ttl_and_none_for_anyone_else(
+    redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
+    lost: list[str] = []
+    holder = lease(redis_client, test_env.key_prefix, ttl=3.0, on_lost=lost.append)
+    other = lease(redis_client, test_env.key_prefix)
+    assert holder.try_acquire(0) == 1
+
+    left = holder.time_left()
+    assert left is not None
+    assert 0 < left <= 3.0
+    assert other.time_left() is None
+
+    redis_client.set(lock_key(test_env.key_prefix), other.holder, px=3000)  # taken over
+    assert holder.time_left() is None
+    assert not holder.is_held()
+    assert lost, "the holder learns it lost the lease at once"
