@@ -23,6 +23,7 @@ import threading
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -40,7 +41,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.store import StoreConnection, create_store_engine
-from beat.tables import RunState, runs
+from beat.tables import RunState, runs, workers
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -239,6 +240,23 @@ class RunStore(StoreConnection):
                     )
                 ).rowcount
                 == 1
+            )
+
+    def worker_seen(self, name: str, *, pid: int, booted_at: datetime) -> None:
+        """The worker ``name`` (its process ``pid``, started at ``booted_at``) is alive."""
+        statement = pg_insert(workers).values(
+            name=name, pid=pid, booted_at=booted_at, seen_at=func.now()
+        )
+        with self._transaction() as conn:
+            conn.execute(
+                statement.on_conflict_do_update(
+                    index_elements=[workers.c.name],
+                    set_={
+                        "pid": statement.excluded.pid,
+                        "booted_at": statement.excluded.booted_at,
+                        "seen_at": func.now(),
+                    },
+                )
             )
 
     def heartbeat_received(

@@ -36,7 +36,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery.exceptions import Retry, TaskRevokedError
-from celery.signals import task_postrun, task_prerun, task_received, task_revoked
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    task_received,
+    task_revoked,
+    worker_ready,
+)
 
 from beat import metrics
 from beat.config import BeatConfig
@@ -96,38 +102,49 @@ def error_text(exc: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 1] + "…"
 
 
-class ReceiptLeases:
-    """The runs whose message this worker process took, renewed while their requests live.
+class WorkerHeartbeat:
+    """The worker's main process, seen from PostgreSQL: its presence (``beat_workers``)
+    and the receipt leases of the runs whose message it took, renewed while their
+    requests live.
 
     A request that finished, or whose pool process died, leaves Celery's lists of
     requests: its lease is then no longer renewed and expires, and the reaper acts
-    (a run not started is published again; a plain run that started ends ``lost``)."""
+    (a run not started is published again; a plain run that started ends ``lost``).
+    A worker that died stops being seen: the reaper then knows that the runs it held
+    were interrupted, not that they crashed it."""
 
-    def __init__(self, store: RunStore, owner: str, lease_seconds: float) -> None:
+    def __init__(self, store: RunStore, hostname: str, lease_seconds: float) -> None:
         self.store = store
-        self.owner = owner
+        self.hostname = hostname
+        self.owner = f"{hostname}:{os.getpid()}:received"
         self.lease_seconds = lease_seconds
+        self.booted_at = datetime.now(UTC)
         self._taken: dict[uuid.UUID, tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def add(self, run_id: uuid.UUID, task_id: str) -> None:
+    def start(self) -> None:
         with self._lock:
-            self._taken[run_id] = (task_id, time.monotonic())
             if self._thread is None:
                 self._thread = threading.Thread(
-                    target=self._renew_loop, name="habeat-receipt-leases", daemon=True
+                    target=self._beat, name="habeat-worker-heartbeat", daemon=True
                 )
                 self._thread.start()
 
-    def _renew_loop(self) -> None:
+    def add(self, run_id: uuid.UUID, task_id: str) -> None:
+        with self._lock:
+            self._taken[run_id] = (task_id, time.monotonic())
+        self.start()
+
+    def _beat(self) -> None:
         while True:
-            time.sleep(self.lease_seconds / 3)
             held = self._still_held()
             try:
+                self.store.worker_seen(self.hostname, pid=os.getpid(), booted_at=self.booted_at)
                 self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
             except HABeatError as exc:
-                logger.warning("could not renew the leases of %d runs: %s", len(held), exc)
+                logger.warning("could not renew this worker's leases (%d runs): %s", len(held), exc)
+            time.sleep(self.lease_seconds / 3)
 
     def _still_held(self) -> list[uuid.UUID]:
         from celery.worker import state
@@ -141,19 +158,27 @@ class ReceiptLeases:
             return list(self._taken)
 
 
-_leases: dict[int, ReceiptLeases] = {}
+_leases: dict[int, WorkerHeartbeat] = {}
 _leases_lock = threading.Lock()
 
 
-def _leases_of(config: BeatConfig, hostname: str) -> ReceiptLeases:
+def _leases_of(config: BeatConfig, hostname: str) -> WorkerHeartbeat:
     with _leases_lock:
         leases = _leases.get(os.getpid())
         if leases is None:
-            owner = f"{hostname}:{os.getpid()}:received"
-            leases = _leases[os.getpid()] = ReceiptLeases(
-                run_store_for(config.database_url), owner, config.lease_timeout
+            leases = _leases[os.getpid()] = WorkerHeartbeat(
+                run_store_for(config.database_url), hostname, config.lease_timeout
             )
         return leases
+
+
+def _worker_ready(sender: Any = None, **_: Any) -> None:
+    """Start being seen as soon as the worker consumes (its main process)."""
+    hostname = getattr(sender, "hostname", None)
+    app = getattr(sender, "app", None)
+    if not hostname or app is None:
+        return
+    _leases_of(BeatConfig.from_celery_conf(app.conf), hostname).start()
 
 
 # -- receipt (the worker's main process) ------------------------------------------------
@@ -323,6 +348,7 @@ def install() -> None:
     task_prerun.connect(_plain_run_started, weak=False, dispatch_uid="habeat.plain_run_started")
     task_postrun.connect(_plain_run_ended, weak=False, dispatch_uid="habeat.plain_run_ended")
     task_revoked.connect(_record_expiry, weak=False, dispatch_uid="habeat.record_expiry")
+    worker_ready.connect(_worker_ready, weak=False, dispatch_uid="habeat.worker_ready")
 
 
 install()

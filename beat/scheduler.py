@@ -511,6 +511,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             stale_queued_after=2 * self.config.visibility_timeout,
             limit=self.config.claim_batch,
             idle_timeout=self.config.claim_idle_timeout,
+            lease_seconds=self.config.lease_timeout,
         )
         metrics.LEASES_RECLAIMED.inc(len(reclaim.runs))
         metrics.RUNS_LOST.inc(len(reclaim.lost))

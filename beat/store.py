@@ -90,6 +90,7 @@ from beat.tables import (
     leader,
     runs,
     schedules,
+    workers,
 )
 from beat.timing import Cron, Every, Once, Trigger
 
@@ -99,6 +100,9 @@ logger = logging.getLogger(__name__)
 LEADER_RELEASED_CHANNEL = "beat_leader_released"
 #: States of a run that has not finished: what overlap policies look at.
 ACTIVE_STATES = ("pending", "queued", "running", "retrying")
+#: Attempts ended by their worker's death that a run may have before it is given up
+#: (a job that kills the whole worker process every time must not loop for ever).
+MAX_INTERRUPTIONS = 10
 #: Serialises the sync of code-defined schedules between beat processes starting together.
 SYNC_LOCK_ID = 0x6861_6265_6174_01
 
@@ -674,14 +678,23 @@ class Store(StoreConnection):
         )
 
     def reclaim(
-        self, epoch: int, *, stale_queued_after: float, limit: int, idle_timeout: float = 10.0
+        self,
+        epoch: int,
+        *,
+        stale_queued_after: float,
+        limit: int,
+        idle_timeout: float = 10.0,
+        lease_seconds: float = 30.0,
     ) -> Reclaim:
         """The reaper, as leader ``epoch`` (fenced like a claim), in one transaction:
 
         - a ``running`` run whose lease expired (its worker died or was cut off)
           goes back to the outbox (``pending``, attempt kept) to be published
           again under the same task ID, unless it has had ``max_attempts``
-          attempts (Celery retries not counted): then it is ``lost``;
+          attempts (Celery retries not counted): then it is ``lost``. An attempt
+          whose worker process is known to have died (``beat_workers``: not seen
+          since, or started again) is an interruption, not the run's fault: it
+          does not count, up to ``MAX_INTERRUPTIONS``;
         - a ``queued`` or ``retrying`` run whose message a worker took (receipt
           lease, see ``beat.run_tracking``) but which that worker never started,
           the lease having expired, goes back to the outbox (a retry at its time);
@@ -700,11 +713,26 @@ class Store(StoreConnection):
         # A plain task is never started twice: once its worker is gone after it started,
         # the run is over. (Taken but not started, it is published again like any run.)
         interrupted_plain = and_(runs.c.plain, runs.c.started_at.is_not(None))
-        exhausted = or_(interrupted_plain, runs.c.attempt - runs.c.retries >= runs.c.max_attempts)
+        interruptions = runs.c.interruptions + case((_worker_died(lease_seconds), 1), else_=0)
+        exhausted = or_(
+            interrupted_plain,
+            runs.c.attempt - runs.c.retries - interruptions >= runs.c.max_attempts,
+            interruptions > MAX_INTERRUPTIONS,
+        )
         lost_error = case(
             (
                 interrupted_plain,
                 func.concat(PLAIN_RUN_INTERRUPTED, " (worker ", runs.c.worker, ")"),
+            ),
+            (
+                interruptions > MAX_INTERRUPTIONS,
+                func.concat(
+                    "its worker died ",
+                    interruptions,
+                    " times while running it (last ",
+                    func.coalesce(runs.c.worker, "?"),
+                    "): given up",
+                ),
             ),
             else_=func.concat(
                 "lease expired on attempt ",
@@ -722,6 +750,7 @@ class Store(StoreConnection):
             .values(
                 state=case((exhausted, RunState.LOST.value), else_=RunState.PENDING.value),
                 error=case((exhausted, lost_error), else_=runs.c.error),
+                interruptions=interruptions,
                 finished_at=case((exhausted, func.now()), else_=None),
                 epoch=epoch,
                 claimed_at=func.now(),
@@ -1000,6 +1029,30 @@ class ScheduleChangeListener:
 
 
 # -- row mapping --------------------------------------------------------------------
+
+
+def _worker_died(lease_seconds: float) -> Any:
+    """Is the worker process that held a run whose lease expired known to be dead?
+
+    Its worker renews ``beat_workers`` every third of the lease, from its main
+    process: alive, it was seen less than a third of the lease before now, so
+    after the run's lease expired, or just before. Dead, it was last seen about
+    when the run's last heartbeat was, a whole lease before the expiry. Half a
+    lease tells the two apart. A worker started again since the run started is
+    another process: the one that ran it died. A worker with no row (it does not
+    import ``beat.run_tracking``) cannot be judged: the attempt counts."""
+    half_lease = func.make_interval(0, 0, 0, 0, 0, 0, lease_seconds / 2)
+    return (
+        select(literal(1))
+        .where(
+            workers.c.name == runs.c.worker,
+            or_(
+                workers.c.seen_at < runs.c.lease_expires_at - half_lease,
+                workers.c.booted_at > runs.c.started_at,
+            ),
+        )
+        .exists()
+    )
 
 
 def _due_query(batch: int) -> Any:

@@ -200,6 +200,9 @@ runs = Table(
     #: The task does not use the idempotent base: once a worker took the run, it is
     #: never published again.
     Column("plain", Boolean, nullable=False, server_default=text("false")),
+    #: Attempts ended by their worker's death (killed, restarted): not the run's fault,
+    #: they do not use up ``max_attempts`` (at most ``MAX_INTERRUPTIONS`` are excused).
+    Column("interruptions", Integer, nullable=False, server_default=text("0")),
     UniqueConstraint("schedule_id", "fire_at", name="uq_beat_runs_schedule_fire_at"),
     CheckConstraint(_in("state", RunState), name="ck_beat_runs_state"),
 )
@@ -251,4 +254,16 @@ leader = Table(
     Column("epoch", BigInteger, nullable=False),
     Column("holder", Text, nullable=False),
     Column("acquired_at", TZ, nullable=False, server_default=text("now()")),
+)
+
+workers = Table(
+    "beat_workers",
+    metadata,
+    # A worker's Celery node name (``worker1@host``): ``beat_runs.worker``.
+    Column("name", Text, primary_key=True),
+    Column("pid", Integer, nullable=False),
+    #: When the worker process that renews this row started.
+    Column("booted_at", TZ, nullable=False),
+    #: Renewed by the worker's main process every third of the lease timeout.
+    Column("seen_at", TZ, nullable=False),
 )

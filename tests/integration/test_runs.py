@@ -177,3 +177,65 @@ def test_the_reaper_is_fenced_and_republishes_runs_stuck_in_the_queue(store: Sto
         store.reclaim(1, stale_queued_after=7200, limit=10)
     reclaim = store.reclaim(2, stale_queued_after=7200, limit=10)
     assert [run.id for run in reclaim.runs] == [claim.runs[0].id]
+
+
+def see_worker(store: Store, name: str, *, seen_ago: float, booted_ago: float = 3600) -> None:
+    """Record the worker ``name`` as last seen ``seen_ago`` seconds ago."""
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO beat_workers (name, pid, booted_at, seen_at) VALUES"
+                " (:name, 1, now() - make_interval(secs => :booted), now() - make_interval(secs"
+                " => :seen)) ON CONFLICT (name) DO UPDATE SET seen_at = excluded.seen_at,"
+                " booted_at = excluded.booted_at"
+            ),
+            {"name": name, "seen": seen_ago, "booted": booted_ago},
+        )
+
+
+def test_finding_966478_a_run_whose_worker_was_killed_does_not_use_up_its_attempts(
+    run_store: RunStore, store: Store
+) -> None:
+    """A run interrupted because its worker died (not seen since the run's last
+    heartbeat) is sent again however often that happens, up to MAX_INTERRUPTIONS; a
+    run whose worker lives on (its process crashed or hung under it) uses an attempt."""
+    from beat.store import MAX_INTERRUPTIONS
+
+    assert store.take_leadership(1, "leader")
+    killed, poison, unknown = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    for run_id, worker in ((killed, "killed@h"), (poison, "alive@h"), (unknown, "nobody@h")):
+        assert isinstance(start(run_store, run_id, worker, max_attempts=1), Started)
+    with store.engine.begin() as conn:  # the last heartbeats were 30 s ago
+        conn.execute(text("UPDATE beat_runs SET lease_expires_at = now() - interval '1 second'"))
+    see_worker(store, "killed@h", seen_ago=31)  # died with its run's last heartbeat
+    see_worker(store, "alive@h", seen_ago=2)  # still beating: the run itself died
+
+    reclaim = store.reclaim(1, stale_queued_after=3600, limit=100, lease_seconds=30)
+
+    assert [run.id for run in reclaim.runs] == [killed]
+    assert sorted(lost.id for lost in reclaim.lost) == sorted([poison, unknown])
+    assert {row.id: row.interruptions for row in run_rows(store)}[killed] == 1
+
+    # Killed again and again: sent again until MAX_INTERRUPTIONS, then given up.
+    for attempt in range(2, MAX_INTERRUPTIONS + 2):
+        store.mark_published([killed])
+        assert start(run_store, killed, "killed@h", max_attempts=1) == Started(attempt=attempt)
+        expire_leases(store)
+        see_worker(store, "killed@h", seen_ago=31)
+        reclaim = store.reclaim(1, stale_queued_after=3600, limit=100, lease_seconds=30)
+    assert [lost.id for lost in reclaim.lost] == [killed]
+    assert "its worker died 11 times" in reclaim.lost[0].error
+
+
+def test_a_worker_started_again_after_its_run_started_counts_as_interrupted(
+    run_store: RunStore, store: Store
+) -> None:
+    assert store.take_leadership(1, "leader")
+    run_id = uuid.uuid4()
+    assert isinstance(start(run_store, run_id, "restarted@h", max_attempts=1), Started)
+    expire_leases(store)
+    see_worker(store, "restarted@h", seen_ago=1, booted_ago=0)  # the same name, a new process
+
+    reclaim = store.reclaim(1, stale_queued_after=3600, limit=100, lease_seconds=30)
+
+    assert [run.id for run in reclaim.runs] == [run_id]
