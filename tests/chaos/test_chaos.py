@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,14 @@ def test_missing_servers_are_named_with_what_to_install(monkeypatch: pytest.Monk
     assert "initdb, pg_ctl, redis-server not found" in message
     assert "apt-get install postgresql redis-server" in message
     assert "\n" not in message
+
+
+# -- findings --------------------------------------------------------------------------------
+
+
+def test_finding_chaos_sh_installs_the_dev_extra_before_running() -> None:
+    """After the quickstart (base package only), chaos.sh failed: No module named 'pytest'."""
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "chaos.sh").read_text()
+    install = script.index("pip install --quiet -e '.[dev]'")
+    assert install < script.index("exec .venv/bin/python -m tests.chaos")
+    assert "-m venv .venv" in script
