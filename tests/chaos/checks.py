@@ -455,16 +455,22 @@ def _count_message_loss(
     counts: RunCounts, rows: list[Any], deleted: Sequence[DeletedMessage]
 ) -> None:
     """Recoveries of runs whose waiting message the fault deleted: seconds from the
-    deletion to the run's next publication."""
+    deletion until the run was published again (or, failing a record of that, started)."""
     counts.messages_deleted = len(deleted)
     by_id = {str(row.id): row for row in rows}
+    waiting = {RunState.QUEUED, RunState.RETRYING}
     recovered: dict[str, float] = {}
     for message in deleted:
         row = by_id.get(str(run_id_for(message.task_id)))
-        if row is None or message.where != "queue" or message.state != RunState.QUEUED:
+        if row is None or message.where != "queue" or message.state not in waiting:
             continue
-        if row.published_at is not None and row.published_at > message.deleted_at:
-            delay = (row.published_at - message.deleted_at).total_seconds()
+        after = [
+            moment
+            for moment in (row.published_at, row.started_at)
+            if moment is not None and moment > message.deleted_at
+        ]
+        if after:
+            delay = (after[0] - message.deleted_at).total_seconds()
             recovered[str(row.id)] = max(delay, recovered.get(str(row.id), 0.0))
     counts.message_loss_recoveries = sorted(recovered.values())
 
