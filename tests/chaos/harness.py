@@ -521,8 +521,8 @@ class Injector:
             f"deploy: stopping every beat for {fault.duration:.1f}s; code schedule"
             f" v{self.code_schedule.version + 1}{' with a new timing' if timing else ''}"
         )
+        stopped_at = now_utc()  # fire times from here on may be missed
         self.chaos.stop_beats()
-        stopped_at = now_utc()
         self.code_schedule.change(timing=timing)
         time.sleep(fault.duration)
         for slot in self.chaos.beats:
