@@ -29,7 +29,16 @@ from beat.models import Schedule
 from beat.tables import RunState
 from tests.chaos import servers
 from tests.chaos.broker import delete_messages
-from tests.chaos.checks import Verdict, _check_not_started_after_expiry, _check_plain_run
+from tests.chaos.checks import (
+    DeletedMessage,
+    Expectation,
+    SentChain,
+    Verdict,
+    _check_chains,
+    _check_not_started_after_expiry,
+    _check_plain_run,
+    _check_recorded_state,
+)
 from tests.chaos.faults import FaultKind, durations, make_plan
 from tests.chaos.harness import ChaosConfig, WorkerSlot, killable_workers, run_chaos
 from tests.chaos.servers import MissingBinaries, find_binaries
@@ -298,3 +307,46 @@ def test_message_loss_deletes_waiting_and_unacked_messages_under_the_broker_pref
     assert redis_client.llen(f"{prefix}celery") == 0
     assert redis_client.hlen(f"{prefix}unacked") == 0
     assert redis_client.zcard(f"{prefix}unacked_index") == 0
+
+
+def test_a_chain_may_stop_only_where_a_message_no_worker_saw_was_deleted() -> None:
+    first, second = _run_row(schedule_name=None), _run_row(schedule_name=None)
+    succeeded = SentChain(
+        chain_id="c1", task_ids=(str(first.id), str(second.id)), send_failed=False
+    )
+    cut = SentChain(chain_id="c2", task_ids=(str(first.id), "chaos-chain-b"), send_failed=False)
+    broken = SentChain(chain_id="c3", task_ids=(str(first.id), "chaos-chain-c"), send_failed=False)
+    deleted = [
+        DeletedMessage(task_id="chaos-chain-b", deleted_at=first.fire_at, where="queue", state=None)
+    ]
+    effects = Counter({str(first.id): 1, str(second.id): 1})
+    verdict = Verdict()
+    _check_chains(verdict, [first, second], effects, [succeeded, cut, broken], deleted)
+    assert verdict.counts.chains_completed == 1
+    assert verdict.counts.chains_cut_by_message_loss == 1
+    assert verdict.lost == ["chain c3 incomplete: link chaos-chain-c has no run"]
+    assert verdict.duplicated == []
+
+
+def test_a_fire_time_not_run_must_say_why_and_only_where_allowed() -> None:
+    start = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    window = (start + timedelta(seconds=10), start + timedelta(seconds=20))
+    expectation = Expectation(
+        name="x", kind="k", trigger=None, zone=UTC, first_fire=start,  # type: ignore[arg-type]
+        expires=3.0, skippable=(window,),
+    )  # fmt: skip
+    verdict = Verdict()
+    in_deploy = start + timedelta(seconds=12)
+    _check_recorded_state(
+        verdict, expectation, in_deploy, _run_row(state=RunState.SKIPPED, reason="misfire"), "a"
+    )
+    _check_recorded_state(verdict, expectation, in_deploy, _run_row(state=RunState.SKIPPED), "b")
+    _check_recorded_state(
+        verdict, expectation, start, _run_row(state=RunState.SKIPPED, reason="misfire"), "c"
+    )
+    _check_recorded_state(
+        verdict, expectation, start, _run_row(state=RunState.EXPIRED, reason="expired"), "d"
+    )
+    _check_recorded_state(verdict, expectation, start, _run_row(state=RunState.EXPIRED), "e")
+    assert [item.split(":")[0] for item in verdict.unexpected] == ["b", "c", "e"]
+    assert verdict.counts.deploy_skipped == 1
