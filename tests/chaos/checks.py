@@ -41,6 +41,10 @@ FIRE_TIME_LIMIT = 1_000_000
 #: Lateness is reported for these schedules (one fire time a second: the finest grain).
 SECOND_KIND = "every 1 s"
 ONE_MICROSECOND = timedelta(microseconds=1)
+#: A message sent this long before a Redis restart may still have been waiting in it.
+WAITING_BEFORE_RESTART = timedelta(seconds=10)
+#: Fire times this close before a deploy may be claimed after it, with the new kwargs.
+DEPLOY_CLAIM_SLACK = timedelta(seconds=5)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,6 +64,8 @@ class Expectation:
     expires: float | None = None
     #: Fire times in these windows (a deploy's downtime) may be recorded ``skipped``.
     skippable: tuple[tuple[datetime, datetime], ...] = ()
+    #: The kwargs its runs must carry (set for the code schedule a deploy changes).
+    kwargs: dict[str, Any] | None = None
 
     def fire_times(self, until: datetime) -> list[datetime]:
         """Every fire time from the first up to ``until`` (inclusive) while this
@@ -76,6 +82,13 @@ class Expectation:
 
     def may_skip(self, fire_at: datetime) -> bool:
         return any(start <= fire_at <= end for start, end in self.skippable)
+
+    def definition_certain(self, fire_at: datetime) -> bool:
+        """False near a deploy: a fire time claimed only after the new definition was
+        synced (late, or missed while beats were down) may run with either one."""
+        return not any(
+            start - DEPLOY_CLAIM_SLACK <= fire_at <= end for start, end in self.skippable
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,6 +128,7 @@ class SentChain:
     task_ids: tuple[str, ...]
     #: The send raised (broker down): the chain may or may not exist.
     send_failed: bool
+    sent_at: datetime
 
 
 @dataclass(kw_only=True)
@@ -131,8 +145,10 @@ class RunCounts:
     chains_sent: int = 0
     chains_completed: int = 0
     chain_links: int = 0
-    #: Chains whose unsent-to-any-worker message the fault deleted (no row: beyond reach).
+    #: Chains cut where the broker lost a link's message before any worker took it (no
+    #: row: beyond reach): deleted by the message-loss fault, or lost in a Redis restart.
     chains_cut_by_message_loss: int = 0
+    chains_cut_by_redis_restart: int = 0
     messages_deleted: int = 0
     #: Seconds from a deleted message to its run's next publication, per recovered run.
     message_loss_recoveries: list[float] = field(default_factory=list)
@@ -183,6 +199,8 @@ class Observations:
     pauses: Sequence[LeaderPause] = ()
     chains: Sequence[SentChain] = ()
     deleted: Sequence[DeletedMessage] = ()
+    #: (down, up) of each Redis restart: it loses every message waiting in the broker.
+    redis_restarts: Sequence[tuple[datetime, datetime]] = ()
 
 
 def judge(
@@ -210,7 +228,7 @@ def judge(
     effects = _effects(store)
     verdict = Verdict()
     _check_fire_times(verdict, rows, expectations, window_end)
-    chain_rows = _check_chains(verdict, all_rows, effects, seen.chains, seen.deleted)
+    chain_rows = _check_chains(verdict, all_rows, effects, seen)
     killed = {kill.worker for kill in seen.kills}
     _check_runs(verdict, rows, effects, expectations, killed)
     _check_effects_have_runs(verdict, all_rows, effects)
@@ -270,6 +288,7 @@ def _check_fire_times(
             if len(found) > 1:
                 verdict.duplicated.append(f"{where}: {len(found)} runs")
             _check_recorded_state(verdict, expectation, fire_at, found[0], where)
+            _check_definition_in_force(verdict, expectation, fire_at, found[0], where)
     for (name, fire_at), extra in by_fire.items():
         if fire_at is not None and fire_at <= window_end:
             verdict.unexpected.append(f"{name}: {len(extra)} runs at {fire_at}, no fire time")
@@ -291,6 +310,19 @@ def _check_recorded_state(
             verdict.unexpected.append(f"{where}: expired, but its schedule has no expires")
         elif not (row.reason or row.error):
             verdict.unexpected.append(f"{where}: expired without a reason")
+
+
+def _check_definition_in_force(
+    verdict: Verdict, expectation: Expectation, fire_at: datetime, row: Any, where: str
+) -> None:
+    """A run carries the kwargs of the definition in force at its fire time."""
+    if expectation.kwargs is None or row.state == RunState.SKIPPED:
+        return
+    if expectation.definition_certain(fire_at) and row.kwargs != expectation.kwargs:
+        verdict.unexpected.append(
+            f"{where}: ran with kwargs {row.kwargs}, the definition in force has"
+            f" {expectation.kwargs}"
+        )
 
 
 def _check_runs(
@@ -396,20 +428,20 @@ def _check_chains(
     verdict: Verdict,
     rows: list[Any],
     effects: Counter[str],
-    chains: Sequence[SentChain],
-    deleted: Sequence[DeletedMessage],
+    seen: Observations,
 ) -> list[Any]:
     """Every link of every chain sent ran exactly once and every chain completed.
 
-    A chain may stop only where the message-loss fault deleted a link's message
-    before any worker had seen it: such a task has no run row yet, so nothing
-    can know it existed (the README says to send such work as a one-off schedule).
-    Returns the chains' run rows."""
+    A chain may stop only at a link whose message no worker had seen when the
+    broker lost it (deleted by the message-loss fault, or sent shortly before a
+    Redis restart): an ad hoc task has no run row until a worker takes it, so
+    nothing can know it existed (the README says to send such work as a one-off
+    schedule). Those are counted apart. Returns the chains' run rows."""
     by_id = {str(row.id): row for row in rows}
-    unseen_deleted = {message.task_id for message in deleted if message.state is None}
+    unseen_deleted = {message.task_id for message in seen.deleted if message.state is None}
     counts = verdict.counts
     chain_rows: list[Any] = []
-    for chain in chains:
+    for chain in seen.chains:
         counts.chains_sent += 0 if chain.send_failed else 1
         links = [(task_id, by_id.get(str(run_id_for(task_id)))) for task_id in chain.task_ids]
         chain_rows.extend(row for _, row in links if row is not None)
@@ -420,17 +452,36 @@ def _check_chains(
             continue
         if chain.send_failed:
             continue  # the broker was down: it may never have been sent
-        first_missing = next(
-            (task_id, row) for task_id, row in links if row is None or row.state != "succeeded"
+        position = next(
+            index for index, (_, row) in enumerate(links) if row is None or row.state != "succeeded"
         )
-        task_id, row = first_missing
+        task_id, row = links[position]
         if row is None and task_id in unseen_deleted:
             counts.chains_cut_by_message_loss += 1
             continue
+        # A later link is sent by the worker that finished the link before it.
+        previous = links[position - 1][1] if position else None
+        sent_at = chain.sent_at if previous is None else previous.finished_at
+        if row is None and _near_a_redis_restart(sent_at, seen.redis_restarts):
+            counts.chains_cut_by_redis_restart += 1
+            continue
         state = "no run" if row is None else f"{row.state} ({row.error or row.reason})"
         target = verdict.stuck if row is not None and row.state in NON_TERMINAL else verdict.lost
-        target.append(f"chain {chain.chain_id} incomplete: link {task_id} has {state}")
+        target.append(
+            f"chain {chain.chain_id} (sent {chain.sent_at:%H:%M:%S.%f}) incomplete: link"
+            f" {position + 1} of {len(links)}, {task_id}, sent at {sent_at:%H:%M:%S.%f},"
+            f" has {state}"
+        )
     return chain_rows
+
+
+def _near_a_redis_restart(
+    sent_at: datetime | None, restarts: Sequence[tuple[datetime, datetime]]
+) -> bool:
+    """Sent while Redis was down, or shortly before it went down (still waiting)."""
+    return sent_at is not None and any(
+        down - WAITING_BEFORE_RESTART <= sent_at <= up for down, up in restarts
+    )
 
 
 def _check_chain_effects(

@@ -26,7 +26,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -130,6 +130,8 @@ class InjectionLog:
     #: Processes that exited without being killed (restarted by the harness).
     self_exits: list[str] = field(default_factory=list)
     deleted: list[DeletedMessage] = field(default_factory=list)
+    #: (down, up) of each Redis restart.
+    redis_restarts: list[tuple[datetime, datetime]] = field(default_factory=list)
     #: Worker kills the plan asked for but the harness left out: every busy worker
     #: held a run that plan kills had already interrupted ``max_attempts - 1`` times.
     kills_spared: int = 0
@@ -534,9 +536,11 @@ class Injector:
 
     def _restart_redis(self, fault: Fault) -> bool:
         say(f"Redis down for {fault.duration:.1f}s (its queue and lease are lost)")
+        down_at = now_utc()
         self.chaos.redis.stop()
         time.sleep(fault.duration)
         self.chaos.redis.start()
+        self.log.redis_restarts.append((down_at, now_utc()))
         return True
 
     def _restart_postgres(self, fault: Fault) -> bool:
@@ -564,7 +568,7 @@ class Injector:
 
 def killable_workers(
     workers: list[WorkerSlot],
-    held: dict[str, tuple[uuid.UUID, ...]],
+    held: Mapping[str, tuple[uuid.UUID, ...]],
     interrupted: Counter[uuid.UUID],
     *,
     max_kills_per_run: int,
@@ -758,7 +762,11 @@ def _run(
     expectations += code_schedule.expectations
     window_end, quiescence = quiesce(store, sorted({e.name for e in expectations}), config)
     seen = Observations(
-        kills=log.kills, pauses=log.pauses, chains=sent_chains(store), deleted=log.deleted
+        kills=log.kills,
+        pauses=log.pauses,
+        chains=sent_chains(store),
+        deleted=log.deleted,
+        redis_restarts=log.redis_restarts,
     )
     verdict = judge(store, expectations, window_end=window_end, seen=seen)
     report = ChaosReport(
@@ -866,8 +874,9 @@ def _workload_rows(report: ChaosReport) -> list[tuple[str, str]]:
         (
             "ad hoc chains",
             f"{counts.chains_completed} of {counts.chains_sent} completed"
-            f" ({counts.chain_links} links); {counts.chains_cut_by_message_loss} cut by a"
-            " message lost before any worker saw it",
+            f" ({counts.chain_links} links); cut where a message no worker had taken was"
+            f" lost: {counts.chains_cut_by_message_loss} by a message loss,"
+            f" {counts.chains_cut_by_redis_restart} by a Redis restart",
         ),
         (
             "message-loss recoveries",

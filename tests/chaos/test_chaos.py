@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,6 +33,7 @@ from tests.chaos.broker import delete_messages
 from tests.chaos.checks import (
     DeletedMessage,
     Expectation,
+    Observations,
     SentChain,
     Verdict,
     _check_chains,
@@ -273,7 +275,7 @@ def test_a_deploy_switches_the_expected_definition_at_its_sync(tmp_path: Path) -
             created_at=start, updated_at=updated_at,
         )  # fmt: skip
 
-    code.expectations.append(expectation_of("deployed", stored(3.0, 1, start)))
+    code.expectations.append(expectation_of("deployed", stored(3.0, 1, start), with_kwargs=True))
     stopped, synced = start + timedelta(seconds=10), start + timedelta(seconds=20.5)
     code.change(timing=True)
     code.deployed(stored(2.0, 2, synced), stopped_at=stopped, timing_changed=True)
@@ -285,6 +287,9 @@ def test_a_deploy_switches_the_expected_definition_at_its_sync(tmp_path: Path) -
     assert new.fire_times(end)[0] == start + timedelta(seconds=22)  # first after the sync
     assert not new.may_skip(start + timedelta(seconds=22))
     assert code.deploys[0].synced_at == synced
+    assert (old.kwargs, new.kwargs) == ({"version": 1}, {"version": 2})
+    assert old.definition_certain(start + timedelta(seconds=4))
+    assert not old.definition_certain(start + timedelta(seconds=6)), "claimed late, maybe"
 
 
 def test_message_loss_deletes_waiting_and_unacked_messages_under_the_broker_prefix(
@@ -309,22 +314,37 @@ def test_message_loss_deletes_waiting_and_unacked_messages_under_the_broker_pref
     assert redis_client.zcard(f"{prefix}unacked_index") == 0
 
 
-def test_a_chain_may_stop_only_where_a_message_no_worker_saw_was_deleted() -> None:
+def test_a_chain_may_stop_only_where_the_broker_lost_a_message_no_worker_took() -> None:
     first, second = _run_row(schedule_name=None), _run_row(schedule_name=None)
-    succeeded = SentChain(
-        chain_id="c1", task_ids=(str(first.id), str(second.id)), send_failed=False
-    )
-    cut = SentChain(chain_id="c2", task_ids=(str(first.id), "chaos-chain-b"), send_failed=False)
-    broken = SentChain(chain_id="c3", task_ids=(str(first.id), "chaos-chain-c"), send_failed=False)
-    deleted = [
-        DeletedMessage(task_id="chaos-chain-b", deleted_at=first.fire_at, where="queue", state=None)
+    first.finished_at = first.fire_at + timedelta(seconds=1)
+    sent = first.fire_at
+
+    def sent_chain(name: str, second_link: str) -> SentChain:
+        ids = (str(first.id), second_link)
+        return SentChain(chain_id=name, task_ids=ids, send_failed=False, sent_at=sent)
+
+    chains = [
+        sent_chain("done", str(second.id)),
+        sent_chain("deleted", "chaos-chain-b"),
+        sent_chain("restart", "chaos-chain-c"),
+        sent_chain("broken", "chaos-chain-d"),
     ]
-    effects = Counter({str(first.id): 1, str(second.id): 1})
+    deleted = [DeletedMessage(task_id="chaos-chain-b", deleted_at=sent, where="queue", state=None)]
+    # The second links were sent when ``first`` finished, 5 s before Redis went down:
+    restarts = [
+        (first.finished_at + timedelta(seconds=5), first.finished_at + timedelta(seconds=7))
+    ]
+    seen = Observations(chains=chains, deleted=deleted, redis_restarts=restarts)
     verdict = Verdict()
-    _check_chains(verdict, [first, second], effects, [succeeded, cut, broken], deleted)
-    assert verdict.counts.chains_completed == 1
-    assert verdict.counts.chains_cut_by_message_loss == 1
-    assert verdict.lost == ["chain c3 incomplete: link chaos-chain-c has no run"]
+    _check_chains(verdict, [first, second], Counter({str(first.id): 1, str(second.id): 1}), seen)
+    counts = verdict.counts
+    assert (counts.chains_completed, counts.chains_sent) == (1, 4)
+    assert (counts.chains_cut_by_message_loss, counts.chains_cut_by_redis_restart) == (1, 2)
+    # with the restart a minute later, the two chains without a second run are broken.
+    verdict = Verdict()
+    late = [(first.finished_at + timedelta(seconds=60), first.finished_at + timedelta(seconds=62))]
+    _check_chains(verdict, [first, second], Counter(), replace(seen, redis_restarts=late))
+    assert [item.split(" ")[1] for item in verdict.lost] == ["restart", "broken"]
     assert verdict.duplicated == []
 
 

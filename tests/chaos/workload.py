@@ -100,9 +100,15 @@ def _definitions(
 
 
 def expectation_of(
-    kind: str, schedule: Schedule, *, plain: bool = False, first_fire: datetime | None = None
+    kind: str,
+    schedule: Schedule,
+    *,
+    plain: bool = False,
+    first_fire: datetime | None = None,
+    with_kwargs: bool = False,
 ) -> Expectation:
-    """What a stored schedule must produce from ``first_fire`` (default: its next fire time)."""
+    """What a stored schedule must produce from ``first_fire`` (default: its next fire
+    time); with ``with_kwargs``, its runs must carry the schedule's kwargs."""
     first = first_fire or schedule.next_fire_at
     assert first is not None, f"{schedule.name} has no next fire time"
     expires = schedule.definition.options.get("expires")
@@ -114,6 +120,7 @@ def expectation_of(
         first_fire=first,
         plain=plain,
         expires=None if expires is None else float(expires),
+        kwargs=dict(schedule.definition.kwargs) if with_kwargs else None,
     )
 
 
@@ -183,7 +190,9 @@ class CodeSchedule:
         schedule = self.wait_for_sync(store, timeout=30)
         definition = schedule.definition
         first = next_fire_after(definition.trigger, parse_zone(definition.timezone), store.now())
-        self.expectations.append(expectation_of(DEPLOYED_KIND, schedule, first_fire=first))
+        self.expectations.append(
+            expectation_of(DEPLOYED_KIND, schedule, first_fire=first, with_kwargs=True)
+        )
 
     def deployed(self, schedule: Schedule, *, stopped_at: datetime, timing_changed: bool) -> None:
         """Record a deploy the beats have synced: the old definition was in force until
@@ -198,6 +207,7 @@ class CodeSchedule:
                 DEPLOYED_KIND,
                 schedule,
                 first_fire=first_fire_at(schedule.definition, synced_at),
+                with_kwargs=True,
             )
         )
         self.deploys.append(
@@ -236,16 +246,26 @@ def create_tables(store: Store) -> None:
 def sent_chains(store: Store) -> list[SentChain]:
     with store.engine.connect() as conn:
         rows = conn.execute(
-            text("SELECT chain_id, task_id, state FROM chaos_chains ORDER BY chain_id, position")
+            text(
+                "SELECT chain_id, task_id, state, sent_at FROM chaos_chains"
+                " ORDER BY chain_id, position"
+            )
         ).all()
     links: dict[str, list[str]] = {}
     failed: set[str] = set()
-    for chain_id, task_id, state in rows:
+    sent: dict[str, datetime] = {}
+    for chain_id, task_id, state, sent_at in rows:
         links.setdefault(chain_id, []).append(task_id)
+        sent.setdefault(chain_id, sent_at)
         if state != "sent":
             failed.add(chain_id)
     return [
-        SentChain(chain_id=chain_id, task_ids=tuple(ids), send_failed=chain_id in failed)
+        SentChain(
+            chain_id=chain_id,
+            task_ids=tuple(ids),
+            send_failed=chain_id in failed,
+            sent_at=sent[chain_id],
+        )
         for chain_id, ids in links.items()
     ]
 
