@@ -19,7 +19,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="scripts/chaos.sh",
         description="Run a 3-beat, 3-worker cluster on private PostgreSQL and Redis, inject"
-        " faults from a seeded plan, then check every fire time ran exactly once.",
+        " faults from a seeded plan (kills, pauses, restarts, cut links, broker message loss,"
+        " deploys), then check from PostgreSQL that every fire time ran exactly once, every"
+        " effect happened once, and no run was lost, stuck, early or run after its expiry.",
     )
     parser.add_argument("--seed", type=int, help="seed of the fault plan (default: random)")
     parser.add_argument(

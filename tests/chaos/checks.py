@@ -2,13 +2,19 @@
 
 The expected fire times come from the project's own schedule math
 (``beat.timing.fire_times``) applied to each schedule's trigger, from its first
-fire time to the end of the checked window. Faults are shorter than the
-misfire grace, so ``beat.policies`` plans every one of them as a run; a
-``skipped`` row in the window is therefore a violation, not an excuse.
+fire time to the end of the checked window. A schedule a deploy redefined has
+one expectation per definition, each in force from the deploy's sync to the
+next. Faults are shorter than the misfire grace, so ``beat.policies`` plans
+every fire time as a run; a ``skipped`` row is a violation, except for a fire
+time a deploy's downtime missed, which may be recorded skipped with its reason.
 
-Then, per fire time: exactly one run; per run: a terminal state, and one
-effect (a row in ``e2e_effects`` written through ``self.db``) if it succeeded,
-none otherwise.
+Then, per fire time: exactly one run; per run: a terminal state, none
+published, received or started before its fire time, and one effect (a row in
+``e2e_effects``) if it succeeded, none otherwise. Runs of plain tasks (no
+idempotent base) may end ``lost`` only when the plan killed the worker that
+held them; runs of schedules with ``expires`` may end ``expired`` (with a
+reason), and none starts after its expiry. The harness's ad hoc chains must run
+every link exactly once and complete.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from sqlalchemy import text
 from beat.store import Store
 from beat.tables import RunState
 from beat.timing import Trigger, fire_times
+from tasks.base import run_id_for
 
 NON_TERMINAL = frozenset({RunState.PENDING, RunState.QUEUED, RunState.RUNNING, RunState.RETRYING})
 #: More fire times than any run produces: fire_times() needs a bound.
@@ -34,6 +41,10 @@ FIRE_TIME_LIMIT = 1_000_000
 #: Lateness is reported for these schedules (one fire time a second: the finest grain).
 SECOND_KIND = "every 1 s"
 ONE_MICROSECOND = timedelta(microseconds=1)
+#: A message sent this long before a Redis restart may still have been waiting in it.
+WAITING_BEFORE_RESTART = timedelta(seconds=10)
+#: Fire times this close before a deploy may be claimed after it, with the new kwargs.
+DEPLOY_CLAIM_SLACK = timedelta(seconds=5)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,15 +56,38 @@ class Expectation:
     trigger: Trigger
     zone: ZoneInfo
     first_fire: datetime
+    #: The definition stops being in force here (exclusive): a deploy replaced it.
+    replaced_at: datetime | None = None
+    #: Runs of a plain Celery task (no idempotent base).
+    plain: bool = False
+    #: The schedule's ``options.expires``, seconds.
+    expires: float | None = None
+    #: Fire times in these windows (a deploy's downtime) may be recorded ``skipped``.
+    skippable: tuple[tuple[datetime, datetime], ...] = ()
+    #: The kwargs its runs must carry (set for the code schedule a deploy changes).
+    kwargs: dict[str, Any] | None = None
 
     def fire_times(self, until: datetime) -> list[datetime]:
-        """Every fire time from the first up to ``until`` (inclusive)."""
+        """Every fire time from the first up to ``until`` (inclusive) while this
+        definition was in force."""
+        if self.replaced_at is not None:
+            until = min(until, self.replaced_at - ONE_MICROSECOND)
         return fire_times(
             self.trigger,
             self.zone,
             after=self.first_fire - ONE_MICROSECOND,
             until=until,
             limit=FIRE_TIME_LIMIT,
+        )
+
+    def may_skip(self, fire_at: datetime) -> bool:
+        return any(start <= fire_at <= end for start, end in self.skippable)
+
+    def definition_certain(self, fire_at: datetime) -> bool:
+        """False near a deploy: a fire time claimed only after the new definition was
+        synced (late, or missed while beats were down) may run with either one."""
+        return not any(
+            start - DEPLOY_CLAIM_SLACK <= fire_at <= end for start, end in self.skippable
         )
 
 
@@ -74,6 +108,53 @@ class LeaderPause:
     taken_over: bool
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeletedMessage:
+    """A message the broker-loss fault deleted."""
+
+    task_id: str
+    deleted_at: datetime
+    #: ``queue`` (waiting for a worker) or ``unacked`` (taken by a worker, not acknowledged).
+    where: str
+    #: The run's state when it was deleted; None: the task had no run row yet (ad hoc).
+    state: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SentChain:
+    """An ad hoc chain the harness sent: its links' task IDs, in order."""
+
+    chain_id: str
+    task_ids: tuple[str, ...]
+    #: The send raised (broker down): the chain may or may not exist.
+    send_failed: bool
+    sent_at: datetime
+
+
+@dataclass(kw_only=True)
+class RunCounts:
+    """Figures of the new kinds of work, for the summary."""
+
+    plain: int = 0
+    plain_succeeded: int = 0
+    #: Plain runs that ended lost because the plan killed the worker running them.
+    plain_interrupted: list[str] = field(default_factory=list)
+    retried_runs: int = 0
+    retries: int = 0
+    expired: int = 0
+    chains_sent: int = 0
+    chains_completed: int = 0
+    chain_links: int = 0
+    #: Chains cut where the broker lost a link's message before any worker took it (no
+    #: row: beyond reach): deleted by the message-loss fault, or lost in a Redis restart.
+    chains_cut_by_message_loss: int = 0
+    chains_cut_by_redis_restart: int = 0
+    messages_deleted: int = 0
+    #: Seconds from a deleted message to its run's next publication, per recovered run.
+    message_loss_recoveries: list[float] = field(default_factory=list)
+    deploy_skipped: int = 0
+
+
 @dataclass(kw_only=True)
 class Verdict:
     expected: int = 0
@@ -92,6 +173,11 @@ class Verdict:
     duplicate_deliveries: int = 0
     #: Runs written by a paused leader after it was replaced (counted in ``duplicated`` too).
     stale_writes: int = 0
+    #: Runs published, received or started before their fire time.
+    early: list[str] = field(default_factory=list)
+    #: Runs started after their fire time + ``expires``.
+    late: list[str] = field(default_factory=list)
+    counts: RunCounts = field(default_factory=RunCounts)
 
     @property
     def violations(self) -> list[str]:
@@ -100,7 +186,21 @@ class Verdict:
             *(f"duplicated: {item}" for item in self.duplicated),
             *(f"stuck: {item}" for item in self.stuck),
             *(f"unexpected: {item}" for item in self.unexpected),
+            *(f"early: {item}" for item in self.early),
+            *(f"expired but ran: {item}" for item in self.late),
         ]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Observations:
+    """What the harness saw during the run, besides PostgreSQL."""
+
+    kills: Sequence[WorkerKill] = ()
+    pauses: Sequence[LeaderPause] = ()
+    chains: Sequence[SentChain] = ()
+    deleted: Sequence[DeletedMessage] = ()
+    #: (down, up) of each Redis restart: it loses every message waiting in the broker.
+    redis_restarts: Sequence[tuple[datetime, datetime]] = ()
 
 
 def judge(
@@ -108,26 +208,40 @@ def judge(
     expectations: Sequence[Expectation],
     *,
     window_end: datetime,
-    kills: Iterable[WorkerKill],
-    pauses: Iterable[LeaderPause],
+    seen: Observations,
 ) -> Verdict:
     """Check every guarantee for fire times up to ``window_end``; measure gaps and reclaims."""
     # Runs of other schedules (the project's demo jobs, synced from code at beat
-    # start and paused by the harness) are not part of the workload.
-    known = {expectation.name for expectation in expectations}
-    rows = [row for row in _run_rows(store) if row.schedule_name in known]
+    # start and paused by the harness) are not part of the workload, nor are the
+    # runs the workload's code schedule had before the workload began.
+    began: dict[str, datetime] = {}
+    for expectation in expectations:
+        began[expectation.name] = min(
+            expectation.first_fire, began.get(expectation.name, window_end)
+        )
+    all_rows = _run_rows(store)
+    rows = [
+        row
+        for row in all_rows
+        if row.schedule_name in began and row.fire_at >= began[row.schedule_name]
+    ]
     effects = _effects(store)
     verdict = Verdict()
     _check_fire_times(verdict, rows, expectations, window_end)
-    _check_runs(verdict, rows, effects)
-    _check_fencing(verdict, rows, pauses)
+    chain_rows = _check_chains(verdict, all_rows, effects, seen)
+    killed = {kill.worker for kill in seen.kills}
+    _check_runs(verdict, rows, effects, expectations, killed)
+    _check_effects_have_runs(verdict, all_rows, effects)
+    _check_never_early(verdict, [*rows, *chain_rows])
+    _check_fencing(verdict, rows, seen.pauses)
     verdict.max_claim_gap, verdict.max_claim_gap_from = _max_claim_gap(
         rows, expectations, window_end
     )
     verdict.max_lateness, verdict.p99_lateness = _lateness(rows, expectations, window_end)
-    verdict.reclaim_times = _reclaim_times(rows, kills)
-    verdict.restarted_runs = sum(1 for row in rows if row.attempt > 1)
+    verdict.reclaim_times = _reclaim_times(rows, seen.kills)
+    verdict.restarted_runs = sum(1 for row in rows if row.attempt - row.retries > 1)
     verdict.duplicate_deliveries = sum(row.duplicate_deliveries for row in rows)
+    _count_message_loss(verdict.counts, all_rows, seen.deleted)
     return verdict
 
 
@@ -137,7 +251,8 @@ def _run_rows(store: Store) -> list[Any]:
             conn.execute(
                 text(
                     "SELECT id, schedule_name, fire_at, state, reason, error, epoch, attempt,"
-                    " duplicate_deliveries, claimed_at, published_at, finished_at, worker"
+                    " retries, duplicate_deliveries, claimed_at, published_at, received_at,"
+                    " started_at, finished_at, worker, plain, not_before, kwargs"
                     " FROM beat_runs ORDER BY schedule_name, fire_at"
                 )
             )
@@ -145,9 +260,13 @@ def _run_rows(store: Store) -> list[Any]:
 
 
 def _effects(store: Store) -> Counter[str]:
+    """Effects by run ID (a caller-chosen task ID is mapped to its run ID, as the guard does)."""
+    effects: Counter[str] = Counter()
     with store.engine.connect() as conn:
         rows = conn.execute(text("SELECT task_id, count(*) FROM e2e_effects GROUP BY task_id"))
-        return Counter({row[0]: row[1] for row in rows})
+        for task_id, count in rows:
+            effects[str(run_id_for(task_id))] += count
+    return effects
 
 
 def _check_fire_times(
@@ -168,33 +287,243 @@ def _check_fire_times(
             verdict.seen += 1
             if len(found) > 1:
                 verdict.duplicated.append(f"{where}: {len(found)} runs")
-            if found[0].state == RunState.SKIPPED:
-                verdict.unexpected.append(f"{where}: skipped ({found[0].reason})")
+            _check_recorded_state(verdict, expectation, fire_at, found[0], where)
+            _check_definition_in_force(verdict, expectation, fire_at, found[0], where)
     for (name, fire_at), extra in by_fire.items():
         if fire_at is not None and fire_at <= window_end:
             verdict.unexpected.append(f"{name}: {len(extra)} runs at {fire_at}, no fire time")
 
 
-def _check_runs(verdict: Verdict, rows: list[Any], effects: Counter[str]) -> None:
-    run_ids = set()
+def _check_recorded_state(
+    verdict: Verdict, expectation: Expectation, fire_at: datetime, row: Any, where: str
+) -> None:
+    """A fire time that did not run must say why, and only where the rules allow it."""
+    if row.state == RunState.SKIPPED:
+        if not expectation.may_skip(fire_at):
+            verdict.unexpected.append(f"{where}: skipped ({row.reason})")
+        elif not row.reason:
+            verdict.unexpected.append(f"{where}: skipped by a deploy without a reason")
+        else:
+            verdict.counts.deploy_skipped += 1
+    elif row.state == RunState.EXPIRED:
+        if expectation.expires is None:
+            verdict.unexpected.append(f"{where}: expired, but its schedule has no expires")
+        elif not (row.reason or row.error):
+            verdict.unexpected.append(f"{where}: expired without a reason")
+
+
+def _check_definition_in_force(
+    verdict: Verdict, expectation: Expectation, fire_at: datetime, row: Any, where: str
+) -> None:
+    """A run carries the kwargs of the definition in force at its fire time."""
+    if expectation.kwargs is None or row.state == RunState.SKIPPED:
+        return
+    if expectation.definition_certain(fire_at) and row.kwargs != expectation.kwargs:
+        verdict.unexpected.append(
+            f"{where}: ran with kwargs {row.kwargs}, the definition in force has"
+            f" {expectation.kwargs}"
+        )
+
+
+def _check_runs(
+    verdict: Verdict,
+    rows: list[Any],
+    effects: Counter[str],
+    expectations: Sequence[Expectation],
+    killed: set[str],
+) -> None:
+    expires = {e.name: e.expires for e in expectations if e.expires is not None}
+    plain = {e.name for e in expectations if e.plain}
     for row in rows:
-        run_id = str(row.id)
-        run_ids.add(run_id)
         verdict.states[row.state] += 1
-        where = f"run {run_id} ({row.schedule_name} at {row.fire_at:%H:%M:%S.%f})"
-        count = effects.get(run_id, 0)
-        if row.state in NON_TERMINAL:
-            verdict.stuck.append(f"{where} is still {row.state} (attempt {row.attempt})")
-        elif row.state == RunState.SUCCEEDED and count == 0:
-            verdict.lost.append(f"{where} succeeded without its effect")
-        elif row.state in {RunState.LOST, RunState.FAILED, RunState.CANCELLED}:
-            verdict.lost.append(f"{where} ended {row.state}: {row.error or row.reason}")
+        where = f"run {row.id} ({row.schedule_name} at {row.fire_at:%H:%M:%S.%f})"
+        count = effects.get(str(row.id), 0)
+        if row.schedule_name in plain:
+            _check_plain_run(verdict, row, count, where, killed)
+        else:
+            _check_run_outcome(verdict, row, count, where)
+        if row.retries > 0:
+            verdict.counts.retried_runs += 1
+            verdict.counts.retries += row.retries
+        if row.state == RunState.EXPIRED:
+            verdict.counts.expired += 1
+        expiry = expires.get(row.schedule_name)
+        if expiry is not None:
+            _check_not_started_after_expiry(verdict, row, expiry, where)
+
+
+def _check_run_outcome(verdict: Verdict, row: Any, count: int, where: str) -> None:
+    """A run of the idempotent base: finished, and one effect exactly if it succeeded."""
+    if row.state in NON_TERMINAL:
+        verdict.stuck.append(f"{where} is still {row.state} (attempt {row.attempt})")
+    elif row.state == RunState.SUCCEEDED and count == 0:
+        verdict.lost.append(f"{where} succeeded without its effect")
+    elif row.state in {RunState.LOST, RunState.FAILED, RunState.CANCELLED}:
+        verdict.lost.append(f"{where} ended {row.state}: {row.error or row.reason}")
+    if count > 1:
+        verdict.duplicated.append(f"{where}: its effect happened {count} times")
+    elif count == 1 and row.state != RunState.SUCCEEDED:
+        verdict.duplicated.append(f"{where}: an effect committed though it is {row.state}")
+
+
+def _check_plain_run(verdict: Verdict, row: Any, count: int, where: str, killed: set[str]) -> None:
+    """A plain task's run: at most one effect, exactly one if it succeeded; ``lost`` only
+    if the plan killed the worker that held it (its effect may then exist or not)."""
+    verdict.counts.plain += 1
+    worker = (row.worker or "").split("@")[0]
+    if row.received_at is not None and not row.plain:
+        verdict.unexpected.append(f"{where}: a worker took it, but it is not recorded plain")
+    if row.state in NON_TERMINAL:
+        verdict.stuck.append(f"{where} (plain) is still {row.state} (attempt {row.attempt})")
+    elif row.state == RunState.SUCCEEDED:
+        verdict.counts.plain_succeeded += 1
+        if count == 0:
+            verdict.lost.append(f"{where} (plain) succeeded without its effect")
+    elif row.state == RunState.LOST and worker in killed:
+        verdict.counts.plain_interrupted.append(f"{where} on {worker}: {row.error or row.reason}")
+    elif row.state != RunState.EXPIRED:
+        held_by = f" (its worker {worker or '-'} was not killed by the plan)"
+        verdict.lost.append(
+            f"{where} (plain) ended {row.state}{held_by}: {row.error or row.reason}"
+        )
+    if count > 1:
+        verdict.duplicated.append(f"{where} (plain): its effect happened {count} times")
+    elif count == 1 and row.state not in {RunState.SUCCEEDED, RunState.LOST}:
+        verdict.duplicated.append(f"{where} (plain): an effect committed though it is {row.state}")
+
+
+def _check_not_started_after_expiry(verdict: Verdict, row: Any, expires: float, where: str) -> None:
+    deadline = row.fire_at + timedelta(seconds=expires)
+    if row.started_at is not None and row.started_at > deadline and row.state != RunState.EXPIRED:
+        late = (row.started_at - deadline).total_seconds()
+        verdict.late.append(f"{where} started {late:.2f} s after its expiry ({expires:g} s)")
+    elif row.state == RunState.EXPIRED and row.started_at is not None:
+        verdict.late.append(f"{where} is expired but was started at {row.started_at:%H:%M:%S.%f}")
+
+
+def _check_effects_have_runs(verdict: Verdict, rows: list[Any], effects: Counter[str]) -> None:
+    run_ids = {str(row.id) for row in rows}
+    for run_id in set(effects) - run_ids:
+        verdict.duplicated.append(f"an effect of task {run_id}, which has no run")
+
+
+def _check_never_early(verdict: Verdict, rows: list[Any]) -> None:
+    """No run is handed to the broker, taken or started before it is due (its fire
+    time, or its jittered time)."""
+    for row in rows:
+        due = row.not_before or row.fire_at
+        if due is None:  # an ad hoc task: due when sent
+            continue
+        for column in ("published_at", "received_at", "started_at"):
+            moment = getattr(row, column)
+            if moment is not None and moment < due:
+                early = (due - moment).total_seconds()
+                verdict.early.append(
+                    f"run {row.id} ({row.schedule_name} at {row.fire_at:%H:%M:%S.%f}):"
+                    f" {column} {early:.3f} s before it was due"
+                )
+
+
+def _check_chains(
+    verdict: Verdict,
+    rows: list[Any],
+    effects: Counter[str],
+    seen: Observations,
+) -> list[Any]:
+    """Every link of every chain sent ran exactly once and every chain completed.
+
+    A chain may stop only at a link whose message no worker had seen when the
+    broker lost it (deleted by the message-loss fault, or sent shortly before a
+    Redis restart): an ad hoc task has no run row until a worker takes it, so
+    nothing can know it existed (the README says to send such work as a one-off
+    schedule). Those are counted apart. Returns the chains' run rows."""
+    by_id = {str(row.id): row for row in rows}
+    unseen_deleted = {message.task_id for message in seen.deleted if message.state is None}
+    counts = verdict.counts
+    chain_rows: list[Any] = []
+    for chain in seen.chains:
+        counts.chains_sent += 0 if chain.send_failed else 1
+        links = [(task_id, by_id.get(str(run_id_for(task_id)))) for task_id in chain.task_ids]
+        chain_rows.extend(row for _, row in links if row is not None)
+        _check_chain_effects(verdict, chain, links, effects)
+        if all(row is not None and row.state == RunState.SUCCEEDED for _, row in links):
+            counts.chains_completed += 1
+            counts.chain_links += len(links)
+            continue
+        if chain.send_failed:
+            continue  # the broker was down: it may never have been sent
+        position = next(
+            index for index, (_, row) in enumerate(links) if row is None or row.state != "succeeded"
+        )
+        task_id, row = links[position]
+        if row is None and task_id in unseen_deleted:
+            counts.chains_cut_by_message_loss += 1
+            continue
+        # A later link is sent by the worker that finished the link before it.
+        previous = links[position - 1][1] if position else None
+        sent_at = chain.sent_at if previous is None else previous.finished_at
+        if row is None and _near_a_redis_restart(sent_at, seen.redis_restarts):
+            counts.chains_cut_by_redis_restart += 1
+            continue
+        state = "no run" if row is None else f"{row.state} ({row.error or row.reason})"
+        target = verdict.stuck if row is not None and row.state in NON_TERMINAL else verdict.lost
+        target.append(
+            f"chain {chain.chain_id} (sent {chain.sent_at:%H:%M:%S.%f}) incomplete: link"
+            f" {position + 1} of {len(links)}, {task_id}, sent at {sent_at:%H:%M:%S.%f},"
+            f" has {state}"
+        )
+    return chain_rows
+
+
+def _near_a_redis_restart(
+    sent_at: datetime | None, restarts: Sequence[tuple[datetime, datetime]]
+) -> bool:
+    """Sent while Redis was down, or shortly before it went down (still waiting)."""
+    return sent_at is not None and any(
+        down - WAITING_BEFORE_RESTART <= sent_at <= up for down, up in restarts
+    )
+
+
+def _check_chain_effects(
+    verdict: Verdict, chain: SentChain, links: list[tuple[str, Any]], effects: Counter[str]
+) -> None:
+    for task_id, row in links:
+        count = 0 if row is None else effects.get(str(row.id), 0)
+        if row is None:
+            count = effects.get(str(run_id_for(task_id)), 0)
         if count > 1:
-            verdict.duplicated.append(f"{where}: its effect happened {count} times")
-        elif count == 1 and row.state != RunState.SUCCEEDED:
-            verdict.duplicated.append(f"{where}: an effect committed though it is {row.state}")
-    for task_id in set(effects) - run_ids:
-        verdict.duplicated.append(f"an effect of task {task_id}, which is no run")
+            verdict.duplicated.append(
+                f"chain {chain.chain_id}: link {task_id} had its effect {count} times"
+            )
+        elif count == 1 and (row is None or row.state != RunState.SUCCEEDED):
+            state = "no run" if row is None else row.state
+            verdict.duplicated.append(
+                f"chain {chain.chain_id}: link {task_id} has an effect though it is {state}"
+            )
+
+
+def _count_message_loss(
+    counts: RunCounts, rows: list[Any], deleted: Sequence[DeletedMessage]
+) -> None:
+    """Recoveries of runs whose waiting message the fault deleted: seconds from the
+    deletion until the run was published again (or, failing a record of that, started)."""
+    counts.messages_deleted = len(deleted)
+    by_id = {str(row.id): row for row in rows}
+    waiting = {RunState.QUEUED, RunState.RETRYING}
+    recovered: dict[str, float] = {}
+    for message in deleted:
+        row = by_id.get(str(run_id_for(message.task_id)))
+        if row is None or message.where != "queue" or message.state not in waiting:
+            continue
+        after = [
+            moment
+            for moment in (row.published_at, row.started_at)
+            if moment is not None and moment > message.deleted_at
+        ]
+        if after:
+            delay = (after[0] - message.deleted_at).total_seconds()
+            recovered[str(row.id)] = max(delay, recovered.get(str(row.id), 0.0))
+    counts.message_loss_recoveries = sorted(recovered.values())
 
 
 def _check_fencing(verdict: Verdict, rows: list[Any], pauses: Iterable[LeaderPause]) -> None:

@@ -7,6 +7,11 @@ carries a number in [0, 1) that picks among the candidates of the moment).
 
 Faults happen one at a time, each healed before the next: the checks can then
 expect every fire time to run, since no outage outlasts the misfire grace.
+
+Two faults change state rather than cut something off: a broker message loss
+deletes messages from the workers' queues and from kombu's ``unacked`` hash (a
+Redis that lost keys), and a deploy stops every beat, changes a code schedule
+and starts them again once a few of its fire times have passed.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ class FaultKind(enum.StrEnum):
     BEAT_REDIS_STALL = "beat-Redis stall"
     BEAT_POSTGRES_CUT = "beat-PostgreSQL cut"
     BEAT_POSTGRES_STALL = "beat-PostgreSQL stall"
+    BROKER_MESSAGE_LOSS = "broker message loss"
+    DEPLOY = "deploy"
 
 
 #: Relative frequency of each kind once every kind has happened once: process
@@ -40,11 +47,16 @@ WEIGHTS = {
     FaultKind.BEAT_REDIS_STALL: 1,
     FaultKind.BEAT_POSTGRES_CUT: 1,
     FaultKind.BEAT_POSTGRES_STALL: 1,
+    FaultKind.BROKER_MESSAGE_LOSS: 1,
+    FaultKind.DEPLOY: 1,
 }
 #: Seconds of calm between two faults (the cluster may still be recovering).
 GAP = (1.0, 4.0)
 #: Probability that a fault picks the interesting victim (see ``Fault.aimed``).
 AIM_BIAS = 0.6
+#: Seconds every beat stays down in a deploy: past a few fire times of the
+#: deployed schedule (every 2 to 4 s), well within the misfire grace.
+DEPLOY_DOWNTIME = (8.0, 14.0)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,13 +73,16 @@ class Fault:
     aimed: bool
 
 
-def durations(lock_ttl: float) -> dict[FaultKind, tuple[float, float]]:
+def durations(lock_ttl: float, lease_timeout: float) -> dict[FaultKind, tuple[float, float]]:
     """Range of each kind's duration, in seconds.
 
     A pause outlasts the lock TTL by at least 2.5 s (a standby's poll and its
     takeover), so a standby replaces the leader while it is stopped (the fencing
     case); cuts and stalls last about one TTL either side,
-    so some leaders ride them out and some lose the lease.
+    so some leaders ride them out and some lose the lease. A message loss stops
+    the workers for well under their lease (so messages wait in the queue to be
+    lost, and no lease expires); a deploy keeps every beat down for a few fire
+    times of the deployed schedule (see ``DEPLOY_DOWNTIME``).
     """
     return {
         FaultKind.BEAT_KILL: (0.2, 2.0),
@@ -79,16 +94,18 @@ def durations(lock_ttl: float) -> dict[FaultKind, tuple[float, float]]:
         FaultKind.BEAT_REDIS_STALL: (lock_ttl * 0.5, lock_ttl * 2),
         FaultKind.BEAT_POSTGRES_CUT: (lock_ttl * 0.5, lock_ttl * 2),
         FaultKind.BEAT_POSTGRES_STALL: (lock_ttl * 0.5, lock_ttl * 2),
+        FaultKind.BROKER_MESSAGE_LOSS: (1.0, lease_timeout * 0.6),
+        FaultKind.DEPLOY: DEPLOY_DOWNTIME,
     }
 
 
-def make_plan(seed: int, duration: float, *, lock_ttl: float) -> list[Fault]:
+def make_plan(seed: int, duration: float, *, lock_ttl: float, lease_timeout: float) -> list[Fault]:
     """Faults for ``duration`` seconds of injection; every kind happens at least once
     (first, in a seeded order), so a short run may run a little past ``duration``."""
     rng = random.Random(seed)
     first_of_each = list(FaultKind)
     rng.shuffle(first_of_each)
-    ranges = durations(lock_ttl)
+    ranges = durations(lock_ttl, lease_timeout)
     kinds, weights = list(WEIGHTS), list(WEIGHTS.values())
     plan: list[Fault] = []
     at = rng.uniform(*GAP)

@@ -8,34 +8,56 @@ The cluster: 3 ``celery -A app beat`` and 3 ``celery -A app worker`` processes,
 a private PostgreSQL and Redis (``tests.chaos.servers``), and between each beat
 and each server a proxy (``tests.e2e.proxy.CuttableProxy``) that can cut or
 stall that one link. Workers reach the servers directly: worker faults are
-kills, and the server restarts hit them too.
+kills, and the server restarts and broker message losses hit them too. The
+workload is in ``tests.chaos.workload``; every process runs with the broker's
+default visibility timeout (an hour), as in production.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from redis import Redis
 from sqlalchemy import text
 
 from beat.api import Schedules
 from beat.errors import HABeatError
 from beat.store import Store
-from beat.timing import parse_zone
-from tests.chaos.checks import SECOND_KIND, Expectation, LeaderPause, Verdict, WorkerKill, judge
+from tasks.base import run_id_for
+from tests.chaos.broker import delete_messages
+from tests.chaos.checks import (
+    DeletedMessage,
+    LeaderPause,
+    Observations,
+    Verdict,
+    WorkerKill,
+    judge,
+)
 from tests.chaos.faults import Fault, FaultKind, make_plan
+from tests.chaos.jobs import CODE_SCHEDULES_ENV
 from tests.chaos.servers import PrivatePostgres, PrivateRedis, find_binaries
+from tests.chaos.workload import (
+    ChainSender,
+    CodeSchedule,
+    WorkloadShape,
+    create_tables,
+    create_workload,
+    sent_chains,
+)
 from tests.conftest import SessionEnv
 from tests.e2e.cluster import Cluster, Process, wait_until
 from tests.e2e.proxy import CuttableProxy
@@ -46,6 +68,14 @@ KEY_PREFIX = "chaos"
 STARTUP_TIMEOUT = 90.0
 #: Threads per worker (the e2e cluster's default pool is threads).
 WORKER_CONCURRENCY = 4
+#: Task modules of every process: the e2e jobs and the chaos workload's own.
+JOB_MODULES = "tests.e2e.jobs,tests.chaos.jobs"
+#: Violations of each kind the summary lists.
+SHOWN_PER_KIND = 8
+#: Seconds the end phase waits for a chain's next link once the previous one finished.
+NEXT_LINK_GRACE = 15.0
+#: Seconds a beat gets to stop cleanly in a deploy before it is killed.
+BEAT_STOP_TIMEOUT = 20.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,17 +86,14 @@ class ChaosConfig:
     beats: int = 3
     workers: int = 3
     #: Short timeouts so that recovery fits a short run; faults are sized from them.
+    #: The broker's visibility timeout stays at its default (an hour): recovering
+    #: lost messages is the leader's job, not the broker's.
     lock_ttl: float = 3.0
     lease_timeout: float = 4.0
-    visibility_timeout: int = 5
     max_wait: float = 1.0
     misfire_grace: float = 60.0
-    #: The workload: 1-second intervals (quick job), 1-minute crons and one-offs (slow job,
-    #: so that worker kills catch runs mid-job and the reaper has work).
-    second_schedules: int = 4
-    minute_crons: int = 2
-    one_off_every: float = 3.0
-    slow_job_seconds: float = 2.0
+    max_attempts: int = 3
+    workload: WorkloadShape = field(default_factory=WorkloadShape)
     #: Bounds of the end phase: catching up the last fire times, then every run finishing.
     catch_up_timeout: float = 45.0
     quiescence_timeout: float = 90.0
@@ -78,9 +105,9 @@ class ChaosConfig:
         return {
             "HABEAT_LOCK_TTL": str(self.lock_ttl),
             "HABEAT_LEASE_TIMEOUT": str(self.lease_timeout),
-            "HABEAT_VISIBILITY_TIMEOUT": str(self.visibility_timeout),
             "HABEAT_MAX_WAIT": str(self.max_wait),
             "HABEAT_MISFIRE_GRACE": str(self.misfire_grace),
+            "HABEAT_MAX_ATTEMPTS": str(self.max_attempts),
         }
 
     def reproduce(self) -> str:
@@ -102,6 +129,12 @@ class InjectionLog:
     pauses: list[LeaderPause] = field(default_factory=list)
     #: Processes that exited without being killed (restarted by the harness).
     self_exits: list[str] = field(default_factory=list)
+    deleted: list[DeletedMessage] = field(default_factory=list)
+    #: (down, up) of each Redis restart.
+    redis_restarts: list[tuple[datetime, datetime]] = field(default_factory=list)
+    #: Worker kills the plan asked for but the harness left out: every busy worker
+    #: held a run that plan kills had already interrupted ``max_attempts - 1`` times.
+    kills_spared: int = 0
 
 
 @dataclass(kw_only=True)
@@ -109,6 +142,7 @@ class ChaosReport:
     config: ChaosConfig
     plan: list[Fault]
     log: InjectionLog
+    code_schedule: CodeSchedule
     verdict: Verdict
     injection_seconds: float
     quiescence_seconds: float
@@ -190,16 +224,34 @@ class ChaosCluster:
             + DATABASE,
             REDIS_URL=redis_url,
             CELERY_BROKER_URL=redis_url,
+            HABEAT_IMPORTS=JOB_MODULES,
         )
 
     def start_worker(self, slot: WorkerSlot) -> None:
-        slot.process = self.cluster.worker(slot.name, concurrency=WORKER_CONCURRENCY)
+        slot.process = self.cluster.worker(
+            slot.name, concurrency=WORKER_CONCURRENCY, HABEAT_IMPORTS=JOB_MODULES
+        )
 
     def start_all(self) -> None:
         for beat in self.beats:
             self.start_beat(beat)
         for worker in self.workers:
             self.start_worker(worker)
+
+    def stop_beats(self) -> None:
+        """Stop every beat as a deploy does (SIGTERM: the leader hands over cleanly);
+        one that does not stop within ``BEAT_STOP_TIMEOUT`` is killed."""
+        running = [slot.process for slot in self.beats if slot.process and slot.process.alive()]
+        for process in running:
+            process.signal(signal.SIGTERM)
+        deadline = time.monotonic() + BEAT_STOP_TIMEOUT
+        for process in running:
+            try:
+                process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                say(f"{process.name} did not stop within {BEAT_STOP_TIMEOUT:.0f}s; killing it")
+                process.signal(signal.SIGKILL)
+                process.popen.wait(timeout=30)
 
     def leader(self) -> BeatSlot | None:
         """The slot whose live process holds the newest epoch (None if none, or unknown)."""
@@ -262,84 +314,14 @@ class ChaosCluster:
 # -- the workload ---------------------------------------------------------------------
 
 
-def create_workload(store: Store, config: ChaosConfig, until: datetime) -> list[Expectation]:
-    """1-second intervals, 1-minute crons and one-offs every few seconds up to ``until``."""
-    schedules = Schedules(store)
-    anchor = store.now() + timedelta(seconds=1)
-    created = []
-    for index in range(config.second_schedules):
-        created.append(
-            (
-                SECOND_KIND,
-                schedules.create(
-                    f"every-second-{index}",
-                    "e2e.record",
-                    every=1,
-                    start_at=anchor,
-                    args=[f"s{index}"],
-                    allow_unregistered=True,
-                ),
-            )
-        )
-    for index in range(config.minute_crons):
-        created.append(
-            (
-                "cron 1 min",
-                schedules.create(
-                    f"every-minute-{index}",
-                    "e2e.slow",
-                    cron="* * * * *",
-                    args=[f"m{index}", config.slow_job_seconds],
-                    allow_unregistered=True,
-                ),
-            )
-        )
-    at, index = anchor + timedelta(seconds=config.one_off_every), 0
-    while at < until:
-        created.append(
-            (
-                "one-off",
-                schedules.create(
-                    f"once-{index:04d}",
-                    "e2e.slow",
-                    at=at,
-                    args=[f"o{index}", config.slow_job_seconds],
-                    allow_unregistered=True,
-                ),
-            )
-        )
-        at, index = at + timedelta(seconds=config.one_off_every), index + 1
-    expectations = []
-    for kind, schedule in created:
-        assert schedule.next_fire_at is not None
-        expectations.append(
-            Expectation(
-                name=schedule.name,
-                kind=kind,
-                trigger=schedule.definition.trigger,
-                zone=parse_zone(schedule.definition.timezone),
-                first_fire=schedule.next_fire_at,
-            )
-        )
-    return expectations
-
-
-def pause_code_schedules(store: Store) -> None:
-    """Pause the schedules beat synced from code (the demo jobs): only the workload
-    should fire (a pause made at runtime survives the restarts of beat)."""
+def pause_code_schedules(store: Store, keep: str) -> None:
+    """Pause the schedules beat synced from code (the demo jobs) but ``keep``, the
+    workload's own: only the workload should fire (a pause made at runtime survives
+    the restarts of beat)."""
     schedules = Schedules(store)
     for schedule in schedules.list():
-        schedules.pause(schedule.name)
-
-
-def create_effects_table(store: Store) -> None:
-    with store.engine.begin() as conn:
-        conn.execute(
-            text(
-                "CREATE TABLE IF NOT EXISTS e2e_effects"
-                " (task_id text NOT NULL, label text, at timestamptz DEFAULT now())"
-            )
-        )
+        if schedule.name != keep:
+            schedules.pause(schedule.name)
 
 
 # -- the faults -------------------------------------------------------------------------
@@ -348,10 +330,22 @@ def create_effects_table(store: Store) -> None:
 class Injector:
     """Injects the plan's faults one at a time, each healed before the next."""
 
-    def __init__(self, chaos: ChaosCluster, store: Store, log: InjectionLog) -> None:
+    def __init__(
+        self,
+        chaos: ChaosCluster,
+        store: Store,
+        log: InjectionLog,
+        *,
+        code_schedule: CodeSchedule,
+        config: ChaosConfig,
+    ) -> None:
         self.chaos = chaos
         self.store = store
         self.log = log
+        self.code_schedule = code_schedule
+        self.config = config
+        #: Runs held by workers the plan killed, and how many times each was.
+        self.interrupted: Counter[uuid.UUID] = Counter()
         self._actions: dict[FaultKind, Callable[[Fault], bool]] = {
             FaultKind.BEAT_KILL: self._kill_beat,
             FaultKind.WORKER_KILL: self._kill_worker,
@@ -362,6 +356,8 @@ class Injector:
             FaultKind.BEAT_REDIS_STALL: lambda f: self._link_fault(f, "redis", "stall"),
             FaultKind.BEAT_POSTGRES_CUT: lambda f: self._link_fault(f, "postgres", "cut"),
             FaultKind.BEAT_POSTGRES_STALL: lambda f: self._link_fault(f, "postgres", "stall"),
+            FaultKind.BROKER_MESSAGE_LOSS: self._lose_messages,
+            FaultKind.DEPLOY: self._deploy,
         }
 
     def run(self, plan: list[Fault]) -> None:
@@ -401,12 +397,21 @@ class Injector:
 
     def _kill_worker(self, fault: Fault) -> bool:
         held = self._runs_held_by_workers()
-        busy = [slot for slot in self.chaos.workers if held.get(slot.name)]
-        # Aimed: a worker in the middle of a run, so the kill needs the reaper.
-        candidates = busy if fault.aimed and busy else self.chaos.workers
+        candidates = killable_workers(
+            self.chaos.workers,
+            held,
+            self.interrupted,
+            max_kills_per_run=self.config.max_attempts - 1,
+            aimed=fault.aimed,
+        )
+        if not candidates:
+            say("every worker holds a run the plan already interrupted too often; no kill")
+            self.log.kills_spared += 1
+            return False
         slot = candidates[int(fault.pick * len(candidates))]
         assert slot.process is not None
         runs = held.get(slot.name, ())
+        self.interrupted.update(runs)
         say(
             f"SIGKILL worker {slot.name} holding {len(runs)} runs; new one in {fault.duration:.1f}s"
         )
@@ -461,11 +466,81 @@ class Injector:
             time.sleep(0.2)
         return term
 
+    def _lose_messages(self, fault: Fault) -> bool:
+        """Delete a share (30 to 100 %, from the plan) of the waiting and unacked messages.
+
+        Idle workers take a message the instant it is pushed, so a queue is mostly
+        empty: the workers are first stopped for the fault's duration (less than a
+        lease), as a busy cluster or a GC pause would hold them, and messages pile up."""
+        share = 0.3 + 0.7 * fault.pick
+        prefix = self.chaos.cluster.env.broker_key_prefix
+        workers = [slot.process for slot in self.chaos.workers if slot.process is not None]
+        for process in workers:
+            process.signal(signal.SIGSTOP)
+        client = Redis(port=self.chaos.redis.port, socket_timeout=10)
+        try:
+            time.sleep(fault.duration)
+            deletions = delete_messages(client, prefix, share, seed=f"{fault.at}")
+        finally:
+            client.close()
+            for process in workers:
+                process.signal(signal.SIGCONT)
+        deleted_at = now_utc()
+        states = self._run_states([deletion.task_id for deletion in deletions])
+        for deletion in deletions:
+            self.log.deleted.append(
+                DeletedMessage(
+                    task_id=deletion.task_id,
+                    deleted_at=deleted_at,
+                    where=deletion.where,
+                    state=states.get(deletion.task_id),
+                )
+            )
+        where = Counter(deletion.where for deletion in deletions)
+        say(
+            f"broker lost {where['queue']} waiting and {where['unacked']} unacked messages"
+            f" ({share:.0%} of them) while the workers were stopped for {fault.duration:.1f}s"
+        )
+        return True
+
+    def _run_states(self, task_ids: list[str]) -> dict[str, str]:
+        """The state of each task's run; tasks without a run row are left out."""
+        by_run = {run_id_for(task_id): task_id for task_id in task_ids}
+        if not by_run:
+            return {}
+        with self.store.engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT id, state FROM beat_runs WHERE id = ANY(:ids)"),
+                {"ids": list(by_run)},
+            )
+            return {by_run[run_id]: state for run_id, state in rows}
+
+    def _deploy(self, fault: Fault) -> bool:
+        """Stop every beat, change the code schedule (its timing half the time), keep
+        the beats down for the fault's duration, start them, wait for the sync."""
+        timing = fault.pick < 0.5
+        say(
+            f"deploy: stopping every beat for {fault.duration:.1f}s; code schedule"
+            f" v{self.code_schedule.version + 1}{' with a new timing' if timing else ''}"
+        )
+        stopped_at = now_utc()  # fire times from here on may be missed
+        self.chaos.stop_beats()
+        self.code_schedule.change(timing=timing)
+        time.sleep(fault.duration)
+        for slot in self.chaos.beats:
+            self.chaos.start_beat(slot)
+        schedule = self.code_schedule.wait_for_sync(self.store, timeout=STARTUP_TIMEOUT)
+        self.code_schedule.deployed(schedule, stopped_at=stopped_at, timing_changed=timing)
+        say(f"deploy: v{self.code_schedule.version} synced at {schedule.updated_at:%H:%M:%S.%f}")
+        return True
+
     def _restart_redis(self, fault: Fault) -> bool:
         say(f"Redis down for {fault.duration:.1f}s (its queue and lease are lost)")
+        down_at = now_utc()
         self.chaos.redis.stop()
         time.sleep(fault.duration)
         self.chaos.redis.start()
+        self.log.redis_restarts.append((down_at, now_utc()))
         return True
 
     def _restart_postgres(self, fault: Fault) -> bool:
@@ -491,6 +566,30 @@ class Injector:
         return True
 
 
+def killable_workers(
+    workers: list[WorkerSlot],
+    held: Mapping[str, tuple[uuid.UUID, ...]],
+    interrupted: Counter[uuid.UUID],
+    *,
+    max_kills_per_run: int,
+    aimed: bool,
+) -> list[WorkerSlot]:
+    """The workers a worker kill may pick.
+
+    Aimed: a worker in the middle of a run, so the kill needs the reaper. Never
+    one holding a run that plan kills already interrupted ``max_kills_per_run``
+    times: killing every worker that takes one run, attempt after attempt, is what
+    a poison task does to its workers, and ``max_attempts`` rightly stops it as
+    ``lost``; machines and OOM kills from outside do not single out one run."""
+    spared = [
+        slot
+        for slot in workers
+        if all(interrupted[run] < max_kills_per_run for run in held.get(slot.name, ()))
+    ]
+    busy = [slot for slot in spared if held.get(slot.name)]
+    return busy if aimed and busy else spared
+
+
 # -- the end phase ------------------------------------------------------------------------
 
 
@@ -508,8 +607,36 @@ def quiesce(store: Store, names: list[str], config: ChaosConfig) -> tuple[dateti
         schedules.pause(name)
     started = time.monotonic()
     with contextlib.suppress(AssertionError):
-        wait_until(lambda: _unfinished(store) == 0, config.quiescence_timeout, 0.5)
+        wait_until(lambda: _settled(store), config.quiescence_timeout, 0.5)
     return window_end, time.monotonic() - started
+
+
+def _settled(store: Store) -> bool:
+    """No run unfinished, and no chain waiting for a worker to send its next link."""
+    return _unfinished(store) == 0 and _chains_between_links(store) == 0
+
+
+def _chains_between_links(store: Store) -> int:
+    """Sent chains whose link succeeded less than ``NEXT_LINK_GRACE`` ago while the next
+    link has no run yet (its worker is sending it): the end phase waits for them."""
+    chains = [chain for chain in sent_chains(store) if not chain.send_failed]
+    run_ids = [run_id_for(task_id) for chain in chains for task_id in chain.task_ids]
+    with store.engine.connect() as conn:
+        now = conn.execute(text("SELECT now()")).scalar_one()
+        finished: dict[uuid.UUID, datetime] = dict(
+            conn.execute(
+                text("SELECT id, finished_at FROM beat_runs WHERE id = ANY(:ids)"),
+                {"ids": run_ids},
+            ).all()
+        )
+    waiting = 0
+    for chain in chains:
+        ids = [run_id_for(task_id) for task_id in chain.task_ids]
+        for done, following in itertools.pairwise(ids):
+            finished_at = finished.get(done)
+            if following not in finished and finished_at is not None:
+                waiting += (now - finished_at).total_seconds() < NEXT_LINK_GRACE
+    return waiting
 
 
 def _due_before(store: Store, moment: datetime) -> int:
@@ -573,7 +700,9 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
     """One chaos run (see the module docstring); raises MissingBinaries before starting
     anything if PostgreSQL or Redis is not installed."""
     find_binaries()
-    plan = make_plan(config.seed, config.duration, lock_ttl=config.lock_ttl)
+    plan = make_plan(
+        config.seed, config.duration, lock_ttl=config.lock_ttl, lease_timeout=config.lease_timeout
+    )
     planned_end = plan[-1].at + plan[-1].duration
     say(f"seed {config.seed}: {len(plan)} faults over {planned_end:.0f}s")
     started = time.monotonic()
@@ -584,13 +713,14 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         store = Store.connect(env.database_url, leader_name=KEY_PREFIX)
         try:
             store.migrate()
-            create_effects_table(store)
-            cluster = Cluster(
-                env=env, store=store, workdir=workdir, settings=config.process_settings()
-            )
+            create_tables(store)
+            code_schedule = CodeSchedule(path=workdir / "code-schedules.json")
+            code_schedule.write()
+            settings = config.process_settings() | {CODE_SCHEDULES_ENV: str(code_schedule.path)}
+            cluster = Cluster(env=env, store=store, workdir=workdir, settings=settings)
             chaos = ChaosCluster(cluster, postgres, redis, config)
             try:
-                return _run(chaos, store, config, plan, planned_end, started)
+                return _run(chaos, store, config, plan, code_schedule, planned_end, started)
             finally:
                 chaos.close()
                 if config.keep_logs is not None:
@@ -604,6 +734,7 @@ def _run(
     store: Store,
     config: ChaosConfig,
     plan: list[Fault],
+    code_schedule: CodeSchedule,
     planned_end: float,
     started: float,
 ) -> ChaosReport:
@@ -611,23 +742,38 @@ def _run(
     wait_until(lambda: chaos.leader() is not None, STARTUP_TIMEOUT, 0.2)
     wait_until(chaos.workers_ready, STARTUP_TIMEOUT, 0.2)
     say(f"cluster up after {time.monotonic() - started:.1f}s; creating the schedules")
-    pause_code_schedules(store)
+    pause_code_schedules(store, keep=code_schedule.name)
+    code_schedule.start_expecting(store)
     expectations = create_workload(
-        store, config, until=store.now() + timedelta(seconds=planned_end)
+        store, config.workload, until=store.now() + timedelta(seconds=planned_end)
     )
     log = InjectionLog()
-    injector = Injector(chaos, store, log)
+    injector = Injector(chaos, store, log, code_schedule=code_schedule, config=config)
+    chains = ChainSender(store, chaos.cluster.app, config.workload.chain_every, config.seed)
     injection_started = time.monotonic()
-    injector.run(plan)
+    chains.start()
+    try:
+        injector.run(plan)
+    finally:
+        chains.stop()
     injector.calm(until=time.monotonic() + 1)  # replace what a last fault left dead
     injection_seconds = time.monotonic() - injection_started
     say(f"faults done after {injection_seconds:.0f}s; waiting for quiescence")
-    window_end, quiescence = quiesce(store, [e.name for e in expectations], config)
-    verdict = judge(store, expectations, window_end=window_end, kills=log.kills, pauses=log.pauses)
+    expectations += code_schedule.expectations
+    window_end, quiescence = quiesce(store, sorted({e.name for e in expectations}), config)
+    seen = Observations(
+        kills=log.kills,
+        pauses=log.pauses,
+        chains=sent_chains(store),
+        deleted=log.deleted,
+        redis_restarts=log.redis_restarts,
+    )
+    verdict = judge(store, expectations, window_end=window_end, seen=seen)
     report = ChaosReport(
         config=config,
         plan=plan,
         log=log,
+        code_schedule=code_schedule,
         verdict=verdict,
         injection_seconds=injection_seconds,
         quiescence_seconds=quiescence,
@@ -653,7 +799,10 @@ def format_summary(report: ChaosReport) -> str:
         ("duplicated", str(len(verdict.duplicated))),
         ("stuck", str(len(verdict.stuck))),
         ("unexpected", str(len(verdict.unexpected))),
+        ("early (published/received/started)", str(len(verdict.early))),
+        ("started after their expiry", str(len(verdict.late))),
         ("run states", ", ".join(f"{k} {v}" for k, v in sorted(verdict.states.items()))),
+        *_workload_rows(report),
         ("max failover gap", _gap(verdict)),
         (
             "lateness of 1 s fire times",
@@ -687,12 +836,60 @@ def format_summary(report: ChaosReport) -> str:
     ]
     violations = report.violations
     if violations:
-        lines.append(f"FAILED: {len(violations)} violations (first 30):")
-        lines.extend(f"  - {violation}" for violation in violations[:30])
+        lines.append(
+            f"FAILED: {len(violations)} violations (the first {SHOWN_PER_KIND} of each kind):"
+        )
+        lines.extend(f"  - {violation}" for violation in _first_of_each_kind(violations))
         lines.append(f"reproduce: {config.reproduce()}")
     else:
         lines.append("OK: every fire time ran exactly once, every effect exists exactly once")
     return "\n".join(lines)
+
+
+def _first_of_each_kind(violations: list[str]) -> list[str]:
+    """The first ``SHOWN_PER_KIND`` violations of each kind (the word before the colon)."""
+    shown: Counter[str] = Counter()
+    first = []
+    for violation in violations:
+        kind = violation.split(":")[0]
+        shown[kind] += 1
+        if shown[kind] <= SHOWN_PER_KIND:
+            first.append(violation)
+    return first
+
+
+def _workload_rows(report: ChaosReport) -> list[tuple[str, str]]:
+    """The summary's rows about the kinds of work beyond plain fire times."""
+    counts, log = report.verdict.counts, report.log
+    recoveries = counts.message_loss_recoveries
+    deploys = report.code_schedule.deploys
+    return [
+        (
+            "plain runs",
+            f"{counts.plain} ({counts.plain_succeeded} succeeded,"
+            f" {len(counts.plain_interrupted)} interrupted by a kill)",
+        ),
+        ("retrying runs", f"{counts.retried_runs} runs retried {counts.retries} times in all"),
+        ("expired runs", str(counts.expired)),
+        (
+            "ad hoc chains",
+            f"{counts.chains_completed} of {counts.chains_sent} completed"
+            f" ({counts.chain_links} links); cut where a message no worker had taken was"
+            f" lost: {counts.chains_cut_by_message_loss} by a message loss,"
+            f" {counts.chains_cut_by_redis_restart} by a Redis restart",
+        ),
+        (
+            "message-loss recoveries",
+            f"{len(recoveries)} runs republished of {counts.messages_deleted} messages deleted"
+            + (f", max delay {max(recoveries):.1f} s" if recoveries else ""),
+        ),
+        (
+            "deploys",
+            f"{len(deploys)} ({sum(d.timing_changed for d in deploys)} with a new timing);"
+            f" {counts.deploy_skipped} missed fire times recorded skipped",
+        ),
+        ("worker kills spared", f"{log.kills_spared} (they would have exhausted a run's attempts)"),
+    ]
 
 
 def _missed(log: InjectionLog, kind: FaultKind) -> str:

@@ -1,0 +1,82 @@
+"""Jobs of the chaos workload beyond ``tests.e2e.jobs``, and its code schedules.
+
+- ``chaos.plain``: an ordinary Celery task (no idempotent base), as most real
+  projects have. It writes its effect itself, in its own transaction: nothing
+  makes it commit with the run's record, so the checks see what really ran.
+- ``chaos.retrying``: fails a given number of times, then records its effect
+  through ``self.db``; half the runs retry through ``autoretry_for``, half
+  through ``self.retry(countdown=...)``.
+- ``chaos.versioned``: the job of the code schedule a deploy changes; its
+  effect names the version of the definition that ran it.
+
+Code schedules come from the JSON file named by ``CHAOS_CODE_SCHEDULES`` (a
+``beat_schedule`` mapping), read when the module is imported: a beat started
+after the harness rewrote the file syncs the new definition, as after a deploy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from app import celery_app
+from tasks.base import IdempotentTask
+from tests.e2e.jobs import _record_effect
+
+#: Environment variable naming the JSON file of the code schedules.
+CODE_SCHEDULES_ENV = "CHAOS_CODE_SCHEDULES"
+#: Seconds before an explicit ``self.retry`` runs again.
+RETRY_COUNTDOWN = 0.5
+
+
+@celery_app.task(name="chaos.plain", bind=True)
+def plain(self: Any, label: str, seconds: float) -> str:
+    """Works for ``seconds``, then commits its effect in a transaction of its own."""
+    time.sleep(seconds)
+    task_id: str = self.request.id
+    with psycopg.connect(os.environ["E2E_EFFECTS_DSN"]) as conn:  # commits on exit
+        conn.execute("INSERT INTO e2e_effects (task_id, label) VALUES (%s, %s)", (task_id, label))
+    return task_id
+
+
+@celery_app.task(
+    name="chaos.retrying",
+    bind=True,
+    base=IdempotentTask,
+    autoretry_for=(RuntimeError,),
+    retry_backoff=False,
+    default_retry_delay=1,
+    max_retries=3,
+)
+def retrying(self: IdempotentTask, label: str, failures: int, explicit: bool) -> str:
+    """Fails ``failures`` times (``self.retry`` if ``explicit``, else autoretry), then
+    records its effect."""
+    retries = self.request.retries or 0
+    if retries < failures:
+        if explicit:
+            raise self.retry(countdown=RETRY_COUNTDOWN)
+        raise RuntimeError(f"failure {retries + 1} of {failures}")
+    return _record_effect(self, label)
+
+
+@celery_app.task(name="chaos.versioned", bind=True, base=IdempotentTask)
+def versioned(self: IdempotentTask, label: str, version: int) -> str:
+    """Records its effect labelled with the definition's version (``label@vN``)."""
+    return _record_effect(self, f"{label}@v{version}")
+
+
+def code_schedules() -> dict[str, Any]:
+    """The ``beat_schedule`` entries in the file ``CHAOS_CODE_SCHEDULES`` names (none if unset)."""
+    path = os.environ.get(CODE_SCHEDULES_ENV)
+    if not path:
+        return {}
+    entries: dict[str, Any] = json.loads(Path(path).read_text())
+    return entries
+
+
+celery_app.conf.beat_schedule = {**(celery_app.conf.beat_schedule or {}), **code_schedules()}

@@ -1,0 +1,356 @@
+"""The chaos workload: the schedules the harness creates, the code schedule a
+deploy changes, and the ad hoc chains it sends while faults happen.
+
+Schedules created at runtime: 1-second intervals (quick job), 1-minute crons
+and one-offs every few seconds (slow job, so that worker kills catch runs
+mid-job), plain Celery tasks, tasks that retry, and a schedule whose runs
+expire. The code schedule lives in a JSON file that ``tests.chaos.jobs`` reads
+when a beat starts; a deploy rewrites it while every beat is down.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, chain
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+
+from beat.api import Schedules, first_fire_at
+from beat.errors import HABeatError
+from beat.models import Schedule
+from beat.store import Store
+from beat.timing import next_fire_after, parse_zone
+from tests.chaos.checks import SECOND_KIND, Expectation, SentChain
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkloadShape:
+    """How much of each kind of work runs (see ``ChaosConfig``)."""
+
+    second_schedules: int = 4
+    minute_crons: int = 2
+    one_off_every: float = 3.0
+    slow_job_seconds: float = 2.0
+    #: Plain tasks (no idempotent base) every 2 s, each working this long.
+    plain_schedules: int = 2
+    plain_job_seconds: float = 1.0
+    #: Tasks that fail once or twice, then succeed, every 3 s.
+    retrying_schedules: int = 2
+    #: A slow job every 2 s whose runs expire this long after their fire time.
+    expiring_schedules: int = 1
+    expires_seconds: float = 3.0
+    #: Seconds between two ad hoc chains sent by the harness (0: none).
+    chain_every: float = 3.0
+
+
+def create_workload(store: Store, shape: WorkloadShape, until: datetime) -> list[Expectation]:
+    """Create every runtime schedule of the workload; their expectations."""
+    schedules = Schedules(store)
+    anchor = store.now() + timedelta(seconds=1)
+    expectations = []
+    for kind, name, task, fields in _definitions(shape, anchor, until):
+        schedule = schedules.create(name, task, allow_unregistered=True, **fields)
+        expectations.append(expectation_of(kind, schedule, plain=kind == PLAIN_KIND))
+    return expectations
+
+
+PLAIN_KIND = "plain"
+
+
+def _definitions(
+    shape: WorkloadShape, anchor: datetime, until: datetime
+) -> Iterator[tuple[str, str, str, dict[str, Any]]]:
+    """(kind, name, task, fields) of each schedule of the workload."""
+    slow = shape.slow_job_seconds
+    for index in range(shape.second_schedules):
+        every_second = {"every": 1, "start_at": anchor, "args": [f"s{index}"]}
+        yield SECOND_KIND, f"every-second-{index}", "e2e.record", every_second
+    for index in range(shape.minute_crons):
+        every_minute = {"cron": "* * * * *", "args": [f"m{index}", slow]}
+        yield "cron 1 min", f"every-minute-{index}", "e2e.slow", every_minute
+    for index in range(shape.plain_schedules):
+        plain = {"every": 2, "start_at": anchor, "args": [f"p{index}", shape.plain_job_seconds]}
+        yield PLAIN_KIND, f"plain-{index}", "chaos.plain", plain
+    for index in range(shape.retrying_schedules):
+        # Fails once or twice, through autoretry_for or self.retry in turn.
+        failures, explicit = 1 + index % 2, index % 2 == 1
+        retrying = {"every": 3, "start_at": anchor, "args": [f"r{index}", failures, explicit]}
+        yield "retrying", f"retrying-{index}", "chaos.retrying", retrying
+    for index in range(shape.expiring_schedules):
+        expiring = {
+            "every": 2,
+            "start_at": anchor,
+            "args": [f"x{index}", slow / 2],
+            "options": {"expires": shape.expires_seconds},
+        }
+        yield "expires", f"expiring-{index}", "e2e.slow", expiring
+    at, index = anchor + timedelta(seconds=shape.one_off_every), 0
+    while at < until:
+        yield "one-off", f"once-{index:04d}", "e2e.slow", {"at": at, "args": [f"o{index}", slow]}
+        at, index = at + timedelta(seconds=shape.one_off_every), index + 1
+
+
+def expectation_of(
+    kind: str,
+    schedule: Schedule,
+    *,
+    plain: bool = False,
+    first_fire: datetime | None = None,
+    with_kwargs: bool = False,
+) -> Expectation:
+    """What a stored schedule must produce from ``first_fire`` (default: its next fire
+    time); with ``with_kwargs``, its runs must carry the schedule's kwargs."""
+    first = first_fire or schedule.next_fire_at
+    assert first is not None, f"{schedule.name} has no next fire time"
+    expires = schedule.definition.options.get("expires")
+    return Expectation(
+        name=schedule.name,
+        kind=kind,
+        trigger=schedule.definition.trigger,
+        zone=parse_zone(schedule.definition.timezone),
+        first_fire=first,
+        plain=plain,
+        expires=None if expires is None else float(expires),
+        kwargs=dict(schedule.definition.kwargs) if with_kwargs else None,
+    )
+
+
+# -- the code schedule a deploy changes --------------------------------------------------
+
+#: Its timings, in turn, when a deploy changes the timing (seconds or a 6-field cron).
+DEPLOY_TIMINGS: tuple[float | str, ...] = (3.0, "*/4 * * * * *", 2.0)
+DEPLOYED_KIND = "deployed"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Deploy:
+    version: int
+    stopped_at: datetime
+    #: When the first beat started again synced the new definition (its database time).
+    synced_at: datetime
+    timing_changed: bool
+
+
+@dataclass(kw_only=True)
+class CodeSchedule:
+    """The code schedule that deploys change, written where ``tests.chaos.jobs`` reads it."""
+
+    path: Path
+    name: str = "deployed-0"
+    version: int = 1
+    timing: int = 0
+    deploys: list[Deploy] = field(default_factory=list)
+    #: The definitions in force, oldest first (the last one has no end).
+    expectations: list[Expectation] = field(default_factory=list)
+
+    def write(self) -> None:
+        entry = {
+            "task": "chaos.versioned",
+            "schedule": DEPLOY_TIMINGS[self.timing % len(DEPLOY_TIMINGS)],
+            "args": ["d"],
+            "kwargs": {"version": self.version},
+        }
+        self.path.write_text(json.dumps({self.name: entry}))
+
+    def change(self, *, timing: bool) -> None:
+        """The next version: new kwargs, and the next timing if ``timing``."""
+        self.version += 1
+        if timing:
+            self.timing += 1
+        self.write()
+
+    def wait_for_sync(self, store: Store, timeout: float) -> Schedule:
+        """The stored schedule once a beat synced the current version."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                schedule = Schedules(store).get(self.name)
+                if schedule.definition.kwargs.get("version") == self.version:
+                    return schedule
+            except HABeatError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no beat synced version {self.version} of {self.name} within {timeout:.0f}s"
+                )
+            time.sleep(0.2)
+
+    def start_expecting(self, store: Store) -> None:
+        """The first definition's expectation, from its first fire time after now on
+        (not its ``next_fire_at``: the leader may have claimed the next one ahead)."""
+        schedule = self.wait_for_sync(store, timeout=30)
+        definition = schedule.definition
+        first = next_fire_after(definition.trigger, parse_zone(definition.timezone), store.now())
+        self.expectations.append(
+            expectation_of(DEPLOYED_KIND, schedule, first_fire=first, with_kwargs=True)
+        )
+
+    def deployed(self, schedule: Schedule, *, stopped_at: datetime, timing_changed: bool) -> None:
+        """Record a deploy the beats have synced: the old definition was in force until
+        the sync; its fire times while every beat was down may be recorded skipped."""
+        synced_at = schedule.updated_at
+        previous = self.expectations.pop()
+        self.expectations.append(
+            _replace_expectation(previous, replaced_at=synced_at, missed=(stopped_at, synced_at))
+        )
+        self.expectations.append(
+            expectation_of(
+                DEPLOYED_KIND,
+                schedule,
+                first_fire=first_fire_at(schedule.definition, synced_at),
+                with_kwargs=True,
+            )
+        )
+        self.deploys.append(
+            Deploy(
+                version=self.version,
+                stopped_at=stopped_at,
+                synced_at=synced_at,
+                timing_changed=timing_changed,
+            )
+        )
+
+
+def _replace_expectation(
+    expectation: Expectation, *, replaced_at: datetime, missed: tuple[datetime, datetime]
+) -> Expectation:
+    return replace(expectation, replaced_at=replaced_at, skippable=(*expectation.skippable, missed))
+
+
+# -- ad hoc chains ---------------------------------------------------------------------------
+
+
+def create_tables(store: Store) -> None:
+    """The jobs' effects (``e2e_effects``, one row per execution) and the harness's
+    record of the chains it sent (``chaos_chains``), for the checks."""
+    with store.engine.begin() as conn:
+        for statement in (
+            "CREATE TABLE IF NOT EXISTS e2e_effects"
+            " (task_id text NOT NULL, label text, at timestamptz DEFAULT now())",
+            "CREATE TABLE IF NOT EXISTS chaos_chains (chain_id text NOT NULL,"
+            " position int NOT NULL, task_id text NOT NULL, state text NOT NULL,"
+            " sent_at timestamptz DEFAULT now(), PRIMARY KEY (chain_id, position))",
+        ):
+            conn.execute(text(statement))
+
+
+def sent_chains(store: Store) -> list[SentChain]:
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT chain_id, task_id, state, sent_at FROM chaos_chains"
+                " ORDER BY chain_id, position"
+            )
+        ).all()
+    links: dict[str, list[str]] = {}
+    failed: set[str] = set()
+    sent: dict[str, datetime] = {}
+    for chain_id, task_id, state, sent_at in rows:
+        links.setdefault(chain_id, []).append(task_id)
+        sent.setdefault(chain_id, sent_at)
+        if state != "sent":
+            failed.add(chain_id)
+    return [
+        SentChain(
+            chain_id=chain_id,
+            task_ids=tuple(ids),
+            send_failed=chain_id in failed,
+            sent_at=sent[chain_id],
+        )
+        for chain_id, ids in links.items()
+    ]
+
+
+class ChainSender:
+    """Sends an ad hoc chain on the idempotent base every few seconds, from a thread:
+    a slow link then a quick one, every other chain under caller-chosen task IDs that
+    are not UUIDs. Each is recorded in ``chaos_chains`` before it is sent."""
+
+    def __init__(
+        self, store: Store, app_factory: Callable[[], Celery], every: float, seed: int
+    ) -> None:
+        self._store = store
+        self._app_factory = app_factory
+        self._every = every
+        self._seed = seed
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="chaos-chains", daemon=True)
+        self.sent = 0
+
+    def start(self) -> None:
+        if self._every > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        app = self._app_factory()
+        number = 0
+        while not self._stop.wait(self._every):
+            self._send(app, number)
+            number += 1
+
+    def _send(self, app: Celery, number: int) -> None:
+        chain_id = f"c{number:05d}"
+        if number % 2:
+            task_ids = [f"chaos-chain-{self._seed}-{number}-{link}" for link in ("a", "b")]
+        else:
+            task_ids = [str(uuid.uuid4()) for _ in range(2)]
+        try:
+            self._record(chain_id, task_ids, "sending")
+        except SQLAlchemyError:
+            return  # PostgreSQL is down: this chain is never sent
+        # Immutable links (``.si``): a link does not take the previous one's result.
+        links = chain(
+            app.signature("e2e.slow", args=(chain_id, 1.0), immutable=True).set(
+                task_id=task_ids[0]
+            ),
+            app.signature("e2e.record", args=(chain_id,), immutable=True).set(task_id=task_ids[1]),
+        )
+        try:
+            links.apply_async()
+            state = "sent"
+        except Exception:  # the broker is down (a Redis restart): maybe sent, maybe not
+            state = "failed"
+        for _ in range(100):  # PostgreSQL may be restarting: the record must say it
+            try:
+                self._set_state(chain_id, state)
+                break
+            except SQLAlchemyError:
+                time.sleep(0.5)
+        self.sent += 1
+
+    def _record(self, chain_id: str, task_ids: list[str], state: str) -> None:
+        with self._store.engine.begin() as conn:
+            for position, task_id in enumerate(task_ids):
+                conn.execute(
+                    text(
+                        "INSERT INTO chaos_chains (chain_id, position, task_id, state)"
+                        " VALUES (:chain_id, :position, :task_id, :state)"
+                    ),
+                    {
+                        "chain_id": chain_id,
+                        "position": position,
+                        "task_id": task_id,
+                        "state": state,
+                    },
+                )
+
+    def _set_state(self, chain_id: str, state: str) -> None:
+        with self._store.engine.begin() as conn:
+            conn.execute(
+                text("UPDATE chaos_chains SET state = :state WHERE chain_id = :chain_id"),
+                {"chain_id": chain_id, "state": state},
+            )
