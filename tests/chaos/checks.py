@@ -30,10 +30,10 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import text
 
+from beat.run_store import run_id_for
 from beat.store import Store
 from beat.tables import RunState
 from beat.timing import Trigger, fire_times
-from tasks.base import run_id_for
 
 NON_TERMINAL = frozenset({RunState.PENDING, RunState.QUEUED, RunState.RUNNING, RunState.RETRYING})
 #: More fire times than any run produces: fire_times() needs a bound.

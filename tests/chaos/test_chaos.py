@@ -177,10 +177,11 @@ def test_missing_servers_are_named_with_what_to_install(monkeypatch: pytest.Monk
 # -- findings --------------------------------------------------------------------------------
 
 
-def test_finding_966478_plan_kills_never_exhaust_a_runs_attempts() -> None:
+def test_plan_kills_never_interrupt_one_run_more_than_the_product_excuses() -> None:
     """Seed 966478 killed the worker holding the same run on each of its 3 attempts, and
-    the run ended lost: what max_attempts does, rightly, to a task that kills its
-    workers. The plan's kills now spare a worker holding a run they interrupted twice."""
+    the run ended lost. The product now excuses attempts whose worker died (see
+    tests/integration/test_runs.py, finding 966478), up to MAX_INTERRUPTIONS; the
+    plan's kills spare a worker holding a run they interrupted that often."""
     workers = [WorkerSlot(index=index) for index in range(3)]
     twice, fresh = uuid.uuid4(), uuid.uuid4()
     held = {"w0g0": (twice,), "w1g0": (fresh,)}
