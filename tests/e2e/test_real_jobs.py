@@ -143,9 +143,7 @@ def test_finding_2a_a_retry_that_expires_ends_the_run_expired(
     assert cluster.effects() == {}
 
 
-def test_finding_2c_a_retry_with_no_countdown_is_not_refused_as_a_duplicate(
-    cluster: Cluster, store: Store
-) -> None:
+def test_retries_with_no_countdown_all_succeed_once(cluster: Cluster, store: Store) -> None:
     start_cluster(cluster)
     schedules = Schedules(store)
     now = datetime.now(UTC)

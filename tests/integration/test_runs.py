@@ -239,3 +239,22 @@ def test_a_worker_started_again_after_its_run_started_counts_as_interrupted(
     reclaim = store.reclaim(1, stale_queued_after=3600, limit=100, lease_seconds=30)
 
     assert [run.id for run in reclaim.runs] == [run_id]
+
+
+def test_finding_2c_a_retry_delivered_before_its_attempt_ended_is_taken(
+    run_store: RunStore, store: Store
+) -> None:
+    """Celery publishes a retry before the attempt that asked for it ends: with no
+    countdown, the retry's delivery can reach the guard while the run is still
+    ``running`` under that attempt's live lease. It carries a higher retry count, so
+    it is the retry, not a duplicate; an older delivery is still refused."""
+    run_id = uuid.uuid4()
+    assert isinstance(start(run_store, run_id, "first"), Started)
+
+    assert start(run_store, run_id, "retry", retries=1) == Started(attempt=2)
+    assert isinstance(start(run_store, run_id, "stale", retries=1), Refused)
+    assert isinstance(start(run_store, run_id, "older", retries=0), Refused)
+    assert not run_store.finish(run_id, owner="first", state=RunState.RETRYING, retries=1), (
+        "the first attempt's late record does not overwrite the retry that runs"
+    )
+    assert run_store.finish(run_id, owner="retry", state=RunState.SUCCEEDED)
