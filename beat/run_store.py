@@ -66,6 +66,10 @@ TASK_ID_NAMESPACE = uuid.UUID("6c1b1f0e-8a43-4c59-9a0e-686162656174")
 MISSING = "missing"
 
 
+#: States of a run no worker has started: a message for it is waiting or held.
+NOT_STARTED = (RunState.PENDING.value, RunState.QUEUED.value, RunState.RETRYING.value)
+
+
 def _lease_until(seconds: float) -> Any:
     return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
 
@@ -110,6 +114,11 @@ class RunStore(StoreConnection):
     @classmethod
     def connect(cls, url: str, *, pool_size: int = 5) -> RunStore:
         return cls(create_store_engine(url, pool_size=pool_size))
+
+    def _changed_one(self, statement: Any) -> bool:
+        """Run one conditional statement on one run; True if it changed the run."""
+        with self._transaction() as conn:
+            return bool(conn.execute(statement).rowcount == 1)
 
     def start(
         self,
@@ -222,25 +231,19 @@ class RunStore(StoreConnection):
         starts it later, in the pool): hold it under ``owner``'s receipt lease, so that
         if the worker dies before starting it the leader publishes it again at once
         instead of waiting for the broker's visibility timeout."""
-        with self._transaction() as conn:
-            return (
-                conn.execute(
-                    update(runs)
-                    .where(
-                        runs.c.id == run_id,
-                        runs.c.state.in_(
-                            [RunState.PENDING.value, RunState.QUEUED.value, RunState.RETRYING.value]
-                        ),
-                    )
-                    .values(
-                        received_at=func.now(),
-                        worker=worker,
-                        lease_owner=owner,
-                        lease_expires_at=_lease_until(lease_seconds),
-                    )
-                ).rowcount
-                == 1
+        return self._changed_one(
+            update(runs)
+            .where(
+                runs.c.id == run_id,
+                runs.c.state.in_(NOT_STARTED),
             )
+            .values(
+                received_at=func.now(),
+                worker=worker,
+                lease_owner=owner,
+                lease_expires_at=_lease_until(lease_seconds),
+            )
+        )
 
     def worker_seen(self, name: str, *, pid: int, booted_at: datetime) -> None:
         """The worker ``name`` (its process ``pid``, started at ``booted_at``) is alive."""
@@ -300,56 +303,61 @@ class RunStore(StoreConnection):
         it asked for, received before this one ended) holds the run now."""
         retries = attempt_retries + 1 if state is RunState.RETRYING else None
         values = _outcome(state, error=error, retries=retries, retry_in=retry_in)
-        with self._transaction() as conn:
-            return (
-                conn.execute(
-                    update(runs)
-                    .where(
-                        runs.c.id == run_id,
-                        runs.c.plain,
-                        runs.c.retries == attempt_retries,
-                        runs.c.state.in_([RunState.RUNNING.value, RunState.LOST.value]),
-                    )
-                    .values(**values)
-                ).rowcount
-                == 1
+        return self._changed_one(
+            update(runs)
+            .where(
+                runs.c.id == run_id,
+                runs.c.plain,
+                runs.c.retries == attempt_retries,
+                runs.c.state.in_([RunState.RUNNING.value, RunState.LOST.value]),
             )
+            .values(**values)
+        )
+
+    def expire_if_past(self, run_id: uuid.UUID, expires: datetime) -> bool:
+        """End the run ``expired`` if ``expires`` has passed by the database's clock
+        and no worker started it; True if it did (the delivery must not run)."""
+        return self._changed_one(
+            update(runs)
+            .where(
+                runs.c.id == run_id,
+                runs.c.state.in_(NOT_STARTED),
+                func.now() > expires,
+            )
+            .values(
+                state=RunState.EXPIRED.value,
+                reason=f"expired at {expires.isoformat()} before a worker started it",
+                finished_at=func.now(),
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+        )
 
     def record_expired(self, run_id: uuid.UUID, *, reason: str) -> bool:
         """A delivery was discarded by a worker because its ``expires`` passed: the run
         ends ``expired`` (unless it was started or finished meanwhile)."""
-        with self._transaction() as conn:
-            return (
-                conn.execute(
-                    update(runs)
-                    .where(
-                        runs.c.id == run_id,
-                        runs.c.state.in_(
-                            [RunState.PENDING.value, RunState.QUEUED.value, RunState.RETRYING.value]
-                        ),
-                    )
-                    .values(
-                        state=RunState.EXPIRED.value,
-                        reason=reason,
-                        finished_at=func.now(),
-                        lease_owner=None,
-                        lease_expires_at=None,
-                    )
-                ).rowcount
-                == 1
+        return self._changed_one(
+            update(runs)
+            .where(
+                runs.c.id == run_id,
+                runs.c.state.in_(NOT_STARTED),
             )
+            .values(
+                state=RunState.EXPIRED.value,
+                reason=reason,
+                finished_at=func.now(),
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+        )
 
     def heartbeat(self, run_id: uuid.UUID, *, owner: str, lease_seconds: float) -> bool:
         """Extend the lease; False if it is no longer ours (taken over, or the run moved on)."""
-        with self._transaction() as conn:
-            return (
-                conn.execute(
-                    update(runs)
-                    .where(_held_by(run_id, owner))
-                    .values(lease_expires_at=_lease_until(lease_seconds))
-                ).rowcount
-                == 1
-            )
+        return self._changed_one(
+            update(runs)
+            .where(_held_by(run_id, owner))
+            .values(lease_expires_at=_lease_until(lease_seconds))
+        )
 
     def finish(
         self,
@@ -366,7 +374,7 @@ class RunStore(StoreConnection):
 
         Pass ``conn`` to record it inside the task's own transaction, so its
         side effects commit together with the completion (or not at all).
-        A retry is due ``retry_in`` seconds from now (``not_before``): past it, the
+        A retry is due ``retry_in`` seconds from now (``retry_due_at``): past it, the
         leader looks for its message.
         """
         values = _outcome(state, error=error, retries=retries, retry_in=retry_in)
@@ -392,7 +400,7 @@ def _outcome(
         "duration_seconds": func.extract("epoch", func.now() - runs.c.started_at),
     }
     if state is RunState.RETRYING:
-        values["not_before"] = _lease_until(max(0.0, retry_in or 0.0))
+        values["retry_due_at"] = _lease_until(max(0.0, retry_in or 0.0))
     else:
         values["finished_at"] = func.now()
     if retries is not None:

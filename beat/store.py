@@ -784,6 +784,8 @@ class Store(StoreConnection):
                 claimed_at=func.now(),
                 lease_owner=None,
                 lease_expires_at=None,
+                # A retry is not published before it is due (the outbox waits for it).
+                not_before=func.greatest(runs.c.not_before, runs.c.retry_due_at),
             )
             .returning(*runs.c, func.now().label("now"))
         )
@@ -813,7 +815,7 @@ class Store(StoreConnection):
             .where(
                 or_(
                     and_(runs.c.state == RunState.QUEUED.value, runs.c.published_at < overdue),
-                    and_(runs.c.state == RunState.RETRYING.value, runs.c.not_before < overdue),
+                    and_(runs.c.state == RunState.RETRYING.value, runs.c.retry_due_at < overdue),
                 ),
                 # A worker holds it (receipt lease): if that worker dies, the reaper acts.
                 runs.c.lease_owner.is_(None),

@@ -203,6 +203,9 @@ runs = Table(
     #: Attempts ended by their worker's death (killed, restarted): not the run's fault,
     #: they do not use up ``max_attempts`` (at most ``MAX_INTERRUPTIONS`` are excused).
     Column("interruptions", Integer, nullable=False, server_default=text("0")),
+    #: When the retry a worker asked for is due (``retrying``): past it, the leader
+    #: looks for its message.
+    Column("retry_due_at", TZ),
     UniqueConstraint("schedule_id", "fire_at", name="uq_beat_runs_schedule_fire_at"),
     CheckConstraint(_in("state", RunState), name="ck_beat_runs_state"),
 )
@@ -229,8 +232,8 @@ Index(
 )
 # Retries that are overdue (their message may be lost).
 Index(
-    "ix_beat_runs_retrying_not_before",
-    runs.c.not_before,
+    "ix_beat_runs_retrying_due",
+    runs.c.retry_due_at,
     postgresql_where=text("state = 'retrying'"),
 )
 # Leases to reclaim.

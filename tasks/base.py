@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from celery import Task
@@ -168,6 +169,8 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         run_id = run_id_for(request.id)
         owner = f"{request.hostname or 'worker'}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         try:
+            if self._expired(store, run_id):
+                raise Ignore
             outcome = self._start(store, run_id, owner, config, args, kwargs)
         except StoreUnavailable as exc:
             # Without the guard the run must not start, nor be acknowledged as done:
@@ -210,6 +213,27 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             heartbeat_every=config.lease_heartbeat,
         )
         return self._execute(execution, args, kwargs)
+
+    def _expired(self, store: RunStore, run_id: uuid.UUID) -> bool:
+        """Celery discards an expired message by this worker's clock, before the task
+        code; this is the same check by the database's clock, which the expiry was
+        computed from, just before the run would start."""
+        expires = self.request.expires
+        if not expires:
+            return False
+        moment = datetime.fromisoformat(expires) if isinstance(expires, str) else expires
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        if not store.expire_if_past(run_id, moment):
+            return False
+        logger.warning(
+            "run %s (%s) expired at %s before it started: not run",
+            run_id,
+            self.name,
+            moment.isoformat(),
+            extra={"run_id": str(run_id)},
+        )
+        return True
 
     def _start(
         self,

@@ -527,12 +527,16 @@ class Injector:
         )
         stopped_at = now_utc()  # fire times from here on may be missed
         self.chaos.stop_beats()
+        # With no beat running, the next fire time stays as the last claim left it.
+        frozen = Schedules(self.store).get(self.code_schedule.name).next_fire_at
         self.code_schedule.change(timing=timing)
         time.sleep(fault.duration)
         for slot in self.chaos.beats:
             self.chaos.start_beat(slot)
         schedule = self.code_schedule.wait_for_sync(self.store, timeout=STARTUP_TIMEOUT)
-        self.code_schedule.deployed(schedule, stopped_at=stopped_at, timing_changed=timing)
+        self.code_schedule.deployed(
+            schedule, stopped_at=stopped_at, timing_changed=timing, next_fire_when_stopped=frozen
+        )
         say(f"deploy: v{self.code_schedule.version} synced at {schedule.updated_at:%H:%M:%S.%f}")
         return True
 
@@ -769,6 +773,7 @@ def _run(
         chains=sent_chains(store),
         deleted=log.deleted,
         redis_restarts=log.redis_restarts,
+        self_exits=log.self_exits,
     )
     verdict = judge(store, expectations, window_end=window_end, seen=seen)
     report = ChaosReport(

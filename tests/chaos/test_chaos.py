@@ -257,29 +257,44 @@ def test_a_run_started_after_its_expiry_is_a_violation() -> None:
     assert verdict.late == []
     late = _run_row(started_at=on_time.fire_at + timedelta(seconds=3.5))
     _check_not_started_after_expiry(verdict, late, 3.0, "late")
-    expired_yet_started = _run_row(state=RunState.EXPIRED)
-    _check_not_started_after_expiry(verdict, expired_yet_started, 3.0, "expired")
+    # Started in time, interrupted, and its copy expired: not late (its effect is
+    # checked with its outcome).
+    interrupted = _run_row(state=RunState.EXPIRED, started_at=on_time.started_at)
+    _check_not_started_after_expiry(verdict, interrupted, 3.0, "interrupted")
+    expired_late = _run_row(state=RunState.EXPIRED, started_at=late.started_at)
+    _check_not_started_after_expiry(verdict, expired_late, 3.0, "expired")
     assert [item.split(" ")[0] for item in verdict.late] == ["late", "expired"]
+
+
+START = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+
+def _stored(code: CodeSchedule, every: float, version: int, updated_at: datetime) -> Schedule:
+    """The deployed code schedule as stored: every ``every`` s from START, kwargs version."""
+    definition = define(
+        code.name, "chaos.versioned", every=every, kwargs={"version": version},
+        start_at=START, default_tz="UTC",
+    )  # fmt: skip
+    return Schedule(
+        id=1, definition=definition, next_fire_at=START, last_fire_at=None,
+        created_at=START, updated_at=updated_at,
+    )  # fmt: skip
 
 
 def test_a_deploy_switches_the_expected_definition_at_its_sync(tmp_path: Path) -> None:
     code = CodeSchedule(path=tmp_path / "code.json")
-    start = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
-
-    def stored(every: float, version: int, updated_at: datetime) -> Schedule:
-        definition = define(
-            code.name, "chaos.versioned", every=every, kwargs={"version": version},
-            start_at=start, default_tz="UTC",
-        )  # fmt: skip
-        return Schedule(
-            id=1, definition=definition, next_fire_at=start, last_fire_at=None,
-            created_at=start, updated_at=updated_at,
-        )  # fmt: skip
-
-    code.expectations.append(expectation_of("deployed", stored(3.0, 1, start), with_kwargs=True))
+    code.expectations.append(
+        expectation_of("deployed", _stored(code, 3.0, 1, START), with_kwargs=True)
+    )
+    start = START
     stopped, synced = start + timedelta(seconds=10), start + timedelta(seconds=20.5)
     code.change(timing=True)
-    code.deployed(stored(2.0, 2, synced), stopped_at=stopped, timing_changed=True)
+    code.deployed(
+        _stored(code, 2.0, 2, synced),
+        stopped_at=stopped,
+        timing_changed=True,
+        next_fire_when_stopped=start + timedelta(seconds=21),  # claimed ahead of the stop
+    )
     old, new = code.expectations
     end = start + timedelta(seconds=30)
     assert old.fire_times(end)[-1] == start + timedelta(seconds=18)  # before the sync
@@ -291,6 +306,30 @@ def test_a_deploy_switches_the_expected_definition_at_its_sync(tmp_path: Path) -
     assert (old.kwargs, new.kwargs) == ({"version": 1}, {"version": 2})
     assert old.definition_certain(start + timedelta(seconds=4))
     assert not old.definition_certain(start + timedelta(seconds=6)), "claimed late, maybe"
+
+
+def test_a_new_timing_follows_the_fire_time_missed_under_the_old_one(tmp_path: Path) -> None:
+    """The product keeps the old timing's unclaimed fire time when it passed during the
+    deploy, then the new timing's fire times after it (next_fire_after_retiming)."""
+    code = CodeSchedule(path=tmp_path / "code.json")
+    code.expectations.append(
+        expectation_of("deployed", _stored(code, 3.0, 1, START), with_kwargs=True)
+    )
+    start = START
+    stopped, synced = start + timedelta(seconds=10), start + timedelta(seconds=20.5)
+    code.change(timing=True)
+    code.deployed(
+        _stored(code, 2.0, 2, synced),
+        stopped_at=stopped,
+        timing_changed=True,
+        next_fire_when_stopped=start + timedelta(seconds=12),
+    )
+    old, new = code.expectations
+    end = start + timedelta(seconds=30)
+    assert old.fire_times(end)[-1] == start + timedelta(seconds=12), "kept, then the new timing"
+    assert new.fire_times(end)[:2] == [start + timedelta(seconds=14), start + timedelta(seconds=16)]
+    assert new.may_skip(start + timedelta(seconds=14)), "missed during the deploy"
+    assert not new.may_skip(start + timedelta(seconds=22))
 
 
 def test_message_loss_deletes_waiting_and_unacked_messages_under_the_broker_prefix(

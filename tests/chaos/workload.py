@@ -29,7 +29,7 @@ from beat.errors import HABeatError
 from beat.models import Schedule
 from beat.store import Store
 from beat.timing import next_fire_after, parse_zone
-from tests.chaos.checks import SECOND_KIND, Expectation, SentChain
+from tests.chaos.checks import ONE_MICROSECOND, SECOND_KIND, Expectation, SentChain
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -194,22 +194,42 @@ class CodeSchedule:
             expectation_of(DEPLOYED_KIND, schedule, first_fire=first, with_kwargs=True)
         )
 
-    def deployed(self, schedule: Schedule, *, stopped_at: datetime, timing_changed: bool) -> None:
+    def deployed(
+        self,
+        schedule: Schedule,
+        *,
+        stopped_at: datetime,
+        timing_changed: bool,
+        next_fire_when_stopped: datetime | None,
+    ) -> None:
         """Record a deploy the beats have synced: the old definition was in force until
-        the sync; its fire times while every beat was down may be recorded skipped."""
+        the sync; its fire times while every beat was down may be recorded skipped.
+
+        A new timing applies from the sync on, except that the old timing's fire time
+        that no beat claimed (the schedule's next fire time when the beats stopped)
+        stays due if it passed before the sync: the new timing's fire times then follow
+        it, those missed recorded by the misfire policy (``next_fire_after_retiming``)."""
         synced_at = schedule.updated_at
+        missed = (stopped_at, synced_at)
+        first = first_fire_at(schedule.definition, synced_at)
+        replaced_at = synced_at
+        kept = next_fire_when_stopped
+        if (
+            timing_changed
+            and kept is not None
+            and kept <= synced_at
+            and (first is None or first > kept)
+        ):
+            replaced_at = kept + ONE_MICROSECOND  # the old timing ends with its kept fire time
+            definition = schedule.definition
+            first = next_fire_after(definition.trigger, parse_zone(definition.timezone), kept)
         previous = self.expectations.pop()
         self.expectations.append(
-            _replace_expectation(previous, replaced_at=synced_at, missed=(stopped_at, synced_at))
+            _replace_expectation(previous, replaced_at=replaced_at, missed=missed)
         )
-        self.expectations.append(
-            expectation_of(
-                DEPLOYED_KIND,
-                schedule,
-                first_fire=first_fire_at(schedule.definition, synced_at),
-                with_kwargs=True,
-            )
-        )
+        assert first is not None, f"{schedule.name} has no fire time after its deploy"
+        following = expectation_of(DEPLOYED_KIND, schedule, first_fire=first, with_kwargs=True)
+        self.expectations.append(replace(following, skippable=(missed,)))
         self.deploys.append(
             Deploy(
                 version=self.version,

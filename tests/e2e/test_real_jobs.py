@@ -375,5 +375,5 @@ def test_a_retry_held_by_a_worker_that_dies_is_sent_again_at_its_time(
     wait_until(lambda: one_run(store, "held-retry").state == "succeeded", timeout=60)
     print(f"the retry succeeded {time.monotonic() - killed_at:.1f}s after its worker was killed")
     run = one_run(store, "held-retry")
-    assert run.started_at >= run.not_before, "the retry did not run before its countdown ended"
+    assert run.started_at >= run.retry_due_at, "the retry did not run before its countdown ended"
     assert cluster.effects() == {str(run.id): 1}

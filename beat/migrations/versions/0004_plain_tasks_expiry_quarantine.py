@@ -35,13 +35,6 @@ def upgrade() -> None:
     )
     op.drop_constraint("ck_beat_runs_state", "beat_runs")
     op.create_check_constraint("ck_beat_runs_state", "beat_runs", f"state IN ({STATES_AFTER})")
-    # Retrying runs whose retry is overdue are looked up by the reaper.
-    op.create_index(
-        "ix_beat_runs_retrying_not_before",
-        "beat_runs",
-        ["not_before"],
-        postgresql_where=sa.text("state = 'retrying'"),
-    )
     # Set when the scheduler disabled a schedule it could not plan or publish;
     # disabled_reason says why. Health is red while any schedule is quarantined.
     op.add_column("beat_schedules", sa.Column("quarantined_at", TZ))
@@ -49,7 +42,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_column("beat_schedules", "quarantined_at")
-    op.drop_index("ix_beat_runs_retrying_not_before", "beat_runs")
     op.execute("UPDATE beat_runs SET state = 'cancelled' WHERE state = 'expired'")
     op.drop_constraint("ck_beat_runs_state", "beat_runs")
     op.create_check_constraint("ck_beat_runs_state", "beat_runs", f"state IN ({STATES_BEFORE})")

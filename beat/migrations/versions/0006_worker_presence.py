@@ -1,4 +1,5 @@
-"""Workers' presence, so the reaper tells a run that crashed its worker from a worker killed.
+"""Workers' presence, so the reaper tells a run that crashed its worker from a worker
+killed; when a retry is due.
 
 Revision ID: 0006
 Revises: 0005
@@ -33,8 +34,18 @@ def upgrade() -> None:
         "beat_runs",
         sa.Column("interruptions", sa.Integer, nullable=False, server_default=sa.text("0")),
     )
+    # When the retry a worker asked for is due: past it, the leader looks for its message.
+    op.add_column("beat_runs", sa.Column("retry_due_at", TZ))
+    op.create_index(
+        "ix_beat_runs_retrying_due",
+        "beat_runs",
+        ["retry_due_at"],
+        postgresql_where=sa.text("state = 'retrying'"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_beat_runs_retrying_due", "beat_runs")
+    op.drop_column("beat_runs", "retry_due_at")
     op.drop_column("beat_runs", "interruptions")
     op.drop_table("beat_workers")
