@@ -32,6 +32,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,6 +57,8 @@ logger = logging.getLogger(__name__)
 #: Seconds a worker that cannot reach PostgreSQL waits before handing a plain run's
 #: message back (so it does not spin on it while cut off).
 REQUEUE_DELAY = 1.0
+#: Seconds between two tries of a plain run's record while PostgreSQL is unreachable.
+PERSIST_RETRY_DELAY = 0.5
 #: Longest error text recorded on a run.
 MAX_ERROR_LENGTH = 4000
 #: A plain run taken this recently is renewed even before Celery lists its request
@@ -280,10 +283,11 @@ def _plain_run_started(
         return
     run_id = run_id_for(task_id)
     _running_plain[task_id] = run_id
-    try:
-        _store_of(task).start_plain(run_id)
-    except HABeatError as exc:
-        logger.warning("could not record the start of plain run %s: %s", run_id, exc)
+    store = _store_of(task)
+    # Recorded before the body runs: a run whose worker dies after this is never sent
+    # again; before it, it is.
+    if not _persist(lambda: store.start_plain(run_id), task):
+        logger.error("could not record the start of plain run %s", run_id)
 
 
 def _plain_run_ended(
@@ -300,22 +304,41 @@ def _plain_run_ended(
     outcome = _OUTCOMES.get(state or "", RunState.FAILED)
     error = error_text(retval) if isinstance(retval, BaseException) else None
     retry_in = retry_delay(retval) if isinstance(retval, Retry) else None
-    try:
-        _store_of(task).finish_plain(
+    store = _store_of(task)
+    attempt_retries = task.request.retries or 0
+
+    def finish() -> None:
+        store.finish_plain(
             run_id,
             state=outcome,
             error=None if outcome is RunState.SUCCEEDED else error,
-            attempt_retries=task.request.retries or 0,
+            attempt_retries=attempt_retries,
             retry_in=retry_in,
         )
-    except HABeatError as exc:
+
+    # A plain run is never run again: its outcome must reach PostgreSQL, also through
+    # a restart of it. (The worker still holds the run's lease meanwhile.)
+    if not _persist(finish, task):
         logger.error(
-            "could not record plain run %s as %s: %s",
+            "could not record plain run %s as %s",
             run_id,
             outcome.value,
-            exc,
             extra={"run_id": str(run_id)},
         )
+
+
+def _persist(write: Callable[[], None], task: Any) -> bool:
+    """Do ``write``, trying again while PostgreSQL is unreachable, for up to a lease."""
+    deadline = time.monotonic() + BeatConfig.from_celery_conf(task.app.conf).lease_timeout
+    while True:
+        try:
+            write()
+            return True
+        except HABeatError as exc:
+            if time.monotonic() + PERSIST_RETRY_DELAY > deadline:
+                logger.warning("gave up writing to the run table: %s", exc)
+                return False
+            time.sleep(PERSIST_RETRY_DELAY)
 
 
 def _store_of(task: Any) -> RunStore:
