@@ -2,7 +2,8 @@
 
 - ``chaos.plain``: an ordinary Celery task (no idempotent base), as most real
   projects have. It writes its effect itself, in its own transaction: nothing
-  makes it commit with the run's record, so the checks see what really ran.
+  makes it commit with the run's record, so the checks see what really ran. It
+  retries when its database is unreachable (a PostgreSQL restart).
 - ``chaos.retrying``: fails a given number of times, then records its effect
   through ``self.db``; half the runs retry through ``autoretry_for``, half
   through ``self.retry(countdown=...)``.
@@ -34,7 +35,15 @@ CODE_SCHEDULES_ENV = "CHAOS_CODE_SCHEDULES"
 RETRY_COUNTDOWN = 0.5
 
 
-@celery_app.task(name="chaos.plain", bind=True)
+@celery_app.task(
+    name="chaos.plain",
+    bind=True,
+    # As a real project would: its database restarting is worth a retry, not a failure.
+    autoretry_for=(psycopg.OperationalError,),
+    retry_backoff=False,
+    default_retry_delay=1,
+    max_retries=10,
+)
 def plain(self: Any, label: str, seconds: float) -> str:
     """Works for ``seconds``, then commits its effect in a transaction of its own."""
     time.sleep(seconds)
