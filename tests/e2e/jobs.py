@@ -5,6 +5,7 @@ every run's effect happened."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -96,3 +97,9 @@ def plain_flaky(self: Any, label: str, failures: int) -> str:
     if self.request.retries < failures:
         raise self.retry(countdown=0)
     return _record_plain_effect(self.request.id, label)
+
+
+@celery_app.task(name="e2e.crash", bind=True, base=IdempotentTask)
+def crash(self: IdempotentTask, label: str) -> None:
+    """Kills the process that runs it, as a job that exhausts its memory would."""
+    os.kill(os.getpid(), signal.SIGKILL)

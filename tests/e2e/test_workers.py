@@ -145,24 +145,44 @@ def test_celery_autoretry_keeps_the_run_and_counts_attempts(cluster: Cluster, st
 
 
 def test_attempts_exhausted_end_lost_and_nothing_loops(cluster: Cluster, store: Store) -> None:
+    """A job that kills the pool process running it, under a worker that lives on (what
+    a poison job does): each such attempt counts, and the run ends lost."""
+    cluster.settings = FAST_RECLAIM | {"HABEAT_MAX_ATTEMPTS": "2"}
+    cluster.beat("beat0")
+    cluster.worker("worker1", concurrency=1, pool="prefork")
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    task_id = str(uuid.uuid4())
+    cluster.app().send_task("e2e.crash", args=["doomed"], task_id=task_id)
+
+    wait_until(lambda: state_of(store, task_id) == RunState.LOST.value, timeout=90, interval=0.2)
+    time.sleep(LEASE + 2 * MAX_WAIT)
+    row = run_row(store, task_id)
+    assert row.state == RunState.LOST.value
+    assert row.attempt == 2
+    assert row.interruptions == 0, "its worker lived on: the run crashed it"
+    assert "attempts exhausted" in row.error
+    assert "is lost" in cluster.processes[0].output()
+
+
+def test_finding_966478_a_run_whose_worker_is_killed_does_not_use_up_its_attempts(
+    cluster: Cluster, store: Store
+) -> None:
     cluster.settings = FAST_RECLAIM | {"HABEAT_MAX_ATTEMPTS": "1"}
     cluster.beat("beat0")
     worker = cluster.worker("worker1", concurrency=1)
     wait_until(lambda: cluster.leading_process() is not None, timeout=30)
     task_id = str(uuid.uuid4())
-    cluster.app().send_task("e2e.slow", args=["doomed", 30], task_id=task_id)
+    cluster.app().send_task("e2e.slow", args=["survives", 3], task_id=task_id)
     wait_until(lambda: state_of(store, task_id) == RunState.RUNNING.value, timeout=30)
     worker.signal(signal.SIGKILL)
     cluster.worker("worker2", concurrency=1)
 
-    wait_until(lambda: state_of(store, task_id) == RunState.LOST.value, timeout=60, interval=0.2)
-    time.sleep(LEASE + 2 * MAX_WAIT)
+    wait_until(
+        lambda: state_of(store, task_id) == RunState.SUCCEEDED.value, timeout=60, interval=0.2
+    )
     row = run_row(store, task_id)
-    assert row.state == RunState.LOST.value
-    assert row.attempt == 1
-    assert "attempts exhausted" in row.error
-    assert cluster.effects() == {}
-    assert "is lost" in cluster.processes[0].output()
+    assert (row.attempt, row.interruptions) == (2, 1)
+    assert cluster.effects() == {task_id: 1}
 
 
 def report_missing(store: Store, store_env: SessionEnv, effects: dict[str, int]) -> None:
