@@ -57,8 +57,11 @@ logger = logging.getLogger(__name__)
 #: Seconds a worker that cannot reach PostgreSQL waits before handing a plain run's
 #: message back (so it does not spin on it while cut off).
 REQUEUE_DELAY = 1.0
-#: Seconds between two tries of a plain run's record while PostgreSQL is unreachable.
+#: Seconds between two tries of a plain run's record while PostgreSQL is unreachable,
+#: and how long it is tried: a plain run is never run again, so its record must last
+#: through a PostgreSQL restart.
 PERSIST_RETRY_DELAY = 0.5
+PERSIST_FOR = 60.0
 #: Longest error text recorded on a run.
 MAX_ERROR_LENGTH = 4000
 #: A plain run taken this recently is renewed even before Celery lists its request
@@ -317,7 +320,7 @@ def _plain_run_ended(
         )
 
     # A plain run is never run again: its outcome must reach PostgreSQL, also through
-    # a restart of it. (The worker still holds the run's lease meanwhile.)
+    # a restart of it.
     if not _persist(finish, task):
         logger.error(
             "could not record plain run %s as %s",
@@ -328,8 +331,9 @@ def _plain_run_ended(
 
 
 def _persist(write: Callable[[], None], task: Any) -> bool:
-    """Do ``write``, trying again while PostgreSQL is unreachable, for up to a lease."""
-    deadline = time.monotonic() + BeatConfig.from_celery_conf(task.app.conf).lease_timeout
+    """Do ``write``, trying again while PostgreSQL is unreachable, for up to
+    ``PERSIST_FOR`` seconds (a restart, crash recovery included)."""
+    deadline = time.monotonic() + PERSIST_FOR
     while True:
         try:
             write()
