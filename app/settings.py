@@ -41,7 +41,7 @@ TASK_MODULES = ("tasks.demo",)
 #: Modules that extend the worker itself: the run tracking (receipt of runs, plain
 #: tasks' runs, expired deliveries, see ``beat.run_tracking``) and the guard that
 #: sets aside messages it cannot decode or unpack, instead of dying on them.
-WORKER_MODULES = ("beat.run_tracking", "beat.poison_messages")
+WORKER_MODULES = ("beat.worker",)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -136,6 +136,9 @@ class Settings:
             "beat_max_loop_interval": self.max_wait,
             "habeat_database_url": self.database_url,
             "habeat_redis_url": self.redis_url,
+            # Hints name this app's variables, not the generic keys they fill.
+            "habeat_database_setting": "DATABASE_URL",
+            "habeat_redis_setting": "REDIS_URL",
             "habeat_key_prefix": self.key_prefix,
             "habeat_lock_ttl": self.lock_ttl,
             "habeat_standby_poll": self.standby_poll,

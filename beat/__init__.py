@@ -6,9 +6,11 @@ from beat.code_schedules import periodic
 from beat.errors import HABeatError
 from beat.models import Schedule, ScheduleDefinition
 from beat.tables import MisfirePolicy, RunState
+from beat.task import IdempotentTask
 
 __all__ = [
     "HABeatError",
+    "IdempotentTask",
     "MisfirePolicy",
     "RunState",
     "Schedule",

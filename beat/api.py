@@ -316,7 +316,9 @@ class Schedules:
     def for_app(cls, app: Any) -> Schedules:
         """Schedules of a Celery app configured for this scheduler (``habeat_*`` keys)."""
         config = BeatConfig.from_celery_conf(app.conf)
-        store = Store.connect(config.database_url, leader_name=config.key_prefix)
+        store = Store.connect(
+            config.database_url, leader_name=config.key_prefix, setting=config.database_setting
+        )
         return cls(
             store,
             app=app,

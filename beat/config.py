@@ -1,12 +1,18 @@
 """The scheduler's configuration, read from namespaced keys on ``app.conf``.
 
-Every key has an explicit default here, so the scheduler works with any Celery
-app (``-S beat.scheduler:HAScheduler``); ``app.settings`` fills these keys from
-the environment for this project's own app.
+Each setting is read from the app's configuration (``app.conf.habeat_lock_ttl``;
+``CELERY_HABEAT_LOCK_TTL`` in Django settings loaded with ``namespace="CELERY"``),
+else from the environment (``HABEAT_LOCK_TTL``), else it takes the default here.
+The schedule database has no default: an app that does not name one is not
+using this scheduler, and a beat started on it says which setting to add
+rather than writing to whatever PostgreSQL happens to listen on localhost.
+The lease's Redis defaults to the broker when the broker is Redis.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -15,16 +21,35 @@ from beat.tables import MisfirePolicy, OverlapPolicy
 
 #: Prefix of every key this package reads from ``app.conf``.
 CONF_PREFIX = "habeat_"
+#: Prefix of the environment variables read when ``app.conf`` leaves a key out.
+ENV_PREFIX = "HABEAT_"
+#: Values of Celery's ``beat_scheduler`` that name this scheduler.
+SCHEDULER_NAMES = frozenset({"ha", "beat.scheduler:HAScheduler", "beat.scheduler.HAScheduler"})
+#: How to name the database setting in a hint, for any app.
+DATABASE_SETTING = (
+    "habeat_database_url in the app's configuration (CELERY_HABEAT_DATABASE_URL in"
+    " Django settings), or HABEAT_DATABASE_URL in the environment"
+)
+#: The URL fields, and the fields that say which setting they came from (set by
+#: whoever fills ``app.conf`` from variables of its own, read from nowhere else).
+_URL_SETTINGS = {"database_url": "database_setting", "redis_url": "redis_setting"}
+_PROVENANCE = frozenset(_URL_SETTINGS.values())
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BeatConfig:
     """Typed settings of the scheduler. Durations are in seconds."""
 
-    #: SQLAlchemy URL of the schedule store.
+    #: SQLAlchemy URL of the schedule store (``from_celery_conf`` requires it to be set).
     database_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/habeat"
-    #: Redis URL of the leader lease (may differ from the broker).
+    #: Redis URL of the leader lease (may differ from the broker; default: the broker
+    #: when it is Redis).
     redis_url: str = "redis://127.0.0.1:6379/0"
+    #: The setting a user changes to fix ``database_url``, named in error hints
+    #: (an app that fills ``habeat_database_url`` from its own variable names that one).
+    database_setting: str = "habeat_database_url"
+    #: The same for ``redis_url``.
+    redis_setting: str = "habeat_redis_url"
     #: Prefix of every Redis key of the lease, and name of the leader row.
     key_prefix: str = "habeat"
     #: Time to live of the leader lease; a dead leader is replaced after about this long.
@@ -75,13 +100,27 @@ class BeatConfig:
     dead_letter_max_length: int = 1000
 
     @classmethod
-    def from_celery_conf(cls, conf: Any) -> BeatConfig:
-        """Read ``habeat_*`` keys from a Celery ``app.conf`` (missing keys take the defaults)."""
+    def from_celery_conf(cls, conf: Any, environ: Mapping[str, str] | None = None) -> BeatConfig:
+        """Read ``habeat_*`` keys from a Celery ``app.conf``, then ``HABEAT_*`` variables
+        from the environment; what neither sets takes the default."""
+        env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for field in fields(cls):
             value = conf.get(CONF_PREFIX + field.name)
             if value is not None:
                 values[field.name] = value
+            elif field.name not in _PROVENANCE:
+                raw = env.get(ENV_PREFIX + field.name.upper(), "")
+                if raw.strip():
+                    values[field.name] = _from_environment(field.name, str(field.type), raw)
+                    if field.name in _URL_SETTINGS:
+                        variable = ENV_PREFIX + field.name.upper()
+                        values.setdefault(_URL_SETTINGS[field.name], variable)
+        if "database_url" not in values:
+            raise ConfigError(f"no schedule database is configured: set {DATABASE_SETTING}")
+        if "redis_url" not in values:
+            values["redis_url"] = _broker_redis_url(conf)
+            values.setdefault("redis_setting", "the broker URL (or habeat_redis_url)")
         config = cls(**values)
         config.validate()
         return config
@@ -138,3 +177,46 @@ class BeatConfig:
     def renew_interval(self) -> float:
         """The lease is renewed three times per TTL, so two lost renewals in a row are survived."""
         return self.lock_ttl / 3
+
+
+def uses_this_scheduler(conf: Any, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether an app is set up for this scheduler: its beat uses it, or it names a
+    schedule database. Workers of other apps, in the same environment, are left alone."""
+    env = os.environ if environ is None else environ
+    scheduler = conf.get("beat_scheduler")
+    if isinstance(scheduler, type):
+        scheduler = f"{scheduler.__module__}:{scheduler.__qualname__}"
+    return (
+        scheduler in SCHEDULER_NAMES
+        or conf.get(CONF_PREFIX + "database_url") is not None
+        or bool(env.get(ENV_PREFIX + "DATABASE_URL", "").strip())
+    )
+
+
+def _from_environment(name: str, annotation: str, raw: str) -> Any:
+    """An environment variable's text as the field's type, or one line naming the fix."""
+    variable = ENV_PREFIX + name.upper()
+    if annotation.startswith("str"):
+        return raw
+    try:
+        number = float(raw)
+    except ValueError:
+        raise ConfigError(f"{variable}={raw!r} is not a number: set it to a number") from None
+    if annotation.startswith("int"):
+        if not number.is_integer():
+            raise ConfigError(f"{variable}={raw!r} must be a whole number")
+        return int(number)
+    return number
+
+
+def _broker_redis_url(conf: Any) -> str:
+    """The broker's URL when the broker is Redis: the lease then needs no setting of its own."""
+    broker = conf.get("broker_url") or ""
+    first = str(broker).split(";")[0].strip()
+    if first.startswith(("redis://", "rediss://", "unix://")):
+        return first
+    raise ConfigError(
+        "no Redis for the leader lease: the broker is not Redis, so set habeat_redis_url in"
+        " the app's configuration (CELERY_HABEAT_REDIS_URL in Django settings), or"
+        " HABEAT_REDIS_URL in the environment"
+    )

@@ -110,8 +110,10 @@ class LeaderLease:
         ttl: float,
         holder: str | None = None,
         on_lost: Callable[[str], None] | None = None,
+        setting: str = "habeat_redis_url",
     ) -> None:
         self._client = client
+        self._setting = setting  # named in the hint when Redis cannot be reached
         self._keys = [lock_key(prefix), epoch_key(prefix)]
         self.ttl = ttl
         self.holder = holder or new_holder_id()
@@ -249,5 +251,5 @@ class LeaderLease:
         where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
         return LeaseUnavailable(
             f"Redis at {where} is unreachable ({exc}): start it"
-            " (`docker compose up -d redis`) or set REDIS_URL"
+            f" (`docker compose up -d redis`) or check {self._setting}"
         )

@@ -149,7 +149,7 @@ TICK_ERRORS = Counter(
     registry=REGISTRY,
 )
 
-# -- workers (tasks.base.IdempotentTask, beat.poison_messages) ---------------------------
+# -- workers (beat.task.IdempotentTask, beat.poison_messages) ---------------------------
 
 WORKER_DUPLICATE_DELIVERIES = Counter(
     "habeat_worker_duplicate_deliveries_total",

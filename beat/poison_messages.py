@@ -49,7 +49,7 @@ from celery.worker.consumer import consumer as celery_consumer
 from kombu.exceptions import ContentDisallowed
 
 from beat import metrics
-from beat.config import BeatConfig
+from beat.config import BeatConfig, uses_this_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +293,7 @@ def envelope_problem(channel: Any, item: bytes | str) -> str | None:
 def install(sender: Any = None, **_: Any) -> None:
     """Add the guard to the consumer of every worker of an app that imports this module."""
     app = getattr(sender, "app", None)
-    if app is not None:
+    if app is not None and uses_this_scheduler(app.conf):
         app.steps["consumer"].add(PoisonMessageGuard)
 
 

@@ -2,7 +2,7 @@
 
 Installed in a worker by importing this module (the app's ``imports`` setting
 lists it); no task has to change. It covers what the idempotent base
-(``tasks.base.IdempotentTask``) cannot see from inside a task:
+(``beat.task.IdempotentTask``) cannot see from inside a task:
 
 - **Receipt**: when the message of a run beat published reaches a worker
   (``task_received``, in its main process), the run is held under a receipt
@@ -46,7 +46,7 @@ from celery.signals import (
 )
 
 from beat import metrics
-from beat.config import BeatConfig
+from beat.config import BeatConfig, uses_this_scheduler
 from beat.dispatch import published_by_beat
 from beat.errors import HABeatError
 from beat.run_store import Refused, RunStore, run_id_for, run_store_for
@@ -182,7 +182,7 @@ def _worker_ready(sender: Any = None, **_: Any) -> None:
     """Start being seen as soon as the worker consumes (its main process)."""
     hostname = getattr(sender, "hostname", None)
     app = getattr(sender, "app", None)
-    if not hostname or app is None:
+    if not hostname or app is None or not uses_this_scheduler(app.conf):
         return
     _leases_of(BeatConfig.from_celery_conf(app.conf), hostname).start()
 

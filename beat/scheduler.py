@@ -705,7 +705,9 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
     def store(self) -> Store:
         if self._store is None:
             self._store = Store.connect(
-                self.config.database_url, leader_name=self.config.key_prefix
+                self.config.database_url,
+                leader_name=self.config.key_prefix,
+                setting=self.config.database_setting,
             )
         return self._store
 
@@ -723,11 +725,14 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 prefix=self.config.key_prefix,
                 ttl=self.config.lock_ttl,
                 on_lost=self._on_lease_lost,
+                setting=self.config.redis_setting,
             )
         return self._lease
 
     @property
     def listener(self) -> ScheduleChangeListener:
         if self._listener is None:
-            self._listener = ScheduleChangeListener(self.config.database_url)
+            self._listener = ScheduleChangeListener(
+                self.config.database_url, setting=self.config.database_setting
+            )
         return self._listener

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -204,8 +205,10 @@ def create_store_engine(url: str, *, pool_size: int = 5, connect_timeout: int = 
 class StoreConnection:
     """An engine plus the translation of driver errors into domain errors."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, setting: str = "habeat_database_url") -> None:
         self.engine = engine
+        #: The setting that names this database, for hints (``BeatConfig.database_setting``).
+        self.setting = setting
 
     @property
     def url(self) -> str:
@@ -224,10 +227,7 @@ class StoreConnection:
         try:
             yield
         except OperationalError as exc:
-            raise StoreUnavailable(
-                f"PostgreSQL at {self.url} is unreachable ({first_line(exc.orig)}):"
-                " start it (`docker compose up -d postgres`) or set DATABASE_URL"
-            ) from exc
+            raise StoreUnavailable(unreachable(self.url, exc.orig, self.setting)) from exc
         except DBAPIError as exc:
             if exc.connection_invalidated:
                 raise StoreUnavailable(
@@ -239,14 +239,24 @@ class StoreConnection:
 class Store(StoreConnection):
     """PostgreSQL access for schedules, claims, the outbox and the leader row."""
 
-    def __init__(self, engine: Engine, *, leader_name: str = "habeat") -> None:
-        super().__init__(engine)
+    def __init__(
+        self, engine: Engine, *, leader_name: str = "habeat", setting: str = "habeat_database_url"
+    ) -> None:
+        super().__init__(engine, setting=setting)
         self.leader_name = leader_name
 
     @classmethod
-    def connect(cls, url: str, *, leader_name: str = "habeat", pool_size: int = 5) -> Store:
+    def connect(
+        cls,
+        url: str,
+        *,
+        leader_name: str = "habeat",
+        pool_size: int = 5,
+        setting: str = "habeat_database_url",
+    ) -> Store:
         """A store on ``url``; no connection is made until first use."""
-        return cls(create_store_engine(url, pool_size=pool_size), leader_name=leader_name)
+        engine = create_store_engine(url, pool_size=pool_size)
+        return cls(engine, leader_name=leader_name, setting=setting)
 
     # -- schema -------------------------------------------------------------------
 
@@ -988,11 +998,12 @@ class ScheduleChangeListener:
 
     CHANNELS = (SCHEDULES_CHANNEL, LEADER_RELEASED_CHANNEL)
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, setting: str = "habeat_database_url") -> None:
         self._conninfo = (
             make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         )
         self._masked = masked_url(url)
+        self._setting = setting
         self._conn: psycopg.Connection[Any] | None = None
 
     def wait(self, timeout: float) -> bool:
@@ -1015,10 +1026,7 @@ class ScheduleChangeListener:
             try:
                 self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
             except psycopg.Error as exc:
-                raise StoreUnavailable(
-                    f"PostgreSQL at {self._masked} is unreachable ({first_line(exc)}):"
-                    " start it (`docker compose up -d postgres`) or set DATABASE_URL"
-                ) from exc
+                raise StoreUnavailable(unreachable(self._masked, exc, self._setting)) from exc
             for channel in self.CHANNELS:
                 self._conn.execute(f"LISTEN {channel}")
         return self._conn
@@ -1482,6 +1490,28 @@ def schedule_not_found(name: str) -> ScheduleNotFound:
 def _is_unique_violation(exc: IntegrityError, constraint: str) -> bool:
     diag = getattr(exc.orig, "diag", None)
     return getattr(diag, "constraint_name", None) == constraint
+
+
+#: What PostgreSQL says when the server answered but the login was refused.
+_AUTHENTICATION_FAILED = re.compile(
+    r"password authentication failed|no password supplied|role \"[^\"]*\" does not exist"
+    r"|no pg_hba\.conf entry"
+)
+
+
+def unreachable(url: str, exc: BaseException | None, setting: str) -> str:
+    """Why PostgreSQL at ``url`` (masked) cannot be used, and the fix: wrong credentials
+    are not fixed by starting a server."""
+    reason = first_line(exc)
+    if isinstance(exc, psycopg.OperationalError) and _AUTHENTICATION_FAILED.search(str(exc)):
+        return (
+            f"PostgreSQL at {url} refused the login ({reason}):"
+            f" authentication failed, check the user and password in {setting}"
+        )
+    return (
+        f"PostgreSQL at {url} is unreachable ({reason}):"
+        f" start it (`docker compose up -d postgres`) or check {setting}"
+    )
 
 
 def first_line(exc: BaseException | None) -> str:

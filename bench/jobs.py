@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from app import celery_app
-from tasks.base import IdempotentTask
+from beat import IdempotentTask
 
 
 @celery_app.task(name="bench.slow", bind=True, base=IdempotentTask)  # type: ignore[untyped-decorator]

@@ -16,6 +16,8 @@ bash scripts/services.sh
 
 export DATABASE_URL=${DATABASE_URL:-postgresql+psycopg://postgres@127.0.0.1:5432/habeat}
 export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/0}
+# The demo app (app/) and its jobs (tasks/) run from the checkout; only beat/ is installed.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ -z "${FLOWER_BASIC_AUTH:-}" ]; then
   FLOWER_BASIC_AUTH="admin:$(.venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(12))')"
   export FLOWER_BASIC_AUTH

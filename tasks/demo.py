@@ -6,8 +6,7 @@ import logging
 import time
 
 from app import celery_app
-from beat import periodic
-from tasks.base import IdempotentTask
+from beat import IdempotentTask, periodic
 
 logger = logging.getLogger(__name__)
 

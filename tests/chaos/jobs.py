@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 
 from app import celery_app
-from tasks.base import IdempotentTask
+from beat import IdempotentTask
 from tests.e2e.jobs import _record_effect
 
 #: Environment variable naming the JSON file of the code schedules.

@@ -13,7 +13,7 @@ import psycopg
 from sqlalchemy import text
 
 from app import celery_app
-from tasks.base import IdempotentTask
+from beat import IdempotentTask
 
 
 def _record_effect(task: IdempotentTask, label: str) -> str:

@@ -28,10 +28,10 @@ from celery.schedules import crontab
 from click.testing import CliRunner, Result
 from sqlalchemy import text
 
-from app.cli import parse_duration
 from app.factory import create_app
 from beat import schema
 from beat.api import Schedules
+from beat.cli import parse_duration
 from beat.leader import lock_key
 from beat.ops_store import OpsStore
 from beat.scheduler import HAScheduler

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from celery import Celery
 
 from app.factory import create_app
 from app.settings import Settings
 from beat.code_schedules import collect
-from beat.config import BeatConfig
+from beat.config import BeatConfig, uses_this_scheduler
 from beat.errors import ConfigError
 
 
@@ -48,6 +49,111 @@ def test_a_setting_that_is_not_a_number_is_refused(name: str) -> None:
 
 def test_workers_install_the_poison_message_guard_and_size_its_dead_letter_list() -> None:
     app = create_app(Settings.from_env({"HABEAT_DEAD_LETTER_MAX_LENGTH": "0"}))
-    assert "beat.poison_messages" in app.conf.imports
+    assert "beat.worker" in app.conf.imports
     config = BeatConfig.from_celery_conf(app.conf)
     assert (config.dead_letter_key, config.dead_letter_max_length) == ("habeat.dead_letter", 0)
+
+
+# -- an existing project's app: app.conf first, then the environment ---------------------
+
+
+def bare_app(**conf: object) -> Celery:
+    app = Celery("theirs")
+    app.conf.update(conf)
+    return app
+
+
+def test_an_app_that_names_no_database_is_refused_with_the_settings_that_work() -> None:
+    with pytest.raises(ConfigError) as refused:
+        BeatConfig.from_celery_conf(bare_app(broker_url="redis://h/1").conf, environ={})
+    message = str(refused.value)
+    assert "habeat_database_url" in message
+    assert "CELERY_HABEAT_DATABASE_URL" in message
+    assert "HABEAT_DATABASE_URL" in message
+    assert "\n" not in message
+
+
+def test_app_conf_comes_before_the_environment() -> None:
+    app = bare_app(broker_url="redis://h/1", habeat_database_url="postgresql://conf/db")
+    config = BeatConfig.from_celery_conf(
+        app.conf, environ={"HABEAT_DATABASE_URL": "postgresql://env/db", "HABEAT_LOCK_TTL": "7"}
+    )
+    assert config.database_url == "postgresql://conf/db"
+    assert config.database_setting == "habeat_database_url"
+    assert config.lock_ttl == 7.0
+
+
+def test_the_environment_fills_what_app_conf_leaves_out_and_hints_name_it() -> None:
+    config = BeatConfig.from_celery_conf(
+        bare_app(broker_url="amqp://guest@h//").conf,
+        environ={
+            "HABEAT_DATABASE_URL": "postgresql://env/db",
+            "HABEAT_REDIS_URL": "redis://lease/2",
+            "HABEAT_CLAIM_BATCH": "50",
+        },
+    )
+    assert (config.database_url, config.redis_url, config.claim_batch) == (
+        "postgresql://env/db",
+        "redis://lease/2",
+        50,
+    )
+    assert (config.database_setting, config.redis_setting) == (
+        "HABEAT_DATABASE_URL",
+        "HABEAT_REDIS_URL",
+    )
+
+
+def test_the_lease_uses_a_redis_broker_unless_told_otherwise() -> None:
+    app = bare_app(broker_url="redis://broker:6379/3", habeat_database_url="postgresql://d/b")
+    assert BeatConfig.from_celery_conf(app.conf, environ={}).redis_url == "redis://broker:6379/3"
+
+
+def test_a_broker_that_is_not_redis_needs_a_lease_redis() -> None:
+    app = bare_app(broker_url="amqp://guest@h//", habeat_database_url="postgresql://d/b")
+    with pytest.raises(ConfigError, match=r"habeat_redis_url.*HABEAT_REDIS_URL"):
+        BeatConfig.from_celery_conf(app.conf, environ={})
+
+
+def test_a_bad_number_in_the_environment_names_the_variable() -> None:
+    app = bare_app(broker_url="redis://h/1", habeat_database_url="postgresql://d/b")
+    with pytest.raises(ConfigError, match=r"HABEAT_CLAIM_BATCH='many' is not a number"):
+        BeatConfig.from_celery_conf(app.conf, environ={"HABEAT_CLAIM_BATCH": "many"})
+
+
+def test_django_settings_with_the_celery_namespace_are_read() -> None:
+    class DjangoSettings:
+        CELERY_BROKER_URL = "redis://h/4"
+        CELERY_HABEAT_DATABASE_URL = "postgresql://django/db"
+        CELERY_HABEAT_LOCK_TTL = 12
+
+    app = Celery("django_project")
+    app.config_from_object(DjangoSettings, namespace="CELERY")
+    config = BeatConfig.from_celery_conf(app.conf, environ={})
+    assert (config.database_url, config.lock_ttl, config.redis_url) == (
+        "postgresql://django/db",
+        12,
+        "redis://h/4",
+    )
+
+
+def test_this_projects_app_names_its_own_variables_in_hints() -> None:
+    config = config_from({"DATABASE_URL": "postgresql://x/y"})
+    assert (config.database_setting, config.redis_setting) == ("DATABASE_URL", "REDIS_URL")
+
+
+@pytest.mark.parametrize(
+    ("conf", "environ", "expected"),
+    [
+        ({}, {}, False),
+        ({"beat_scheduler": "celery.beat:PersistentScheduler"}, {}, False),
+        ({"beat_scheduler": "ha"}, {}, True),
+        ({"beat_scheduler": "beat.scheduler:HAScheduler"}, {}, True),
+        ({"habeat_database_url": "postgresql://d/b"}, {}, True),
+        ({}, {"HABEAT_DATABASE_URL": "postgresql://d/b"}, True),
+        ({}, {"DATABASE_URL": "postgresql://django/app"}, False),
+    ],
+)
+def test_workers_of_other_apps_are_left_alone(
+    conf: dict[str, str], environ: dict[str, str], expected: bool
+) -> None:
+    assert uses_this_scheduler(bare_app(**conf).conf, environ) is expected

@@ -1,4 +1,4 @@
-"""``celery -A app schedules ...``: operate the scheduler without opening psql.
+"""``celery -A proj schedules ...``: operate the scheduler without opening psql.
 
 Commands: add, update, show, list, pause, resume, remove, trigger, runs,
 leader, sync, migrate, prune, health. Each takes ``--json`` for scripts (one
@@ -26,7 +26,9 @@ import redis
 from celery.bin.base import CeleryCommand
 from sqlalchemy.exc import SQLAlchemyError
 
-from beat import code_schedules, timing
+# Celery imports this module in every ``celery`` command (it is the ``schedules``
+# entry point), which is how a worker gets run tracking without a setting.
+from beat import code_schedules, timing, worker  # noqa: F401
 from beat.api import Schedules, first_fire_at
 from beat.config import BeatConfig
 from beat.errors import (
@@ -653,7 +655,7 @@ def read_lease(config: BeatConfig) -> LeaseStatus:
     except redis.RedisError as exc:
         raise LeaseUnavailable(
             f"Redis at {where} is unreachable ({exc}): start it"
-            " (`docker compose up -d redis`) or set REDIS_URL"
+            f" (`docker compose up -d redis`) or check {config.redis_setting}"
         ) from exc
     finally:
         client.close()

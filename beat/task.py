@@ -370,7 +370,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         return execution
 
 
-@worker_init.connect
+@worker_init.connect  # type: ignore[untyped-decorator]
 def _serve_worker_metrics(sender: Any = None, **_: Any) -> None:
     """Open the worker's metrics endpoint in its main process, if
     ``habeat_worker_metrics_port`` is set (``HABEAT_WORKER_METRICS_PORT``)."""
