@@ -12,6 +12,7 @@ The lease's Redis defaults to the broker when the broker is Redis.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -91,8 +92,12 @@ class BeatConfig:
     #: TCP port of beat's Prometheus endpoint (``/metrics``), opened on the first tick;
     #: None or 0: no endpoint.
     metrics_port: int | None = None
+    #: TCP port of a worker's Prometheus endpoint, opened at ``worker_init``; None or 0: none.
+    worker_metrics_port: int | None = None
     #: Address the metrics endpoints bind to (beat's, and a worker's when it has a port).
-    metrics_address: str = "0.0.0.0"
+    #: Loopback by default: the endpoints have no authentication; set ``0.0.0.0`` (or
+    #: one interface's address) for a Prometheus on another host.
+    metrics_address: str = "127.0.0.1"
     #: Redis list, on the broker (after its ``global_keyprefix``), where workers keep
     #: the messages they cannot decode or unpack (``beat.poison_messages``).
     dead_letter_key: str = "habeat.dead_letter"
@@ -149,10 +154,12 @@ class BeatConfig:
                 raise ConfigError(f"{key}={value!r}: use one of {choices}")
         if self.max_attempts < 1:
             raise ConfigError("habeat_max_attempts must be at least 1")
-        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            raise ConfigError(
-                f"habeat_metrics_port={self.metrics_port}: must be a TCP port (0 or unset: off)"
-            )
+        for key, port in (
+            ("habeat_metrics_port", self.metrics_port),
+            ("habeat_worker_metrics_port", self.worker_metrics_port),
+        ):
+            if port is not None and not 0 <= port <= 65535:
+                raise ConfigError(f"{key}={port}: must be a TCP port (0 or unset: off)")
         if not self.key_prefix:
             raise ConfigError("habeat_key_prefix must not be empty")
         if not self.dead_letter_key or self.dead_letter_max_length < 0:
@@ -220,3 +227,26 @@ def _broker_redis_url(conf: Any) -> str:
         " the app's configuration (CELERY_HABEAT_REDIS_URL in Django settings), or"
         " HABEAT_REDIS_URL in the environment"
     )
+
+
+def hide_urls_in_celery_reports() -> None:
+    """Make Celery mask this package's URL settings wherever it shows the configuration.
+
+    Celery masks settings by name only (``API|TOKEN|KEY|SECRET|PASS|...|DATABASE``) and
+    broker or backend URLs: ``habeat_redis_url`` and any URL named otherwise would reach
+    ``celery inspect conf``, Flower's worker pages and ``celery report`` with their
+    passwords. Its pattern is a module global read on every call, so widening it here
+    (once, in every process that imports this package) covers all of them.
+    """
+    from celery.app import utils
+
+    if _OUR_URLS not in utils.HIDDEN_SETTINGS.pattern:
+        utils.HIDDEN_SETTINGS = re.compile(
+            f"{utils.HIDDEN_SETTINGS.pattern}|{_OUR_URLS}", utils.HIDDEN_SETTINGS.flags
+        )
+
+
+#: Names of settings Celery must mask (case-insensitive), added to its own pattern.
+_OUR_URLS = "HABEAT_[A-Z_]*URL"
+
+hide_urls_in_celery_reports()

@@ -199,7 +199,7 @@ _servers: dict[tuple[int, str, int], Any] = {}
 _servers_lock = threading.Lock()
 
 
-def start_metrics_server(port: int, addr: str = "0.0.0.0", *, multiprocess: bool = False) -> bool:
+def start_metrics_server(port: int, addr: str = "127.0.0.1", *, multiprocess: bool = False) -> bool:
     """Serve ``/metrics`` on ``addr:port`` from a daemon thread; idempotent per process.
 
     Returns True if this call started the server, False if this process already

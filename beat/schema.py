@@ -66,7 +66,10 @@ def ensure_database(engine: Engine) -> bool:
     maintenance = create_engine(engine.url.set(database="postgres"), isolation_level="AUTOCOMMIT")
     try:
         with maintenance.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
+            # The name comes from a URL: quoted as an identifier (embedded quotes
+            # doubled), so no name can be read as SQL.
+            quoted = maintenance.dialect.identifier_preparer.quote_identifier(name or "")
+            conn.execute(text(f"CREATE DATABASE {quoted}"))
     finally:
         maintenance.dispose()
     return True
@@ -78,5 +81,5 @@ def check_schema(engine: Engine) -> None:
     if current != head:
         raise SchemaOutdated(
             f"database schema is at revision {current or 'none'}, this code needs {head}:"
-            " run `celery -A app schedules migrate`"
+            " run `celery -A <your app> schedules migrate`"
         )

@@ -187,9 +187,12 @@ def masked_url(url: str) -> str:
     """The URL with its password hidden, for messages and logs (never raises: a URL
     that does not parse is shown from its host on)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except ArgumentError:
         return url.split("@")[-1]
+    if "password" in parsed.query:  # redis-py also reads the password from the query
+        parsed = parsed.update_query_dict({"password": "***"})
+    return parsed.render_as_string(hide_password=True)
 
 
 def create_store_engine(url: str, *, pool_size: int = 5, connect_timeout: int = 5) -> Engine:

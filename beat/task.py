@@ -35,7 +35,7 @@ from celery.signals import worker_init
 from sqlalchemy.orm import Session
 
 from beat import metrics
-from beat.config import BeatConfig
+from beat.config import BeatConfig, uses_this_scheduler
 from beat.dispatch import published_by_beat
 from beat.errors import HABeatError, StoreUnavailable
 from beat.run_store import (
@@ -375,10 +375,12 @@ def _serve_worker_metrics(sender: Any = None, **_: Any) -> None:
     """Open the worker's metrics endpoint in its main process, if
     ``habeat_worker_metrics_port`` is set (``HABEAT_WORKER_METRICS_PORT``)."""
     app: Any = getattr(sender, "app", None)
-    port = None if app is None else app.conf.get("habeat_worker_metrics_port")
+    if app is None or not uses_this_scheduler(app.conf):
+        return
+    config = BeatConfig.from_celery_conf(app.conf)
+    port, address = config.worker_metrics_port, config.metrics_address
     if not port:
         return
-    address = app.conf.get("habeat_metrics_address") or "0.0.0.0"
     prefork = _is_prefork(sender)
     if prefork and not metrics.multiprocess_mode():
         logger.warning(

@@ -190,11 +190,20 @@ class PrivatePostgres:
 class PrivateRedis:
     """A ``redis-server`` child process on a free port, without persistence."""
 
-    def __init__(self, binary: Path, workdir: Path) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        workdir: Path,
+        *,
+        password: str | None = None,
+        extra: list[str] | None = None,
+    ) -> None:
         self._binary = binary
         self._workdir = workdir
         self.log = workdir / "redis.log"
         self.port = free_port()
+        self._password = password  # the default user's (``--requirepass``)
+        self._extra = extra or []  # more server arguments, e.g. ``--user ...``
         self._process: subprocess.Popen[bytes] | None = None
 
     def url(self, db: int = 0) -> str:
@@ -218,11 +227,13 @@ class PrivateRedis:
                 str(self._workdir),
                 "--logfile",
                 str(self.log),
+                *(["--requirepass", self._password] if self._password else []),
+                *self._extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        client = redis.Redis(port=self.port, socket_connect_timeout=1)
+        client = redis.Redis(port=self.port, socket_connect_timeout=1, password=self._password)
         try:
             wait_for(client.ping, f"redis-server on port {self.port}", timeout=20)
         finally:

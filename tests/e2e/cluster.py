@@ -82,6 +82,18 @@ class Cluster:
         self.processes.append(process)
         return process
 
+    def command(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """A one-off ``celery -A app ...`` command on this cluster, run to its end."""
+        return subprocess.run(
+            [*CELERY, *args],
+            cwd=ROOT,
+            env=self.process_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
     def beat(self, name: str, **env: str) -> Process:
         return self.start(
             name,

@@ -6,8 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 import uuid
@@ -17,7 +15,7 @@ import pytest
 
 from beat.api import Schedules
 from beat.store import Store
-from tests.e2e.cluster import ROOT, Cluster, Process, wait_until
+from tests.e2e.cluster import Cluster, Process, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -150,15 +148,7 @@ def test_a_triggered_run_shows_in_flower_under_the_printed_run_id(
     wait_until(lambda: cluster.leading_process() is not None, timeout=30)
     flower.wait_ready("worker1")
 
-    triggered = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "app", "schedules", "trigger", "by-hand", "--json"],
-        cwd=ROOT,
-        env=cluster.process_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    triggered = cluster.command("schedules", "trigger", "by-hand", "--json")
     assert triggered.returncode == 0, triggered.stderr
     run_id = json.loads(triggered.stdout)["id"]
 

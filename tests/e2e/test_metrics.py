@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import signal
 import socket
 import urllib.request
@@ -43,6 +44,17 @@ def scrape(port: int) -> Samples | None:
     }
 
 
+def listening_on(port: int) -> set[str]:
+    """The IPv4 addresses a socket listens on at ``port`` (from /proc/net/tcp)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            found.add(str(ipaddress.IPv4Address(bytes.fromhex(address)[::-1])))
+    return found
+
+
 def value(port: int, name: str, **labels: str) -> float | None:
     samples = scrape(port)
     return None if samples is None else samples.get((name, tuple(sorted(labels.items()))))
@@ -71,6 +83,10 @@ def test_each_beat_process_says_whether_it_leads(cluster: Cluster) -> None:
     wait_until(lambda: value(ports[leader.name], "habeat_leader") == 1.0, timeout=15)
     wait_until(lambda: value(ports[standby], "habeat_leader") == 0.0, timeout=15)
     assert (value(ports[leader.name], "habeat_leader_epoch") or 0) >= 1
+    # No authentication on the endpoint: by default only this host reaches it.
+    assert {port: listening_on(port) for port in ports.values()} == {
+        port: {"127.0.0.1"} for port in ports.values()
+    }
 
     leader.signal(signal.SIGTERM)  # a clean hand-over: the standby takes over
     wait_until(lambda: value(ports[standby], "habeat_leader") == 1.0, timeout=15)
@@ -83,6 +99,7 @@ def test_a_threads_worker_counts_its_runs_and_the_duplicates_it_refused(
     port = free_port()
     cluster.worker("worker1", concurrency=2, HABEAT_WORKER_METRICS_PORT=str(port))
     wait_until(lambda: scrape(port) is not None, timeout=30)
+    assert listening_on(port) == {"127.0.0.1"}
     task_id = str(uuid.uuid4())
     app = cluster.app()
     with app.producer_or_acquire() as producer:
@@ -145,3 +162,15 @@ def test_a_prefork_worker_without_multiprocess_mode_says_what_to_do(cluster: Clu
     )
     wait_until(lambda: scrape(port) is not None, timeout=30)
     wait_until(lambda: "PROMETHEUS_MULTIPROC_DIR" in worker.output(), timeout=10)
+
+
+def test_the_metrics_address_is_set_from_the_environment(cluster: Cluster) -> None:
+    port = free_port()
+    cluster.worker(
+        "worker1",
+        concurrency=1,
+        HABEAT_WORKER_METRICS_PORT=str(port),
+        HABEAT_METRICS_ADDRESS="0.0.0.0",  # for a Prometheus on another host
+    )
+    wait_until(lambda: scrape(port) is not None, timeout=30)
+    assert listening_on(port) == {"0.0.0.0"}
