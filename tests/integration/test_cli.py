@@ -27,6 +27,7 @@ from celery.bin.celery import celery as celery_main
 from celery.schedules import crontab
 from click.testing import CliRunner, Result
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from app.factory import create_app
 from beat import schema
@@ -288,6 +289,18 @@ def test_an_unreachable_database_exits_1_with_one_actionable_line(test_env: Sess
     [line] = result.stderr.splitlines()
     assert "is unreachable" in line
     assert "DATABASE_URL" in line
+
+
+def test_a_refused_login_names_the_credentials_not_a_server_to_start(
+    test_env: SessionEnv,
+) -> None:
+    refused = make_url(test_env.database_url).set(username="habeat_no_such_role")
+    app = create_app(test_env.settings(database_url=refused.render_as_string(False)))
+    result = invoke(app, "list", "--json")
+    assert result.exit_code == 1
+    [line] = result.stderr.splitlines()
+    assert "authentication failed, check the user and password in DATABASE_URL" in line
+    assert "docker compose" not in line
 
 
 # -- trigger -----------------------------------------------------------------------------------
