@@ -710,7 +710,8 @@ class Store(StoreConnection):
           does not count, up to ``MAX_INTERRUPTIONS``;
         - a ``queued`` or ``retrying`` run whose message a worker took (receipt
           lease, see ``beat.run_tracking``) but which that worker never started,
-          the lease having expired, goes back to the outbox (a retry at its time);
+          the lease having expired, goes back to the outbox (a retry at its time,
+          the times of the deliveries before it cleared);
         - a ``queued`` run published more than ``stale_queued_after`` seconds
           ago (its message is presumed gone from the broker) goes back to the
           outbox too; a duplicate message is refused by the worker's guard.
@@ -799,6 +800,16 @@ class Store(StoreConnection):
                 lease_expires_at=None,
                 # A retry is not published before it is due (the outbox waits for it).
                 not_before=func.greatest(runs.c.not_before, runs.c.retry_due_at),
+                # The run waits for a new delivery, due at that later time: the times of
+                # the deliveries before it (a publication and an attempt on time for the
+                # fire time, the receipt of a retry's message held for its countdown) are
+                # cleared, else the row pairs them with the retry's due time and reads as
+                # sent early. They are written again by this delivery: published_at by
+                # mark_published, or, if that is lost (PostgreSQL down just after the
+                # send), by the worker that takes the message (coalesce), never before it.
+                published_at=None,
+                received_at=None,
+                started_at=None,
             )
             .returning(*runs.c, func.now().label("now"))
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -258,3 +259,75 @@ def test_finding_2c_a_retry_delivered_before_its_attempt_ended_is_taken(
         "the first attempt's late record does not overwrite the retry that runs"
     )
     assert run_store.finish(run_id, owner="retry", state=RunState.SUCCEEDED)
+
+
+def _retry_held_by_a_dead_worker(run_store: RunStore, store: Store) -> uuid.UUID:
+    """A scheduled run published on time whose first attempt asks for a retry; the worker
+    holding the retry's message (Celery sends it at once, with its countdown) dies. The
+    reaper puts the run back in the outbox, due at its retry time, and publishes it again.
+    Returns the run's ID."""
+    from tests.integration.test_store import planner
+
+    Schedules(store).create("retrying", "t", at=datetime.now(UTC), allow_unregistered=True)
+    assert store.take_leadership(1, "leader")
+    claim = store.claim_due(1, batch=10, plan=planner)
+    [run] = claim.runs
+    assert store.mark_published([run.id]) == 1  # on time: at its fire time or after
+    assert run_store.note_received(run.id, owner="a:received", worker="a", lease_seconds=30)
+    assert isinstance(start(run_store, run.id, "a", may_create=False), Started)
+    assert run_store.finish(run.id, owner="a", state=RunState.RETRYING, retries=1, retry_in=0.3)
+    # Worker b takes the retry's message (held until its countdown ends), then is killed.
+    assert run_store.note_received(run.id, owner="b:received", worker="b", lease_seconds=30)
+    [before] = run_rows(store)
+    expire_leases(store)
+    time.sleep(0.4)  # past the retry's due time: the reaper publishes it at once
+    reclaim = store.reclaim(1, stale_queued_after=3600, limit=100)
+    assert [again.id for again in reclaim.runs] == [run.id]
+    [row] = run_rows(store)
+    assert row.state == RunState.PENDING.value
+    assert row.not_before == row.retry_due_at > before.published_at, "due at its retry time"
+    return run.id
+
+
+def test_finding_chaos_early_a_republished_retry_keeps_no_time_of_the_delivery_before_it(
+    run_store: RunStore, store: Store
+) -> None:
+    """Chaos run 20261204: the reaper published a retry again (its worker had died holding
+    the retry's message) and PostgreSQL crashed before the leader marked it published.
+    The next delivery was taken by a worker, whose guard keeps a recorded publish time
+    (coalesce): the row then paired the first publication (on time for the fire time) with
+    the retry's due time, and read as published 1.082 s before it was due."""
+    from tests.chaos.checks import Verdict, _check_never_early
+
+    run_id = _retry_held_by_a_dead_worker(run_store, store)
+    # Published again, but the leader's mark is lost (PostgreSQL crashed); the worker that
+    # takes the message cannot record its receipt either, then starts it.
+    assert start(run_store, run_id, "c", retries=1, may_create=False) == Started(attempt=2)
+    assert run_store.finish(run_id, owner="c", state=RunState.SUCCEEDED)
+
+    [row] = run_rows(store)
+    assert row.published_at is not None, "the worker that took the message records it"
+    assert row.published_at >= row.not_before
+    assert row.received_at is None
+    assert row.started_at >= row.not_before
+    verdict = Verdict()
+    _check_never_early(verdict, [row])
+    assert verdict.early == []
+
+
+def test_a_retry_put_back_in_the_outbox_that_never_starts_again_reads_as_never_early(
+    run_store: RunStore, store: Store
+) -> None:
+    """The reaper's republished retry expires before any worker starts it: the row keeps no
+    time of the attempt before (started before the retry was due)."""
+    from tests.chaos.checks import Verdict, _check_never_early
+
+    run_id = _retry_held_by_a_dead_worker(run_store, store)
+    assert run_store.record_expired(run_id, reason="expired")
+
+    [row] = run_rows(store)
+    assert row.state == RunState.EXPIRED.value
+    verdict = Verdict()
+    _check_never_early(verdict, [row])
+    assert verdict.early == []
+    assert (row.attempt, row.retries) == (1, 1), "the attempt that ran is still counted"
