@@ -69,11 +69,17 @@ def assert_each_run_executed_once(cluster: Cluster, store: Store) -> None:
     published = [row for row in run_rows(store, task="e2e.record") if row.state != "pending"]
     run_ids = {str(row.id) for row in published}
     wait_until(lambda: set(cluster.effects()) >= run_ids, timeout=60, interval=0.5)
+
+    def states_of_those_runs() -> set[str]:
+        # A beat may still lead and publish more runs: only those read above are judged.
+        return {row.state for row in run_rows(store, task="e2e.record") if str(row.id) in run_ids}
+
+    # The effect commits with the run's completion record, but it is read apart from it.
+    wait_until(lambda: states_of_those_runs() == {RunState.SUCCEEDED.value}, timeout=10)
     effects = cluster.effects()
-    assert set(effects) == run_ids, "executions of runs that do not exist"
+    existing = {str(row.id) for row in run_rows(store, task="e2e.record")}
+    assert set(effects) <= existing, "executions of runs that do not exist"
     assert max(effects.values()) == 1, "a run executed twice"
-    states = {row.state for row in run_rows(store, task="e2e.record")} - {RunState.PENDING.value}
-    assert states == {RunState.SUCCEEDED.value}
 
 
 @pytest.mark.parametrize("beats", [2, 3])
