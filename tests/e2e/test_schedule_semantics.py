@@ -19,14 +19,18 @@ from tests.integration.helpers import run_rows
 
 pytestmark = pytest.mark.e2e
 
-GRACE = 60.0
+#: The schedules fire every PERIOD seconds; no beat runs for DOWNTIME seconds, so
+#: several fire times are missed, those older than GRACE at the claim being misfires.
+PERIOD = 5
+DOWNTIME = 32
+GRACE = 12.0
 
 
 def rows_of(store: Store, name: str) -> list[Any]:
     return [row for row in run_rows(store) if row.schedule_name == name]
 
 
-def test_misfire_policies_after_three_minutes_without_a_beat(
+def test_misfire_policies_after_half_a_minute_without_a_beat(
     cluster: Cluster, store: Store
 ) -> None:
     cluster.settings = {"HABEAT_MISFIRE_GRACE": str(GRACE), "HABEAT_LOCK_TTL": "3"}
@@ -35,7 +39,7 @@ def test_misfire_policies_after_three_minutes_without_a_beat(
         schedules.create(
             f"minutely-{policy}",
             "e2e.record",
-            cron="* * * * *",
+            cron=f"*/{PERIOD} * * * * *",
             args=[policy],
             misfire_policy=policy,
             allow_unregistered=True,
@@ -46,18 +50,21 @@ def test_misfire_policies_after_three_minutes_without_a_beat(
     beat.signal(signal.SIGTERM)  # every beat is down from here
     beat.popen.wait(timeout=15)
     down_from = store.now()
-    time.sleep(180)
+    time.sleep(DOWNTIME)
     cluster.beat("beat1")
     wait_until(lambda: len(rows_of(store, "minutely-skip")) > 0, timeout=30)
     claimed_at = rows_of(store, "minutely-skip")[0].claimed_at
     cluster.stop_all()
 
-    # The fire times no beat was there for: every minute from the first one after the stop.
+    # The fire times no beat was there for: every PERIOD s from the first one after the stop.
     missed: list[datetime] = []
-    moment = max(first_fire, down_from.replace(second=0, microsecond=0) + timedelta(minutes=1))
+    step = timedelta(seconds=PERIOD)
+    after_stop = down_from.replace(microsecond=0) + timedelta(seconds=1)
+    after_stop += timedelta(seconds=-after_stop.second % PERIOD)
+    moment = max(first_fire, after_stop)
     while moment <= claimed_at:
         missed.append(moment)
-        moment += timedelta(minutes=1)
+        moment += step
     late = [t for t in missed if t <= claimed_at - timedelta(seconds=GRACE)]
     on_time = [t for t in missed if t not in late]
     print(f"missed {len(missed)} fire times: {len(late)} misfires, {len(on_time)} on time")
