@@ -16,7 +16,11 @@ kombu's Redis transport, as this module reads it (kombu/transport/redis.py):
   consumed from the tail (BRPOP);
 - a message delivered to a consumer that has not acked it yet is a field of the
   ``unacked`` hash (key ``unacked_key``), its value the JSON
-  ``[message, exchange, routing_key]``;
+  ``[message, exchange, routing_key]``, its field the delivery tag; the same tag
+  is a member of the ``unacked_index`` sorted set (``unacked_index_key``), scored
+  with the time of the delivery (the consumer's ``time.time()``), written with
+  the hash entry in one transaction (``QoS.append``); kombu moves it back to its
+  queue once it is older than the visibility timeout (``restore_visible``);
 - every key carries ``global_keyprefix`` (a transport option);
 - a message is a JSON envelope whose body is base64: the only ``"id"`` keys in
   it are its headers' (the task ID, protocol 2) and any that a caller put in
@@ -85,6 +89,7 @@ def held_task_ids(
     queues: Collection[str],
     task_ids: Collection[str],
     *,
+    delivered_since: float | None = None,
     page_size: int = PAGE_SIZE,
 ) -> set[str] | None:
     """The IDs among ``task_ids`` whose message the broker holds: waiting in one
@@ -93,6 +98,15 @@ def held_task_ids(
     (``ack_emulation`` off): the broker's content cannot be read, nothing is
     known. Connects with the app's broker settings (URL, TLS, credentials,
     ``broker_transport_options``).
+
+    ``delivered_since`` (seconds since the epoch): a delivery older than this
+    does not count (its ``unacked_index`` score is earlier): the message is held
+    only by the unacked hash, for a consumer that may be dead, until kombu
+    restores it after the visibility timeout. An ID is then held if its message
+    waits in a queue or one of its deliveries (several under one task ID, once a
+    run was published again) is that recent. An entry without a score (none
+    that kombu writes) counts as recent. None (the default): every delivery
+    counts.
 
     Reads at most ``page_size`` messages per round trip, the lists from their
     head (newest) to their tail, then the unacked hash, and stops once every ID
@@ -127,8 +141,15 @@ def held_task_ids(
         # keys are prefixed here, since kombu's own client prefixes only the
         # commands kombu sends (not LRANGE or HSCAN).
         client = redis.Redis(connection_pool=channel.client.connection_pool)
-        unacked = channel.global_keyprefix + channel.unacked_key
-        return _find(wanted, _pages(client, _queue_keys(channel, queues), unacked, page_size))
+        prefix = channel.global_keyprefix
+        missing = wanted - _find(wanted, _lists(client, _queue_keys(channel, queues), page_size))
+        for entries in _hash_pages(client, prefix + channel.unacked_key, page_size):
+            if not missing:
+                break
+            missing -= _delivered(
+                client, prefix + channel.unacked_index_key, entries, missing, delivered_since
+            )
+        return wanted - missing
 
 
 def _registered_task(app: Any, task: str) -> Any:
@@ -190,13 +211,10 @@ def _queue_keys(channel: Any, queues: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
-def _pages(
-    client: redis.Redis, lists: Iterable[str], unacked: str, page_size: int
-) -> Iterator[list[bytes]]:
-    """Raw messages, a page at a time: the lists first, then the unacked hash."""
+def _lists(client: redis.Redis, lists: Iterable[str], page_size: int) -> Iterator[list[bytes]]:
+    """Raw messages of ``lists``, a page at a time."""
     for key in lists:
         yield from _list_pages(client, key, page_size)
-    yield from _hash_pages(client, unacked, page_size)
 
 
 def _list_pages(client: redis.Redis, key: str, page_size: int) -> Iterator[list[bytes]]:
@@ -212,16 +230,46 @@ def _list_pages(client: redis.Redis, key: str, page_size: int) -> Iterator[list[
         start += page_size
 
 
-def _hash_pages(client: redis.Redis, key: str, page_size: int) -> Iterator[list[bytes]]:
+def _hash_pages(client: redis.Redis, key: str, page_size: int) -> Iterator[dict[bytes, bytes]]:
+    """The unacked hash's entries (delivery tag: raw ``[message, exchange, routing_key]``),
+    a page at a time."""
     cursor = 0
     while True:
         cursor, entries = cast(
             tuple[int, dict[bytes, bytes]], client.hscan(key, cursor, count=page_size)
         )
         if entries:
-            yield list(entries.values())
+            yield entries
         if cursor == 0:
             return
+
+
+def _delivered(
+    client: redis.Redis,
+    index: str,
+    entries: dict[bytes, bytes],
+    wanted: set[str],
+    since: float | None,
+) -> set[str]:
+    """The IDs of ``wanted`` that ``entries`` (unacked) hold: delivered at or after
+    ``since`` (their score in the sorted set ``index``), or at any time if it is None."""
+    found = {
+        tag: ids for tag, raw in entries.items() if (ids := wanted.intersection(_task_ids([raw])))
+    }
+    if since is None or not found:
+        return set().union(*found.values())
+    with client.pipeline(transaction=False) as pipe:
+        for tag in found:
+            pipe.zscore(index, tag)
+        scores = cast(list[float | None], pipe.execute())
+    # No score: acked (or restored) since the hash was read, or not written by kombu;
+    # held as far as this look can tell.
+    return {
+        task_id
+        for ids, score in zip(found.values(), scores, strict=True)
+        if score is None or score >= since
+        for task_id in ids
+    }
 
 
 def _find(wanted: set[str], pages: Iterable[list[bytes]]) -> set[str]:

@@ -12,6 +12,14 @@ publishes again only the runs whose message is missing in two looks at least
 ``CONFIRM_AFTER`` seconds apart: a message in flight between the queue and
 the unacknowledged hash is missing from both for a moment, never for seconds.
 
+A message can also be stranded in kombu's unacknowledged hash: a worker took it
+and was killed before its ``task_received`` handler (``beat.run_tracking``)
+recorded the receipt. The run is still ``queued``, with no receipt lease for
+the reaper to see expire, and kombu hands the message back only after the
+visibility timeout. So a delivery older than ``UNRECORDED_AFTER`` counts as
+missing for a run no worker recorded (the only runs looked for): see
+``LostMessages._missing``.
+
 A run whose ``expires`` has passed is ended ``expired`` instead: published
 again it would only be discarded, or run late. Brokers whose queues cannot be
 read (RabbitMQ) keep the visibility-timeout rule of the reaper.
@@ -41,6 +49,16 @@ UNTAKEN_AFTER = 30.0
 CHECK_INTERVAL = 10.0
 #: A message must be missing in two looks at least this far apart (seconds).
 CONFIRM_AFTER = 5.0
+#: A run's message delivered to a worker this long ago, the receipt still not recorded,
+#: counts as missing (seconds since kombu's delivery, its ``unacked_index`` score). A
+#: live worker writes the receipt in the main process right after the delivery (the
+#: ``task_received`` signal, before the request is reserved): one PostgreSQL statement.
+#: The bound is the one a publication gets (``UNTAKEN_AFTER``): generous against a slow
+#: PostgreSQL and against clock skew between a worker and the leader (the score is the
+#: worker's wall clock), and with the confirmation a copy is sent some 40 s after the
+#: delivery instead of an hour. Too short is not unsafe, only wasteful (see
+#: ``LostMessages._missing``).
+UNRECORDED_AFTER = UNTAKEN_AFTER
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,9 +76,16 @@ class Recovery:
 class LostMessages:
     """The leader's search for lost messages (see the module docstring)."""
 
-    def __init__(self, app: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.app = app
         self._clock = clock
+        self._wall_clock = wall_clock
         self._missing_since: dict[uuid.UUID, float] = {}
         self._next_look = 0.0
 
@@ -98,7 +123,24 @@ class LostMessages:
         return Recovery(republish=republish, expired=ended, suspected=len(self._missing_since))
 
     def _missing(self, waiting: list[RunToPublish]) -> set[uuid.UUID] | None:
-        """The runs whose message the broker does not hold; None if it cannot tell."""
+        """The runs whose message the broker does not hold; None if it cannot tell.
+
+        ``waiting`` are runs no worker recorded (no receipt, no lease). A delivery of
+        one older than ``UNRECORDED_AFTER`` does not hold it: its worker died before
+        recording the receipt (or cannot reach PostgreSQL), and the run is sent again
+        like a lost one. That is safe, whoever holds the old delivery:
+
+        - the worker is dead: kombu restores the message after the visibility timeout;
+          it then meets a run taken or finished, which the worker's receipt check (a
+          plain task: ``receive_plain`` refuses it) or the guard (``IdempotentTask``)
+          drops;
+        - the worker lives but its receipt write failed (PostgreSQL down): for a
+          guarded task it may still run the task, and the copy meets the guard, which
+          lets one of the two deliveries start the run and refuses the other; a plain
+          task never runs without its receipt (``_hold_received_run`` hands the message
+          back to the queue when ``receive_plain`` fails), and whichever delivery takes
+          the run first, the other is refused at receipt.
+        """
         queues: dict[uuid.UUID, str] = {}
         for run in waiting:
             queue = queue_of(self.app, run.task, run.options, args=run.args, kwargs=run.kwargs)
@@ -108,7 +150,10 @@ class LostMessages:
             return set()
         looked_for = [run for run in waiting if run.id in queues]
         held = held_task_ids(
-            self.app, set(queues.values()), [run.celery_task_id for run in looked_for]
+            self.app,
+            set(queues.values()),
+            [run.celery_task_id for run in looked_for],
+            delivered_since=self._wall_clock() - UNRECORDED_AFTER,
         )
         if held is None:
             return None

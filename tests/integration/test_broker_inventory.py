@@ -257,3 +257,32 @@ def fill(client: redis.Redis, key: str, template: bytes, ids: list[str]) -> None
     text = template.decode()
     for start in range(0, len(ids), 5000):
         client.lpush(key, *(text.format(id=task_id) for task_id in ids[start : start + 5000]))
+
+
+def test_finding_chaos_seed_1_a_delivery_older_than_delivered_since_does_not_hold_its_message(
+    app: Celery, test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    """A message left in the unacked hash by a consumer that died holds it only as long as
+    the caller allows: its ``unacked_index`` score is the time of the delivery."""
+    stranded, recent, waiting = publish(app), publish(app), publish(app)
+    index = f"{test_env.broker_key_prefix}unacked_index"
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        tags = {
+            message.headers["id"]: message.delivery_tag
+            for message in (channel.basic_get("celery", no_ack=False) for _ in range(2))
+        }
+        assert set(tags) == {stranded, recent}
+        redis_client.zadd(index, {tags[stranded]: time.time() - 600})
+        wanted = [stranded, recent, waiting]
+
+        assert held_task_ids(app, ["celery"], wanted) == set(wanted), "every delivery counts"
+        cutoff = time.time() - 60
+        assert held_task_ids(app, ["celery"], wanted, delivered_since=cutoff) == {
+            recent,
+            waiting,
+        }
+        # Published again under the same task ID: the copy in the queue holds it.
+        app.send_task(TASK, args=[1, 2], task_id=stranded)
+        assert held_task_ids(app, ["celery"], wanted, delivered_since=cutoff) == set(wanted)
+        channel.do_restore = False

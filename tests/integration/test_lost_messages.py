@@ -1,0 +1,167 @@
+"""The leader's search for lost messages (``beat.lost_messages``) against real Redis and
+PostgreSQL: runs published as the leader publishes them, messages taken with kombu's
+own channel, the leader's looks driven by a fake clock."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+import redis
+from celery import Celery
+from sqlalchemy import text
+
+from app.factory import create_app
+from beat import dispatch
+from beat.api import Schedules
+from beat.lost_messages import CHECK_INTERVAL, UNTAKEN_AFTER, LostMessages
+from beat.models import RunToPublish
+from beat.run_store import RunStore
+from beat.store import Store
+from beat.tables import RunState
+from tests.conftest import SessionEnv
+from tests.integration.helpers import run_rows
+from tests.integration.test_store import planner
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def app(test_env: SessionEnv, redis_client: redis.Redis) -> Iterator[Celery]:
+    app = create_app(test_env.settings())
+    yield app
+    app.close()
+
+
+class FakeClock:
+    """The leader's monotonic clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def published_run(app: Celery, store: Store, *, seconds_ago: float) -> RunToPublish:
+    """A run claimed, published and marked ``queued`` as the leader does it, its
+    publication moved ``seconds_ago`` into the past."""
+    Schedules(store).create(
+        f"s-{uuid.uuid4().hex[:8]}", "tasks.demo.add", at=datetime.now(UTC), allow_unregistered=True
+    )
+    assert store.take_leadership(1, "leader")
+    [run] = store.claim_due(1, batch=10, plan=planner).runs
+    assert dispatch.publish_runs(app, [run]).published == [run.id]
+    assert store.mark_published([run.id]) == 1
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE beat_runs SET published_at = now() - make_interval(secs => :ago)"),
+            {"ago": seconds_ago},
+        )
+    return run
+
+
+def taken_by_a_worker_that_dies(
+    app: Celery, test_env: SessionEnv, redis_client: redis.Redis, *, delivered_ago: float
+) -> str:
+    """A worker takes the oldest message of the ``celery`` queue and is SIGKILLed before its
+    ``task_received`` handler records the receipt: the message stays in kombu's unacked hash
+    (and ``unacked_index``, scored with the time of the delivery), until the visibility
+    timeout. Returns the message's task ID.
+
+    kombu's own channel takes it (RPOP, then ``QoS.append``: the hash entry and its score,
+    in one transaction, as for a BRPOP delivery); the death is that the channel never hands
+    it back (a clean close would restore it), and the delivery is moved ``delivered_ago``
+    seconds into the past."""
+    connection = app.connection_for_write()
+    channel = connection.default_channel
+    message = channel.basic_get("celery", no_ack=False)
+    assert message is not None
+    tag = message.delivery_tag
+    channel.do_restore = False  # killed: nothing is restored when the process goes
+    connection.release()
+    index = f"{test_env.broker_key_prefix}unacked_index"
+    score = redis_client.zscore(index, tag)
+    assert score is not None
+    assert abs(score - time.time()) < 5, "kombu scores the time of the delivery"
+    assert redis_client.hexists(f"{test_env.broker_key_prefix}unacked", tag)
+    redis_client.zadd(index, {tag: time.time() - delivered_ago})
+    assert redis_client.llen(f"{test_env.broker_key_prefix}celery") == 0
+    return str(message.headers["id"])
+
+
+def two_looks(lost: LostMessages, clock: FakeClock, store: Store) -> list[RunToPublish]:
+    """Two looks of the leader, as far apart as its check interval."""
+    first = lost.look(store, 1, limit=100, idle_timeout=10)
+    clock.now += CHECK_INTERVAL
+    assert lost.due()
+    second = lost.look(store, 1, limit=100, idle_timeout=10)
+    return [*first.republish, *second.republish]
+
+
+def test_finding_chaos_seed_1_a_message_taken_by_a_worker_killed_before_its_receipt_is_sent_again(
+    app: Celery, test_env: SessionEnv, store: Store, redis_client: redis.Redis
+) -> None:
+    """Chaos seed 1: a run stayed ``queued`` (attempt 0) for the whole quiescence. Its
+    message was delivered to a worker that was SIGKILLed before its ``task_received``
+    handler recorded the receipt: no receipt lease for the reaper, and the message sat in
+    kombu's unacked hash, which the leader counted as held by the broker, so it never sent
+    it again; kombu restores it only after the visibility timeout (an hour)."""
+    run = published_run(app, store, seconds_ago=UNTAKEN_AFTER + 30)
+    task_id = taken_by_a_worker_that_dies(
+        app, test_env, redis_client, delivered_ago=UNTAKEN_AFTER + 30
+    )
+    assert task_id == run.celery_task_id
+    clock = FakeClock()
+
+    republished = two_looks(LostMessages(app, clock=clock), clock, store)
+
+    assert [again.id for again in republished] == [run.id]
+    [row] = run_rows(store)
+    assert row.state == RunState.PENDING.value, "back in the outbox, to be published again"
+    assert row.attempt == 0
+
+
+def test_a_delivery_whose_receipt_may_still_be_written_is_left_alone(
+    app: Celery, test_env: SessionEnv, store: Store, redis_client: redis.Redis
+) -> None:
+    """A run published long ago (a long queue) whose message a live worker took a moment
+    ago: its receipt is on its way, the message is held."""
+    run = published_run(app, store, seconds_ago=600)
+    taken_by_a_worker_that_dies(app, test_env, redis_client, delivered_ago=1)
+    clock = FakeClock()
+
+    assert two_looks(LostMessages(app, clock=clock), clock, store) == []
+    [row] = run_rows(store)
+    assert (row.id, row.state) == (run.id, RunState.QUEUED.value)
+
+
+def test_an_old_delivery_does_not_hide_a_copy_waiting_in_the_queue(
+    app: Celery, test_env: SessionEnv, store: Store, redis_client: redis.Redis
+) -> None:
+    """The run was published again (same task ID) after a worker died holding it: the
+    copy waiting in the queue holds it, whatever the old delivery's age."""
+    run = published_run(app, store, seconds_ago=600)
+    taken_by_a_worker_that_dies(app, test_env, redis_client, delivered_ago=600)
+    assert dispatch.publish_runs(app, [run]).published == [run.id]
+    clock = FakeClock()
+
+    assert two_looks(LostMessages(app, clock=clock), clock, store) == []
+
+
+def test_a_run_whose_receipt_was_recorded_is_left_to_the_reaper(
+    app: Celery, test_env: SessionEnv, store: Store, redis_client: redis.Redis
+) -> None:
+    """The worker recorded the receipt (a lease) before it died: the reaper publishes the
+    run again once the lease expires, the search for lost messages does not."""
+    run = published_run(app, store, seconds_ago=600)
+    taken_by_a_worker_that_dies(app, test_env, redis_client, delivered_ago=600)
+    assert RunStore(store.engine).note_received(
+        run.id, owner="w:1:received", worker="w", lease_seconds=30
+    )
+    clock = FakeClock()
+
+    assert two_looks(LostMessages(app, clock=clock), clock, store) == []
