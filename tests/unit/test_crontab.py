@@ -5,7 +5,6 @@ that cannot be followed exactly are refused in one line saying what to use."""
 from __future__ import annotations
 
 import functools
-import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -13,22 +12,13 @@ from zoneinfo import ZoneInfo
 import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule, solar
-from hypothesis import HealthCheck, assume, event, given, note, settings
+from hypothesis import assume, event, given, note
 from hypothesis import strategies as st
 
 from beat.code_schedules import collect
 from beat.errors import ConfigError
 from beat.timing import Cron, Every, next_fire_after
-from tests.unit.test_timing import START_INSTANTS, occurrences, transitions
-
-#: Raise it for a long run: HABEAT_PROPERTY_EXAMPLES=20000 pytest tests/unit/test_crontab.py
-EXAMPLES = int(os.environ.get("HABEAT_PROPERTY_EXAMPLES", "200"))
-PROPERTY_SETTINGS = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,  # write nothing into the working tree
-    suppress_health_check=[HealthCheck.too_slow],
-)
+from tests.unit.test_timing import PROPERTY_SETTINGS, START_INSTANTS, occurrences, transitions
 
 BERLIN = ZoneInfo("Europe/Berlin")
 ZONES = [

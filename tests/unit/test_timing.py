@@ -5,6 +5,7 @@ from __future__ import annotations
 import calendar
 import functools
 import itertools
+import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -37,8 +38,10 @@ BERLIN = ZoneInfo("Europe/Berlin")
 LORD_HOWE = ZoneInfo("Australia/Lord_Howe")
 UTC_ZONE = ZoneInfo("UTC")
 
+#: Raise it for a long run of this module's and test_crontab's property tests, e.g.
+#: HABEAT_PROPERTY_EXAMPLES=20000 with --timeout=0 (pytest-timeout stops a test at 300 s).
 PROPERTY_SETTINGS = settings(
-    max_examples=200,
+    max_examples=int(os.environ.get("HABEAT_PROPERTY_EXAMPLES", "200")),
     deadline=None,
     database=None,  # write nothing into the working tree
     suppress_health_check=[HealthCheck.too_slow],
