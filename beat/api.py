@@ -52,7 +52,7 @@ def define(
     name: str,
     task: str,
     *,
-    cron: str | None = None,
+    cron: str | timing.Cron | None = None,
     every: float | timedelta | None = None,
     at: datetime | None = None,
     tz: str | None = None,
@@ -75,7 +75,8 @@ def define(
 ) -> ScheduleDefinition:
     """Validate a schedule; raise :class:`InvalidSchedule` naming the first problem.
 
-    Exactly one of ``cron`` (5 fields, or 6 with seconds first), ``every``
+    Exactly one of ``cron`` (5 fields, or 6 with seconds first; or a
+    :class:`beat.timing.Cron`, e.g. with ``both_days``), ``every``
     (seconds or a timedelta; first run at ``start_at`` if given, else one
     period from now), ``at`` (an aware datetime: one run, at once if it is
     past) and ``in_seconds`` (one run that many seconds from now). The window:
@@ -187,7 +188,7 @@ def first_fire_at(definition: ScheduleDefinition, now: datetime) -> datetime | N
 
 def _trigger(
     *,
-    cron: str | None,
+    cron: str | timing.Cron | None,
     every: float | timedelta | None,
     at: datetime | None,
     start_at: datetime | None,
@@ -201,6 +202,8 @@ def _trigger(
             "give exactly one of cron, every or at"
             + (f" (got {', '.join(given)})" if given else "")
         )
+    if isinstance(cron, timing.Cron):
+        return cron  # validated when it was built
     if cron is not None:
         return timing.parse_cron(cron)
     if every is not None:
@@ -509,7 +512,8 @@ def _redefine(
 def _trigger_fields(current: ScheduleDefinition) -> dict[str, Any]:
     trigger = current.trigger
     if isinstance(trigger, timing.Cron):
-        return {"cron": trigger.expression, "start_at": current.start_at}
+        # The trigger itself, so a change of anything else keeps its day rule.
+        return {"cron": trigger, "start_at": current.start_at}
     if isinstance(trigger, timing.Every):
         return {"every": trigger.seconds, "start_at": trigger.anchor}
     return {"at": trigger.at}

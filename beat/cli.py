@@ -813,7 +813,7 @@ def _not_checked(name: str, because: str) -> Check:
 def spec_text(schedule: Schedule) -> str:
     trigger = schedule.definition.trigger
     if isinstance(trigger, Cron):
-        return f"cron {trigger.expression}"
+        return f"cron {trigger.describe()}"
     if isinstance(trigger, Every):
         return f"every {trigger.seconds:g}s"
     assert isinstance(trigger, Once)

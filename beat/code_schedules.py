@@ -4,9 +4,11 @@ starts (``Store.sync_code_schedules``).
 
 ``beat_schedule`` entries take the usual Celery forms (``crontab(...)``,
 a number of seconds, a ``timedelta``, ``celery.schedules.schedule``) and also a
-cron string. Solar schedules are refused: they have no cron equivalent. An
-entry may also carry this scheduler's rules (``SCHEDULE_ENTRY_EXTRAS``:
-``misfire_policy``, ``overlap_policy``, ``jitter``, windows...).
+cron string. A ``crontab`` fires when Celery's would (every field must match,
+both day fields included); ``solar`` and ``relative=True`` are refused, each in
+one line saying what to use instead. An entry may also carry this scheduler's
+rules (``SCHEDULE_ENTRY_EXTRAS``: ``misfire_policy``, ``overlap_policy``,
+``jitter``, windows...).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from beat.errors import ConfigError, InvalidSchedule
 from beat.models import ScheduleDefinition
 from beat.store import definition_values
 from beat.tables import Origin
+from beat.timing import Cron
 
 #: Keys a ``beat_schedule`` entry may carry beyond Celery's own (our scheduling rules).
 SCHEDULE_ENTRY_EXTRAS = frozenset(
@@ -114,6 +117,10 @@ def definition_hash(definition: ScheduleDefinition) -> str:
     document = definition_values(definition)
     for column in ("anchor_at", "origin", "code_hash"):
         document.pop(column)
+    if not document["cron_both_days"]:
+        # A column added later: the schedules it does not concern keep their hash, so
+        # upgrading does not count them as changed.
+        document.pop("cron_both_days")
     encoded = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(encoded.encode()).hexdigest()
 
@@ -140,7 +147,7 @@ def _from_beat_schedule(
         "options": {k: v for k, v in (entry.get("options") or {}).items()},
         "tz": app_tz,
     }
-    fields |= _timing_of(entry["schedule"], where)
+    fields |= _timing_of(entry["schedule"], bool(entry.get("relative")), where)
     fields |= {key: entry[key] for key in SCHEDULE_ENTRY_EXTRAS if entry.get(key) is not None}
     unknown = sorted(
         set(entry)
@@ -152,45 +159,132 @@ def _from_beat_schedule(
     return _define(name, entry["task"], fields, where)
 
 
-def _timing_of(schedule: Any, where: str) -> dict[str, Any]:
-    """Translate a Celery schedule object into our timing fields."""
+def _timing_of(schedule: Any, relative: bool, where: str) -> dict[str, Any]:
+    """Translate a Celery schedule into our timing fields, or refuse it in one line
+    that says what to use instead: a schedule that would fire at other times than
+    under ``celery beat`` must not start."""
     from celery.schedules import crontab, solar
     from celery.schedules import schedule as interval_schedule
 
     if isinstance(schedule, str):
         return {"cron": schedule}
-    if isinstance(schedule, int | float | timedelta):
-        return {"every": schedule}
-    if isinstance(schedule, crontab):
-        # Read in the app's time zone (Celery's crontab has none of its own).
-        return {"cron": _crontab_expression(schedule)}
     if isinstance(schedule, solar):
-        raise ConfigError(f"{where}: solar schedules are not supported; use a cron expression")
+        raise ConfigError(
+            f"{where}: solar({schedule.event!r}, {schedule.lat}, {schedule.lon}) is not"
+            " supported (beat computes no sunrise or sunset times); use crontab() at a fixed"
+            " local time, e.g. crontab(hour=7, minute=0), with 'tz' set to the place's zone"
+        )
+    if isinstance(schedule, crontab):
+        _refuse_own_rules(schedule, crontab, where)
+        return {"cron": crontab_trigger(schedule, where)}
     if isinstance(schedule, interval_schedule):
-        return {"every": schedule.run_every}
+        _refuse_own_rules(schedule, interval_schedule, where)
+        relative, schedule = schedule.relative, schedule.run_every
+    if isinstance(schedule, int | float | timedelta):
+        # Celery applies an entry's 'relative' to numbers and timedeltas only.
+        if relative:
+            raise _relative_refusal(schedule, where)
+        return {"every": schedule}
+    kind = type(schedule)
     raise ConfigError(
-        f"{where}: unsupported schedule {schedule!r};"
-        " use crontab(), a number of seconds or a timedelta"
+        f"{where}: unsupported schedule of type {kind.__module__}.{kind.__qualname__};"
+        " use crontab(), schedule(run_every), a number of seconds, a timedelta or a cron string"
     )
 
 
-def _crontab_expression(schedule: Any) -> str:
-    parts = [
-        schedule._orig_minute,
-        schedule._orig_hour,
-        schedule._orig_day_of_month,
-        schedule._orig_month_of_year,
-        schedule._orig_day_of_week,
+#: What a Celery schedule's subclass may not change: when it is due.
+_TIMING_METHODS = ("is_due", "remaining_estimate", "remaining_delta")
+
+
+def _refuse_own_rules(schedule: Any, base: type, where: str) -> None:
+    """A subclass that decides differently when it is due (django-celery-beat's
+    TzAwareCrontab has its own zone) cannot be read from its fields."""
+    kind = type(schedule)
+    changed = [
+        name
+        for name in _TIMING_METHODS
+        if getattr(kind, name, None) is not getattr(base, name, None)
     ]
-    return " ".join(_crontab_field(part) for part in parts)
+    if changed:
+        raise ConfigError(
+            f"{where}: {kind.__qualname__} changes how {base.__name__}() decides when it is due"
+            f" ({', '.join(changed)}), which beat cannot follow; use celery.schedules."
+            f"{base.__name__} itself, with 'tz' for another zone"
+        )
 
 
-def _crontab_field(value: Any) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, set | frozenset | list | tuple):
-        return ",".join(str(item) for item in sorted(value))
-    return str(value).replace(" ", "")
+#: Celery rounds the next run of a relative interval (last run + interval) down to the
+#: midnight, hour or minute, by the interval's size: (seconds from, unit, the crontab).
+_RELATIVE_ROUNDING = (
+    (86400, "midnight", "crontab(minute=0, hour=0)"),
+    (3600, "hour", "crontab(minute=0)"),
+    (60, "minute", "crontab(minute='*/5')"),
+)
+
+
+def _relative_refusal(run_every: float | timedelta, where: str) -> ConfigError:
+    seconds = run_every.total_seconds() if isinstance(run_every, timedelta) else run_every
+    for limit, unit, example in _RELATIVE_ROUNDING:
+        if seconds >= limit:
+            return ConfigError(
+                f"{where}: relative=True is not supported (Celery rounds each run down to the"
+                f" {unit}, counting from when beat last ran); use crontab() for runs on the"
+                f" clock, e.g. {example}, or remove relative=True"
+            )
+    return ConfigError(
+        f"{where}: relative=True is not supported; below a minute Celery rounds only to the"
+        " second: remove relative=True"
+    )
+
+
+#: Celery's crontab attributes in cron's field order, with each field's values.
+_CRONTAB_FIELDS = (
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day_of_month", 1, 31),
+    ("month_of_year", 1, 12),
+    ("day_of_week", 0, 6),  # 0 is Sunday, as in cron
+)
+
+
+def crontab_trigger(schedule: Any, where: str) -> Cron:
+    """The trigger that fires when Celery's ``crontab`` ``schedule`` does, read in the
+    same zone (the app's, unless the entry sets 'tz').
+
+    Built from the sets Celery expands each field to, whatever the field was
+    written with (a string, a number, a set, a range()), so both read the same
+    values. Celery needs a day to match every field: ``both_days``.
+    """
+    fields = []
+    for name, low, high in _CRONTAB_FIELDS:
+        values = getattr(schedule, name)
+        if not values or not all(type(value) is int for value in values):
+            raise ConfigError(
+                f"{where}: crontab {name}={values!r} must hold whole numbers from {low} to"
+                f" {high}; give at least one"
+            )
+        fields.append(_cron_field(sorted(values), low, high))
+    return Cron(expression=" ".join(fields), both_days=True)
+
+
+def _cron_field(values: list[int], low: int, high: int) -> str:
+    """Sorted distinct ``values`` in a familiar spelling, for people to read: ``*``,
+    ``*/n``, ``a-b/n``, or a list of values and ranges."""
+    if values == list(range(low, high + 1)):
+        return "*"
+    step = values[1] - values[0] if len(values) > 2 else 0
+    if step > 1 and values == list(range(values[0], values[-1] + 1, step)):
+        whole_field = values[0] == low and values[-1] + step > high
+        return f"*/{step}" if whole_field else f"{values[0]}-{values[-1]}/{step}"
+    runs: list[list[int]] = []
+    for value in values:
+        if runs and value == runs[-1][-1] + 1:
+            runs[-1].append(value)
+        else:
+            runs.append([value])
+    return ",".join(
+        f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)) for run in runs
+    )
 
 
 def _define(

@@ -32,7 +32,7 @@ from beat import code_schedules, metrics
 from beat.api import first_fire_at
 from beat.config import BeatConfig
 from beat.dispatch import publish_at, publish_runs
-from beat.errors import HABeatError, LeaseUnavailable, StaleEpoch
+from beat.errors import ConfigError, HABeatError, LeaseUnavailable, StaleEpoch
 from beat.leader import DRIFT_MARGIN, LeaderLease
 from beat.lost_messages import LostMessages
 from beat.models import DueSchedule, FirePlan, Quarantine, RunToPublish, UnpublishableRun
@@ -57,6 +57,8 @@ LEASE_EXPIRY_MARGIN = 0.05
 BURST_MAINTENANCE_INTERVAL = 1.0
 #: A failure that repeats is logged again at most this often (seconds).
 REPEAT_LOG_INTERVAL = 30.0
+#: Beat's exit status when a code schedule is refused at start (a usage error, as click's).
+CONFIG_ERROR_EXIT_STATUS = 2
 
 
 class _ErrorReporter:
@@ -137,13 +139,21 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
     # -- celery.beat.Scheduler interface -------------------------------------------
 
     def setup_schedule(self) -> None:
-        """Validate code-defined schedules now, so a broken one stops beat at start."""
+        """Validate code-defined schedules now, so a broken one stops beat at start:
+        one line naming the entry and the fix, exit status 2 (a usage error)."""
         self.app.loader.import_default_modules()
-        self._code = code_schedules.collect(
-            self.app,
-            default_tz=self.config.default_timezone,
-            defaults=self.config.schedule_defaults(),
-        )
+        try:
+            self._code = code_schedules.collect(
+                self.app,
+                default_tz=self.config.default_timezone,
+                defaults=self.config.schedule_defaults(),
+            )
+        except ConfigError as exc:
+            # Raised, it would reach Celery's beat, which logs it with its traceback
+            # and lets it through to stderr, which beat logs one write at a time: a
+            # screen of one-character lines burying the message.
+            logger.critical("beat cannot start: %s", exc)
+            raise SystemExit(CONFIG_ERROR_EXIT_STATUS) from None
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass of the loop; returns 0 (it waited itself) or a back-off delay."""

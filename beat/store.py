@@ -1090,6 +1090,7 @@ def _due_query(batch: int) -> Any:
             schedules.c.task,
             schedules.c.trigger_kind,
             schedules.c.cron,
+            schedules.c.cron_both_days,
             schedules.c.every_seconds,
             schedules.c.anchor_at,
             schedules.c.run_at,
@@ -1206,6 +1207,7 @@ _ADVANCE = (
 TIMING_COLUMNS = (
     "trigger_kind",
     "cron",
+    "cron_both_days",
     "every_seconds",
     "anchor_at",
     "run_at",
@@ -1251,16 +1253,26 @@ def _with_stored_anchor(definition: ScheduleDefinition, row: Row[Any]) -> Schedu
 def _trigger_from_row(row: Row[Any]) -> Trigger:
     kind = TriggerKind(row.trigger_kind)
     if kind is TriggerKind.CRON:
-        return Cron(expression=row.cron)
+        return Cron(expression=row.cron, both_days=row.cron_both_days)
     if kind is TriggerKind.EVERY:
         return Every(seconds=row.every_seconds, anchor=row.anchor_at)
     return Once(at=row.run_at)
 
 
 def _trigger_values(trigger: Trigger) -> dict[str, Any]:
-    blank: dict[str, Any] = {"cron": None, "every_seconds": None, "anchor_at": None, "run_at": None}
+    blank: dict[str, Any] = {
+        "cron": None,
+        "cron_both_days": False,
+        "every_seconds": None,
+        "anchor_at": None,
+        "run_at": None,
+    }
     if isinstance(trigger, Cron):
-        return blank | {"trigger_kind": TriggerKind.CRON.value, "cron": trigger.expression}
+        return blank | {
+            "trigger_kind": TriggerKind.CRON.value,
+            "cron": trigger.expression,
+            "cron_both_days": trigger.both_days,
+        }
     if isinstance(trigger, Every):
         return blank | {
             "trigger_kind": TriggerKind.EVERY.value,

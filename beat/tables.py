@@ -108,6 +108,9 @@ schedules = Table(
     Column("task", Text, nullable=False),
     Column("trigger_kind", Text, nullable=False),
     Column("cron", Text),
+    #: When both day fields of ``cron`` are restricted, a day must match both (how
+    #: Celery's crontab reads them) rather than either (cron's own rule).
+    Column("cron_both_days", Boolean, nullable=False, server_default=text("false")),
     Column("every_seconds", Double),
     Column("anchor_at", TZ),
     Column("run_at", TZ),

@@ -5,7 +5,9 @@ Three triggers:
 * ``Cron``: a cron expression read in the local wall time of the schedule's zone,
   5 fields ``minute hour day month weekday`` or 6 with seconds first
   (``second minute hour day month weekday``, the Quartz/Spring order). When both
-  day fields are restricted a day matching either one fires (Vixie cron).
+  day fields are restricted a day matching either one fires (Vixie cron), or,
+  with ``both_days``, only a day matching both (how Celery's ``crontab`` reads
+  them: ``beat_schedule`` entries keep that meaning).
 * ``Every``: ``anchor + k * seconds`` for every integer ``k >= 0``: elapsed time,
   so daylight saving time never moves it.
 * ``Once``: one instant.
@@ -118,14 +120,30 @@ _FIELD_VALUES: Final = {
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Cron:
-    """A cron expression, validated and normalised (aliases expanded, single spaces)."""
+    """A cron expression, validated and normalised (aliases expanded, single spaces).
+
+    ``both_days``: when both day fields are restricted, a day must match both
+    (Celery's ``crontab``), not either (cron). It is kept only where it changes
+    something, so two Crons that fire alike compare equal.
+    """
 
     expression: str
+    both_days: bool = False
 
     def __post_init__(self) -> None:
         # Validating here as well as in parse_cron means that no invalid Cron can
         # exist, whichever way it was built (e.g. from a database row).
-        object.__setattr__(self, "expression", _compile(_checked_text(self.expression)).expression)
+        if not isinstance(self.both_days, bool):
+            raise InvalidSchedule(f"both_days must be True or False, got {self.both_days!r}")
+        compiled = _compile(_checked_text(self.expression), self.both_days)
+        object.__setattr__(self, "expression", compiled.expression)
+        object.__setattr__(self, "both_days", compiled.both_days)
+
+    def describe(self) -> str:
+        """The expression as people read it, saying so when both day fields must match."""
+        if self.both_days:
+            return f"{self.expression} (day of month and day of week both match)"
+        return self.expression
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -252,7 +270,8 @@ class _DayRule:
 
     A field written ``*`` (or ``?``) does not restrict; when both restrict, a
     day matching either one is selected (Vixie cron), whatever the values are
-    written with (``1#2``, ``L``, ``15W`` included).
+    written with (``1#2``, ``L``, ``15W`` included), unless ``both_days`` asks
+    for a day matching both.
     """
 
     days_of_month: frozenset[int]
@@ -263,13 +282,14 @@ class _DayRule:
     last_weekdays: frozenset[int]  # L5 is 5
     month_restricts: bool
     week_restricts: bool
+    both_days: bool
 
     def days_in(self, first_weekday: int, length: int) -> tuple[int, ...]:
         """The selected days of a month of ``length`` days whose 1st falls on
         ``first_weekday`` (Monday 0, as ``calendar.monthrange`` gives it)."""
         by_month = self._by_day_of_month(first_weekday, length)
         by_week = self._by_day_of_week(first_weekday, length)
-        if self.month_restricts and self.week_restricts:
+        if self.month_restricts and self.week_restricts and not self.both_days:
             return tuple(sorted(by_month | by_week))
         return tuple(sorted(by_month & by_week))
 
@@ -321,6 +341,7 @@ class _WallClockCron:
     minutes: tuple[int, ...]
     hours: tuple[int, ...]
     months: frozenset[int]
+    both_days: bool  # both day fields restrict, and a day must match both
     # Selected days by the shape of a month: (weekday of its 1st, its length).
     # There are only 28 shapes, so every month is a lookup.
     days_by_month_shape: Mapping[tuple[int, int], tuple[int, ...]]
@@ -398,24 +419,26 @@ def _checked_text(expression: object) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _compile(expression: str) -> _WallClockCron:
+def _compile(expression: str, both_days: bool = False) -> _WallClockCron:
     """Validate ``expression`` once; the scheduler asks about the same few expressions."""
     fields = _fields_of(expression)
     _reject_hash_and_random(expression, fields)
     seconds_first = len(fields) == 6
     _check_each_field(expression, fields, seconds_first)
-    cron = _wall_clock_cron(expression, fields, seconds_first)
+    cron = _wall_clock_cron(expression, fields, seconds_first, both_days)
     _check_it_fires(expression, cron)
     return cron
 
 
-def _wall_clock_cron(expression: str, fields: list[str], seconds_first: bool) -> _WallClockCron:
+def _wall_clock_cron(
+    expression: str, fields: list[str], seconds_first: bool, both_days: bool
+) -> _WallClockCron:
     """The sets of values of fields croniter accepted."""
     lowered = [field.lower() for field in fields]
     second = lowered[0] if seconds_first else "0"
     minute, hour, day_of_month, month, day_of_week = lowered[-5:]
     try:
-        day_rule = _day_rule(day_of_month, day_of_week)
+        day_rule = _day_rule(day_of_month, day_of_week, both_days)
         return _WallClockCron(
             expression=" ".join(fields),
             seconds_first=seconds_first,
@@ -424,6 +447,7 @@ def _wall_clock_cron(expression: str, fields: list[str], seconds_first: bool) ->
             minutes=_sorted_values(minute, 0, 59),
             hours=_sorted_values(hour, 0, 23),
             months=frozenset(_field_values(month, 1, 12, _MONTH_NAMES)),
+            both_days=day_rule.both_days,
             days_by_month_shape={
                 (first_weekday, length): day_rule.days_in(first_weekday, length)
                 for first_weekday in range(7)
@@ -552,11 +576,14 @@ def _value(text: str, names: Mapping[str, int]) -> int:
     return names[text] if text in names else int(text)
 
 
-def _day_rule(day_of_month: str, day_of_week: str) -> _DayRule:
+def _day_rule(day_of_month: str, day_of_week: str, both_days: bool) -> _DayRule:
     days_of_month, last_day_of_month, nearest_weekday_to = _read_day_of_month(day_of_month)
     weekdays, nth_weekdays, last_weekdays = _read_day_of_week(day_of_week)
     month_restricts = day_of_month not in ("*", "?")
     week_restricts = day_of_week not in ("*", "?")
+    # With a day field unrestricted, "both" and "either" select the same days:
+    # say "both" only where it means something.
+    both_days = both_days and month_restricts and week_restricts
     return _DayRule(
         days_of_month=frozenset(days_of_month if month_restricts else range(1, 32)),
         last_day_of_month=last_day_of_month,
@@ -566,6 +593,7 @@ def _day_rule(day_of_month: str, day_of_week: str) -> _DayRule:
         last_weekdays=frozenset(last_weekdays),
         month_restricts=month_restricts,
         week_restricts=week_restricts,
+        both_days=both_days,
     )
 
 
@@ -700,7 +728,7 @@ def next_fire_after(trigger: Trigger, zone: ZoneInfo, after: datetime) -> dateti
     if isinstance(trigger, Once):
         return trigger.at if trigger.at > after else None
     if isinstance(trigger, Cron):
-        return _next_cron_fire(_compile(trigger.expression), zone, after)
+        return _next_cron_fire(_compile(trigger.expression, trigger.both_days), zone, after)
     assert_never(trigger)
 
 

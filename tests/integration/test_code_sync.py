@@ -1,18 +1,24 @@
 """Syncing code schedules across a deploy: fire times missed while every beat was
-down are handled by the misfire policy, whatever changed in the code."""
+down are handled by the misfire policy, whatever changed in the code; a crontab()
+keeps Celery's reading of its day fields through the database."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
+from celery.schedules import crontab
+from sqlalchemy import text
 
+from app.cli import spec_text
 from beat.api import Schedules
 from beat.scheduler import HAScheduler
 from beat.store import Store
 from beat.tables import RunState
+from beat.timing import Cron, next_fire_after
 from tests.integration.helpers import make_due, run_rows
 
 pytestmark = pytest.mark.integration
@@ -82,3 +88,64 @@ def test_finding_6_a_timing_change_still_handles_the_fire_time_missed_under_the_
     assert {row.state for row in rows} == {RunState.QUEUED.value}
     job = Schedules(store).get("job")
     assert job.next_fire_at == missed_from + timedelta(seconds=40), "the interval keeps its phase"
+
+
+# A crontab() whose day fields are both restricted needs a day matching both.
+
+BERLIN = ZoneInfo("Europe/Berlin")
+FIRST_MONDAY = Cron(expression="0 9 1-7 * 1", both_days=True)
+
+
+def first_monday_code() -> dict[str, Any]:
+    schedule = crontab(minute=0, hour=9, day_of_month="1-7", day_of_week="mon")
+    return {
+        "timezone": "Europe/Berlin",
+        "beat_schedule": {"job": {"task": "tasks.demo.add", "schedule": schedule}},
+    }
+
+
+def test_a_first_monday_crontab_is_stored_shown_and_claimed_as_both_days(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
+    first = make_scheduler(first_monday_code())
+    first.tick()
+    first.close()
+    job = Schedules(store).get("job")
+    assert job.definition.trigger == FIRST_MONDAY
+    assert spec_text(job) == "cron 0 9 1-7 * 1 (day of month and day of week both match)"
+    assert job.next_fire_at == next_fire_after(FIRST_MONDAY, BERLIN, job.created_at)
+
+    make_due(store, seconds_ago=5)  # the claim reads the trigger from its own query
+    make_scheduler(first_monday_code()).tick()
+    [run] = run_rows(store)
+    assert Schedules(store).get("job").next_fire_at == next_fire_after(
+        FIRST_MONDAY, BERLIN, run.fire_at
+    )
+
+
+def test_a_crontab_synced_by_the_either_reading_is_synced_again(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
+    make_scheduler(first_monday_code()).tick()
+    either = Cron(expression="0 9 1-7 * mon")
+    with store.engine.begin() as conn:  # as the code before both_days stored it
+        conn.execute(
+            text(
+                "UPDATE beat_schedules SET cron = :cron, cron_both_days = false,"
+                " code_hash = 'before', next_fire_at = :next"
+            ),
+            {"cron": either.expression, "next": next_fire_after(either, BERLIN, store.now())},
+        )
+
+    make_scheduler(first_monday_code()).tick()
+    job = Schedules(store).get("job")
+    assert job.definition.trigger == FIRST_MONDAY
+    assert job.next_fire_at == next_fire_after(FIRST_MONDAY, BERLIN, store.now())
+
+
+def test_a_change_of_anything_else_keeps_both_days(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
+    make_scheduler(first_monday_code()).tick()
+    Schedules(store).update("job", options={"queue": "reports"})
+    assert Schedules(store).get("job").definition.trigger == FIRST_MONDAY

@@ -265,12 +265,14 @@ def test_beat_schedule_entries_carry_the_scheduling_rules(
 
 
 def test_a_beat_schedule_entry_with_an_unknown_key_stops_beat_at_start(
-    make_scheduler: SchedulerFactory,
+    make_scheduler: SchedulerFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from beat.errors import ConfigError
-
-    with pytest.raises(ConfigError, match=r"beat_schedule\['x'\]: unknown key\(s\) overlap"):
+    with pytest.raises(SystemExit) as stopped:
         make_scheduler({"beat_schedule": {"x": {"task": "t", "schedule": 5.0, "overlap": "skip"}}})
+
+    assert stopped.value.code == 2
+    [record] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert record.getMessage() == "beat cannot start: beat_schedule['x']: unknown key(s) overlap"
 
 
 FINISHED = sorted(state.value for state in FINISHED_STATES)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import calendar
 import functools
 import itertools
+import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -37,8 +38,10 @@ BERLIN = ZoneInfo("Europe/Berlin")
 LORD_HOWE = ZoneInfo("Australia/Lord_Howe")
 UTC_ZONE = ZoneInfo("UTC")
 
+#: Raise it for a long run of this module's and test_crontab's property tests, e.g.
+#: HABEAT_PROPERTY_EXAMPLES=20000 with --timeout=0 (pytest-timeout stops a test at 300 s).
 PROPERTY_SETTINGS = settings(
-    max_examples=200,
+    max_examples=int(os.environ.get("HABEAT_PROPERTY_EXAMPLES", "200")),
     deadline=None,
     database=None,  # write nothing into the working tree
     suppress_health_check=[HealthCheck.too_slow],
@@ -938,9 +941,10 @@ class OracleCron:
     nth_weekdays: set[tuple[int, int]]
     month_restricts: bool
     week_restricts: bool
+    both_days: bool = False  # both restricting day fields must match, not either
 
     @classmethod
-    def parse(cls, expression: str) -> OracleCron:
+    def parse(cls, expression: str, both_days: bool = False) -> OracleCron:
         fields = expression.split()
         second = fields.pop(0) if len(fields) == 6 else "0"
         minute, hour, day_of_month, month, day_of_week = fields
@@ -967,6 +971,7 @@ class OracleCron:
             },
             month_restricts=day_of_month != "*",
             week_restricts=day_of_week != "*",
+            both_days=both_days,
         )
 
     def day_matches(self, day: date) -> bool:
@@ -977,7 +982,7 @@ class OracleCron:
         weekday = day.isoweekday() % 7
         nth = (day.day - 1) // 7 + 1
         by_week = weekday in self.weekdays or (weekday, nth) in self.nth_weekdays
-        if self.month_restricts and self.week_restricts:
+        if self.month_restricts and self.week_restricts and not self.both_days:
             return by_month or by_week
         return (by_month or not self.month_restricts) and (by_week or not self.week_restricts)
 
@@ -1018,12 +1023,17 @@ class OracleCron:
 
 
 def reference_fires(
-    expression: str, zone: ZoneInfo, after: datetime, until: datetime, limit: int | None = None
+    expression: str,
+    zone: ZoneInfo,
+    after: datetime,
+    until: datetime,
+    limit: int | None = None,
+    both_days: bool = False,
 ) -> list[datetime]:
     """The DST rules applied literally to every matching wall time around the window:
     specific hours take the first occurrence of a wall time or, for a skipped one,
     the end of the gap; every-hour jobs take all occurrences. The ``limit`` oldest."""
-    oracle = OracleCron.parse(expression)
+    oracle = OracleCron.parse(expression, both_days)
     first = wall_clock(after, zone) - 2 * LARGEST_SHIFT
     last = wall_clock(until, zone) + 2 * LARGEST_SHIFT
     instants: set[datetime] = set()
@@ -1148,20 +1158,17 @@ FINDING_17_DAYS_OF_MONTH = st.one_of(
     st.just("L"),
     cron_field(1, 31).map(lambda field: f"{field},L"),
 )
-FINDING_17_DAYS_OF_WEEK = st.one_of(
-    st.just("*"),
-    cron_field(0, 7, WEEKDAY_NAMES),
-    st.lists(
-        st.tuples(st.integers(0, 7), st.integers(1, 5), st.booleans()).map(
-            lambda day_nth_named: (
-                f"{WEEKDAY_NAMES[day_nth_named[0] % 7] if day_nth_named[2] else day_nth_named[0]}"
-                f"#{day_nth_named[1]}"
-            )
-        ),
-        min_size=1,
-        max_size=2,
-    ).map(",".join),
-)
+NTH_WEEKDAYS = st.lists(
+    st.tuples(st.integers(0, 7), st.integers(1, 5), st.booleans()).map(
+        lambda day_nth_named: (
+            f"{WEEKDAY_NAMES[day_nth_named[0] % 7] if day_nth_named[2] else day_nth_named[0]}"
+            f"#{day_nth_named[1]}"
+        )
+    ),
+    min_size=1,
+    max_size=2,
+).map(",".join)
+FINDING_17_DAYS_OF_WEEK = st.one_of(st.just("*"), cron_field(0, 7, WEEKDAY_NAMES), NTH_WEEKDAYS)
 FINDING_17_MONTHS = st.one_of(
     cron_field(1, 12, MONTH_NAMES, star=3),
     # Months without a 30th or 31st: with late days, some expressions never fire.
@@ -1202,16 +1209,92 @@ def zones_and_starts(draw: st.DrawFn) -> tuple[ZoneInfo, datetime]:
 def test_finding_17_fire_times_equal_a_brute_force_matchers(
     expression: str, zone_and_start: tuple[ZoneInfo, datetime]
 ) -> None:
-    zone, start = zone_and_start
-    if not OracleCron.parse(expression).fires_in_a_calendar_cycle():
-        with pytest.raises(InvalidSchedule, match="never fires"):
-            parse_cron(expression)
-        return
-    trigger = parse_cron(expression)
     # Within a bounded window, so that rare expressions keep the oracle quick.
-    until = start + timedelta(days=45)
+    check_against_the_brute_force_matcher(expression, *zone_and_start, days=45)
+
+
+def check_against_the_brute_force_matcher(
+    expression: str, zone: ZoneInfo, start: datetime, *, days: int, both_days: bool = False
+) -> None:
+    """Refused as never firing exactly when the oracle finds no date in a calendar
+    cycle; otherwise the first 8 fire times within ``days`` after ``start`` agree."""
+    if not OracleCron.parse(expression, both_days).fires_in_a_calendar_cycle():
+        with pytest.raises(InvalidSchedule, match="never fires"):
+            Cron(expression=expression, both_days=both_days)
+        return
+    trigger = Cron(expression=expression, both_days=both_days)
+    assert trigger.both_days is both_days
+    until = start + timedelta(days=days)
     fires = fire_times(trigger, zone, after=start, until=until, limit=8)
-    assert fires == reference_fires(expression, zone, start, until, limit=8)
+    assert fires == reference_fires(expression, zone, start, until, limit=8, both_days=both_days)
+
+
+# A day must match both restricted day fields (how a beat_schedule crontab() is
+# read): the same brute-force matcher, testing each day against both.
+
+BOTH_DAYS_OF_MONTH = st.one_of(
+    cron_field(1, 31, star=0),
+    cron_field(29, 31, star=0),  # with the weekdays, some expressions never fire
+    st.just("L"),
+    cron_field(1, 31, star=0).map(lambda field: f"{field},L"),
+)
+BOTH_DAYS_OF_WEEK = st.one_of(cron_field(0, 7, WEEKDAY_NAMES, star=0), NTH_WEEKDAYS)
+
+
+@st.composite
+def both_days_crons(draw: st.DrawFn) -> str:
+    fields = draw(finding_17_crons()).split()
+    fields[-3] = draw(BOTH_DAYS_OF_MONTH)
+    fields[-1] = draw(BOTH_DAYS_OF_WEEK)
+    return " ".join(fields)
+
+
+@PROPERTY_SETTINGS
+@given(expression=both_days_crons(), zone_and_start=zones_and_starts())
+def test_both_days_fire_times_equal_a_brute_force_matchers(
+    expression: str, zone_and_start: tuple[ZoneInfo, datetime]
+) -> None:
+    # A year: days matching both fields can be a few a year.
+    check_against_the_brute_force_matcher(expression, *zone_and_start, days=366, both_days=True)
+
+
+@pytest.mark.parametrize(
+    ("expression", "both_days", "fires"),
+    [
+        ("0 0 30 2 1", False, True),  # every Monday in February
+        ("0 0 30 2 1", True, False),  # 30 February, a Monday: never
+        ("0 0 29 2 1", True, True),  # 29 February 2016, a Monday
+        ("0 0 1-7 * 1#2", True, False),  # the second Monday is never in the first week
+    ],
+)
+def test_both_days_never_fires_is_decided_by_the_calendar(
+    expression: str, both_days: bool, fires: bool
+) -> None:
+    assert OracleCron.parse(expression, both_days).fires_in_a_calendar_cycle() is fires
+    if fires:
+        Cron(expression=expression, both_days=both_days)
+    else:
+        with pytest.raises(InvalidSchedule, match="never fires"):
+            Cron(expression=expression, both_days=both_days)
+
+
+@pytest.mark.parametrize(
+    ("expression", "both_days"),
+    [("0 9 * * 1", False), ("0 9 1-7 * *", False), ("0 9 1-7 * ?", False), ("0 9 1-7 * 1", True)],
+)
+def test_both_days_is_kept_only_where_it_changes_something(
+    expression: str, both_days: bool
+) -> None:
+    trigger = Cron(expression=expression, both_days=True)
+    assert trigger.both_days is both_days
+    assert (trigger == Cron(expression=expression)) is not both_days
+    suffix = " (day of month and day of week both match)" if both_days else ""
+    assert trigger.describe() == expression + suffix
+
+
+def test_both_days_must_be_a_bool() -> None:
+    with pytest.raises(InvalidSchedule, match="both_days must be True or False"):
+        Cron(expression="0 9 1-7 * 1", both_days="yes")  # type: ignore[arg-type]
 
 
 @PROPERTY_SETTINGS
