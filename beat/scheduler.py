@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 from celery.beat import Scheduler
@@ -103,6 +103,15 @@ def _log_quarantines(quarantined: list[Quarantine]) -> None:
         )
 
 
+def _refuse_to_start(exc: ConfigError) -> NoReturn:
+    """Stop beat on a setting or code schedule it cannot run: one line naming the fix,
+    exit status 2 (a usage error). Raised, the error would reach Celery's beat, which
+    logs it with its traceback and lets it through to stderr, which beat logs one
+    write at a time: a screen of one-character lines burying the message."""
+    logger.critical("beat cannot start: %s", exc)
+    raise SystemExit(CONFIG_ERROR_EXIT_STATUS) from None
+
+
 class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
     """A highly-available beat scheduler: schedules in PostgreSQL, one leader at a time."""
 
@@ -112,7 +121,10 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
     def __init__(self, app: Any, *args: Any, lazy: bool = False, **kwargs: Any) -> None:
         # Beat builds this class several times with lazy=True (for its banner):
         # nothing here may connect anywhere.
-        self.config = BeatConfig.from_celery_conf(app.conf)
+        try:
+            self.config = BeatConfig.from_celery_conf(app.conf)
+        except ConfigError as exc:
+            _refuse_to_start(exc)
         self._store: Store | None = None
         self._lease: LeaderLease | None = None
         self._listener: ScheduleChangeListener | None = None
@@ -149,11 +161,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 defaults=self.config.schedule_defaults(),
             )
         except ConfigError as exc:
-            # Raised, it would reach Celery's beat, which logs it with its traceback
-            # and lets it through to stderr, which beat logs one write at a time: a
-            # screen of one-character lines burying the message.
-            logger.critical("beat cannot start: %s", exc)
-            raise SystemExit(CONFIG_ERROR_EXIT_STATUS) from None
+            _refuse_to_start(exc)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass of the loop; returns 0 (it waited itself) or a back-off delay."""

@@ -201,6 +201,12 @@ def test_an_app_that_names_no_database_is_told_which_setting_to_add(
     assert "habeat_database_url" in line
     assert "HABEAT_DATABASE_URL" in line
 
+    beat = plain_project.celery("beat", "-S", "ha")
+    assert beat.returncode == 2, beat.stderr
+    (line,) = [line for line in beat.stderr.splitlines() if "beat cannot start" in line]
+    assert "habeat_database_url" in line
+    assert "Traceback" not in beat.stderr
+
 
 def _migrate_run_and_check(project: Project, *, beat_args: tuple[str, ...]) -> list[dict[str, str]]:
     migrated = project.celery("schedules", "migrate")

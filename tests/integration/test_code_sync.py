@@ -13,8 +13,8 @@ import pytest
 from celery.schedules import crontab
 from sqlalchemy import text
 
-from app.cli import spec_text
 from beat.api import Schedules
+from beat.cli import spec_text
 from beat.scheduler import HAScheduler
 from beat.store import Store
 from beat.tables import RunState
