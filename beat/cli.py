@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 import click
 import redis
@@ -198,7 +198,47 @@ def _json_option(function: Callable[..., Any]) -> Callable[..., Any]:
 # -- the command group ------------------------------------------------------------------
 
 
-@click.group(cls=click.Group)
+class OneLineUsageError(click.ClickException):
+    """A usage error printed as the one ``Error:`` line the README promises (click's own
+    takes four: usage, a hint, a blank line, the error)."""
+
+    exit_code = 2
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"Error: {self.format_message()}", file=file, err=True)
+
+
+@contextmanager
+def _usage_errors_on_one_line() -> Iterator[None]:
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise  # `schedules` alone: the help is what was asked for
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "schedules"
+        raise OneLineUsageError(f"{exc.format_message()} (see `{where} --help`)") from None
+
+
+class SchedulesGroup(click.Group):
+    """The ``schedules`` group: its usage errors, and those of every sub-command (their
+    arguments are parsed while the group is invoked), are one line with exit code 2."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        with _usage_errors_on_one_line():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _usage_errors_on_one_line():
+            return super().invoke(ctx)
+
+
+@click.group(cls=SchedulesGroup)
 @click.pass_context
 def schedules(ctx: click.Context) -> None:
     """Operate the highly-available beat: schedules (in PostgreSQL), runs, leader, health."""

@@ -23,9 +23,8 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery.bin.celery import celery as celery_main
 from celery.schedules import crontab
-from click.testing import CliRunner, Result
+from click.testing import Result
 from sqlalchemy import text
 
 from app.factory import create_app
@@ -38,7 +37,16 @@ from beat.scheduler import HAScheduler
 from beat.store import Store
 from beat.tables import RunState
 from tests.conftest import SessionEnv
-from tests.integration.helpers import broker_messages, run_rows, slow_client_clock, task_ids
+from tests.integration.helpers import (
+    as_json,
+    broker_messages,
+    error_lines,
+    invoke,
+    run_rows,
+    slow_client_clock,
+    table_rows,
+    task_ids,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -49,29 +57,6 @@ Cli = Callable[..., Result]
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def invoke(app: Celery, *args: str) -> Result:
-    """``celery -A <app> schedules <args>`` in-process; exceptions other than exits propagate."""
-    return CliRunner().invoke(celery_main, ["-A", app, "schedules", *args], catch_exceptions=False)
-
-
-def as_json(result: Result) -> Any:
-    assert result.exit_code == 0, f"exit {result.exit_code}: {result.stderr}"
-    return json.loads(result.stdout)
-
-
-def error_lines(result: Result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.startswith("Error:")]
-
-
-def table_rows(store: Store) -> list[tuple[Any, ...]]:
-    """Everything the CLI could write, to compare before and after a refused command."""
-    with store.engine.connect() as conn:
-        schedules = conn.execute(text("SELECT * FROM beat_schedules ORDER BY id")).all()
-        runs = conn.execute(text("SELECT * FROM beat_runs ORDER BY id")).all()
-        leader = conn.execute(text("SELECT * FROM beat_leader ORDER BY name")).all()
-    return [tuple(row) for row in [*schedules, *runs, *leader]]
 
 
 def insert_run(store: Store, **fields: Any) -> uuid.UUID:
