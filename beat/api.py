@@ -43,6 +43,9 @@ MAX_NAME_LENGTH = 200
 #: since a delay longer than the broker's visibility timeout runs the task twice).
 ALLOWED_OPTIONS = frozenset({"queue", "routing_key", "exchange", "priority", "expires", "headers"})
 _NAME_PATTERN = re.compile(r"^[\w.:@/+-]+$")
+#: Longest duration anywhere (an interval, a one-off's delay): longer is a mistake (a unit
+#: off), and an interval that long would in effect never fire.
+MAX_DURATION = timedelta(days=3650)
 #: Backfill starts this long after the retention horizon: a run claimed ahead (up to
 #: habeat_claim_ahead, at most 30 s) counts its age from before its fire time.
 BACKFILL_HORIZON_MARGIN = timedelta(minutes=1)
@@ -93,11 +96,9 @@ def define(
     zone_name = tz or default_tz
     timing.parse_zone(zone_name)
     if in_seconds is not None:
-        if at is not None or not _positive_number(in_seconds, allow_zero=True):
-            raise InvalidSchedule(
-                f"in_seconds must be a number >= 0 (and no `at`), got {in_seconds!r}"
-            )
-        at = now + timedelta(seconds=in_seconds)
+        if at is not None:
+            raise InvalidSchedule("give in_seconds or at, not both")
+        at = now + timedelta(seconds=_checked_seconds(in_seconds, "in_seconds", minimum=0))
     trigger = _trigger(cron=cron, every=every, at=at, start_at=start_at, now=now)
     _check_window(start_at, end_at, max_runs)
     if not _positive_number(jitter, allow_zero=True) or jitter > MAX_JITTER_SECONDS:
@@ -134,6 +135,22 @@ def _positive_number(value: object, *, allow_zero: bool = False) -> bool:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return False
     return value >= 0 if allow_zero else value > 0
+
+
+def _checked_seconds(value: object, what: str, *, minimum: float) -> float:
+    """A number of seconds from ``minimum`` to ``MAX_DURATION`` (NaN and infinities are
+    not); compared before any conversion, so a huge integer cannot overflow."""
+    longest = MAX_DURATION.total_seconds()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not minimum <= value <= longest
+    ):
+        raise InvalidSchedule(
+            f"{what} must be a number of seconds >= {minimum:g} and at most {longest:.0f}"
+            f" ({MAX_DURATION.days} days), got {value!r:.80}"
+        )
+    return float(value)
 
 
 def _check_window(start_at: datetime | None, end_at: datetime | None, max_runs: int | None) -> None:
@@ -205,9 +222,8 @@ def _trigger(
         return timing.parse_cron(cron)
     if every is not None:
         seconds = every.total_seconds() if isinstance(every, timedelta) else every
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-            raise InvalidSchedule(f"every must be a number of seconds, got {every!r}")
-        return timing.every(float(seconds), anchor=start_at or now)
+        checked = _checked_seconds(seconds, "every", minimum=timing.MIN_INTERVAL_SECONDS)
+        return timing.every(checked, anchor=start_at or now)
     assert at is not None
     return timing.once(at)
 

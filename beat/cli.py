@@ -29,7 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 # Celery imports this module in every ``celery`` command (it is the ``schedules``
 # entry point), which is how a worker gets run tracking without a setting.
 from beat import code_schedules, timing, worker  # noqa: F401
-from beat.api import Schedules, first_fire_at
+from beat.api import MAX_DURATION, Schedules, first_fire_at
 from beat.config import BeatConfig
 from beat.errors import (
     ConfigError,
@@ -60,6 +60,7 @@ REDIS_TIMEOUT = 3.0
 _MISFIRE_POLICIES = [policy.value for policy in MisfirePolicy]
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[smhdw])+$")
+_PLAIN_SECONDS = re.compile(r"^\d+(?:\.\d+)?$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
 
@@ -139,16 +140,34 @@ def _parse_at(_ctx: click.Context, _param: click.Parameter, value: str | None) -
     return moment
 
 
-def parse_duration(text: str) -> timedelta:
-    """``30d``, ``12h``, ``1h30m``, ``90s``, ``2w``; ValueError for anything else or zero."""
+def duration_seconds(text: str, *, plain_seconds: bool = True) -> float:
+    """Seconds in ``90s``, ``10m``, ``1h30m``, ``2d``, ``1w`` (units add up) and, with
+    ``plain_seconds``, in a bare number (``90``, ``1.5``); ValueError for anything else.
+
+    Not bounded: a huge amount gives a huge (or infinite) number for the API to refuse."""
     compact = text.strip().lower()
+    if plain_seconds and _PLAIN_SECONDS.match(compact):
+        return float(compact)
     if not _DURATION.match(compact):
-        raise ValueError(f"{text!r} is not a duration such as 30d, 12h, 1h30m or 90s")
-    seconds = sum(
+        forms = "90, 90s, 10m, 1h30m or 2d" if plain_seconds else "90s, 10m, 12h, 1h30m or 30d"
+        raise ValueError(f"{text!r} is not a duration such as {forms}")
+    return sum(
         float(amount) * _DURATION_UNITS[unit] for amount, unit in _DURATION_PART.findall(compact)
     )
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30d``, ``12h``, ``1h30m``, ``90s``, ``2w`` (a unit is required: ``--older-than 30``
+    could mean seconds or days, and prune deletes); ValueError for anything else, zero,
+    or more than ``MAX_DURATION``."""
+    seconds = duration_seconds(text, plain_seconds=False)
     if seconds <= 0:
         raise ValueError(f"{text!r} is zero: give a positive duration")
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValueError(
+            f"{text!r} is longer than {MAX_DURATION.days} days, the longest duration:"
+            " give a shorter one"
+        )
     return timedelta(seconds=seconds)
 
 
@@ -159,10 +178,14 @@ def _parse_duration(_ctx: click.Context, _param: click.Parameter, value: str) ->
         raise click.BadParameter(str(exc)) from None
 
 
-def _parse_optional_seconds(
-    ctx: click.Context, param: click.Parameter, value: str | None
-) -> float | None:
-    return None if value is None else _parse_duration(ctx, param, value).total_seconds()
+def _parse_seconds(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
+    """--every, --in, --jitter: seconds, bare or with units; bounds are the API's."""
+    if value is None:
+        return None
+    try:
+        return duration_seconds(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _parse_required_at(ctx: click.Context, param: click.Parameter, value: str) -> datetime:
@@ -264,7 +287,12 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 
 _DEFINITION_OPTIONS = (
     click.option("--cron", help="cron expression: 5 fields, or 6 with seconds first"),
-    click.option("--every", type=float, help="interval in seconds (>= 1)"),
+    click.option(
+        "--every",
+        callback=_parse_seconds,
+        help="interval: seconds (90) or with units (90s, 10m, 1h30m, 2d, 1w); 1s to 3650 days,"
+        " counted from now (or --start-at)",
+    ),
     click.option("--at", "at", callback=_parse_at, help="one-off time, ISO 8601 with offset"),
     click.option("--tz", help="IANA time zone of the cron fields, e.g. Europe/Berlin"),
     click.option(
@@ -275,12 +303,19 @@ _DEFINITION_OPTIONS = (
     ),
     click.option("--queue", help="queue to publish to"),
     click.option(
-        "--in", "in_seconds", callback=_parse_optional_seconds, help="one-off in a while: 90s, 10m"
+        "--in",
+        "in_seconds",
+        callback=_parse_seconds,
+        help="one-off in a while: seconds (90) or with units (90s, 10m, 1h30m)",
     ),
     click.option("--start-at", callback=_parse_at, help="no fire time before this (ISO 8601)"),
     click.option("--end-at", callback=_parse_at, help="no fire time after this; then it disables"),
     click.option("--max-runs", type=click.IntRange(min=1), help="at most this many runs"),
-    click.option("--jitter", type=click.FloatRange(min=0), help="random delay up to N seconds"),
+    click.option(
+        "--jitter",
+        callback=_parse_seconds,
+        help="delay each run by a stable random time up to this: seconds (30) or 5m; at most 1d",
+    ),
     click.option(
         "--overlap-policy",
         type=click.Choice([policy.value for policy in OverlapPolicy]),

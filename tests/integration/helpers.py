@@ -60,6 +60,13 @@ def run_rows(store: Store, **where: Any) -> list[Any]:
         )
 
 
+def schedule_row(store: Store, name: str) -> Any:
+    with store.engine.connect() as conn:
+        return conn.execute(
+            text("SELECT * FROM beat_schedules WHERE name = :name"), {"name": name}
+        ).one()
+
+
 def broker_messages(
     client: redis.Redis, broker_prefix: str, queue: str = "celery"
 ) -> list[dict[str, Any]]:

@@ -10,6 +10,8 @@ with exceptions propagating: a traceback fails the test.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
 
 import pytest
 import redis
@@ -18,9 +20,10 @@ from click.testing import Result
 
 from app.factory import create_app
 from beat.api import Schedules
+from beat.errors import InvalidSchedule
 from beat.store import Store
 from tests.conftest import SessionEnv
-from tests.integration.helpers import error_lines, invoke, table_rows
+from tests.integration.helpers import as_json, error_lines, invoke, schedule_row, table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -86,3 +89,73 @@ def test_usage_errors_are_one_line_with_exit_2(
     line = refused(app, store, *args)
     assert says in line
     assert "--help" in line, "the line says where the options are listed"
+
+
+# -- durations: --every, --in and --jitter take the same forms --------------------------------
+
+DURATIONS = [("90", 90), ("1.5", 1.5), ("90s", 90), ("10m", 600), ("1h30m", 5400), ("1d", 86400)]
+
+
+@pytest.mark.parametrize(("given", "seconds"), DURATIONS)
+def test_every_in_and_jitter_take_plain_seconds_and_units_alike(
+    app: Celery, store: Store, given: str, seconds: float
+) -> None:
+    task = ["tasks.demo.add", "--args", "[1, 2]"]
+    interval = as_json(invoke(app, "add", "every", *task, "--every", given, "--json"))
+    assert interval["schedule"] == f"every {seconds:g}s"
+
+    as_json(invoke(app, "add", "one-off", *task, "--in", given, "--json"))
+    row = schedule_row(store, "one-off")
+    assert row.next_fire_at == row.created_at + timedelta(seconds=seconds)
+
+    hourly = ["--cron", "0 * * * *", "--jitter", given, "--json"]
+    assert as_json(invoke(app, "add", "jittered", *task, *hourly))["jitter_seconds"] == seconds
+
+
+# -- the table: every bad input from the command line ----------------------------------------
+
+ADD = ["add", "x", "tasks.demo.add", "--args", "[1, 2]"]
+
+CLI_REFUSALS = [
+    # durations
+    pytest.param([*ADD, "--every", "10x"], "not a duration", id="every-not-a-duration"),
+    pytest.param([*ADD, "--every", "1e13"], "not a duration", id="every-exponent"),
+    pytest.param([*ADD, "--every", "4000d"], "3650 days", id="every-over-ten-years"),
+    pytest.param([*ADD, "--every", "0"], ">= 1", id="every-zero"),
+    pytest.param([*ADD, "--in", "-5"], "not a duration", id="in-negative"),
+    pytest.param([*ADD, "--in", "100000000000000000000s"], "3650 days",
+                 id="in-overflow"),
+    pytest.param([*ADD, "--cron", "0 * * * *", "--jitter", "2d"], "86400", id="jitter-over-a-day"),
+    pytest.param(["prune", "--older-than", "100000000000000000000d"], "3650 days",
+                 id="prune-overflow"),
+    pytest.param(["prune", "--older-than", "30"], "not a duration", id="prune-without-unit"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "says"), CLI_REFUSALS)
+def test_bad_input_on_the_command_line_is_one_line_exit_2_and_writes_nothing(
+    app: Celery, store: Store, seeded: Schedules, args: list[str], says: str
+) -> None:
+    assert says in refused(app, store, *args)
+
+
+# -- the table: every bad input through the Python API --------------------------------------
+
+API_REFUSALS = [
+    pytest.param({"every": 10**400}, "at most 315360000 (3650 days)", id="every-huge-int"),
+    pytest.param({"every": 1e13}, "at most 315360000 (3650 days)", id="every-never-fires"),
+    pytest.param({"in_seconds": 1e20}, "at most 315360000 (3650 days)", id="in-overflow"),
+]
+
+
+@pytest.mark.parametrize(("fields", "says"), API_REFUSALS)
+def test_bad_input_through_the_api_raises_one_line_and_writes_nothing(
+    store: Store, seeded: Schedules, fields: dict[str, Any], says: str
+) -> None:
+    before = table_rows(store)
+    fields = {"args": [1, 2], **fields}
+    with pytest.raises(InvalidSchedule) as caught:
+        seeded.create("x", fields.pop("task", "tasks.demo.add"), **fields)
+    assert says in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert table_rows(store) == before

@@ -43,6 +43,7 @@ from tests.integration.helpers import (
     error_lines,
     invoke,
     run_rows,
+    schedule_row,
     slow_client_clock,
     table_rows,
     task_ids,
@@ -99,13 +100,6 @@ def insert_run(store: Store, **fields: Any) -> uuid.UUID:
             params,
         )
     return run_id
-
-
-def schedule_row(store: Store, name: str) -> Any:
-    with store.engine.connect() as conn:
-        return conn.execute(
-            text("SELECT * FROM beat_schedules WHERE name = :name"), {"name": name}
-        ).one()
 
 
 # -- fixtures ----------------------------------------------------------------------------------
