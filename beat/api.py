@@ -46,6 +46,9 @@ _NAME_PATTERN = re.compile(r"^[\w.:@/+-]+$")
 #: Longest duration anywhere (an interval, a one-off's delay): longer is a mistake (a unit
 #: off), and an interval that long would in effect never fire.
 MAX_DURATION = timedelta(days=3650)
+#: A one-off this little before now is "now" (clock skew, the time a call takes); one
+#: further in the past is refused unless allowed (``allow_past``).
+PAST_ONE_OFF_GRACE = timedelta(minutes=1)
 #: Backfill starts this long after the retention horizon: a run claimed ahead (up to
 #: habeat_claim_ahead, at most 30 s) counts its age from before its fire time.
 BACKFILL_HORIZON_MARGIN = timedelta(minutes=1)
@@ -73,6 +76,7 @@ def define(
     overlap_policy: OverlapPolicy | str = OverlapPolicy.ALLOW,
     jitter: float = 0.0,
     in_seconds: float | None = None,
+    allow_past: bool = False,
     default_tz: str = "UTC",
     now: datetime | None = None,
 ) -> ScheduleDefinition:
@@ -80,8 +84,9 @@ def define(
 
     Exactly one of ``cron`` (5 fields, or 6 with seconds first), ``every``
     (seconds or a timedelta; first run at ``start_at`` if given, else one
-    period from now), ``at`` (an aware datetime: one run, at once if it is
-    past) and ``in_seconds`` (one run that many seconds from now). The window:
+    period from now), ``at`` (an aware datetime: one run; refused if it is more
+    than ``PAST_ONE_OFF_GRACE`` in the past unless ``allow_past``, then it runs
+    at once) and ``in_seconds`` (one run that many seconds from now). The window:
     no fire time before ``start_at`` or after ``end_at``, at most ``max_runs``
     runs; a schedule past its window disables itself.
 
@@ -95,6 +100,10 @@ def define(
     _check_task_name(task)
     zone_name = tz or default_tz
     timing.parse_zone(zone_name)
+    for label, moment in (("at", at), ("start_at", start_at), ("end_at", end_at)):
+        _check_representable_in_utc(moment, label)
+    if at is not None and not allow_past:
+        _check_not_past(at, now)
     if in_seconds is not None:
         if at is not None:
             raise InvalidSchedule("give in_seconds or at, not both")
@@ -151,6 +160,31 @@ def _checked_seconds(value: object, what: str, *, minimum: float) -> float:
             f" ({MAX_DURATION.days} days), got {value!r:.80}"
         )
     return float(value)
+
+
+def _check_representable_in_utc(moment: object, what: str) -> None:
+    """An aware time whose UTC instant is a datetime: a far offset can push year 1 or
+    year 9999 over the edge, where every comparison and conversion would overflow."""
+    if not isinstance(moment, datetime) or moment.utcoffset() is None:
+        return  # left to the checks of its kind, which say what is expected
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        raise InvalidSchedule(
+            f"{what} {moment.isoformat()} lies outside the years 1 to 9999 once in UTC:"
+            " give a time within them"
+        ) from None
+
+
+def _check_not_past(at: object, now: datetime) -> None:
+    """A one-off more than ``PAST_ONE_OFF_GRACE`` before ``now`` is a mistake (a year, a
+    zone) more often than a wish to run at once: refused unless allowed."""
+    if isinstance(at, datetime) and at.utcoffset() is not None and at < now - PAST_ONE_OFF_GRACE:
+        raise InvalidSchedule(
+            f"at {at.isoformat()} is in the past (now is {now.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+            " UTC): give a time to come, or allow it (--allow-past, allow_past=True)"
+            " to run it once, at once"
+        )
 
 
 def _check_window(start_at: datetime | None, end_at: datetime | None, max_runs: int | None) -> None:
@@ -353,7 +387,8 @@ class Schedules:
         """Validate and store a new schedule; see :func:`define` for the fields."""
         fields = {**self.defaults, **fields}
         fields.setdefault("default_tz", self.default_tz)
-        define(name, task, **fields)  # bad input is refused before the task lookup
+        # Bad input is refused before the task lookup; the past is the database's, below.
+        define(name, task, **(fields | {"allow_past": True}))
         if not allow_unregistered:
             self.check_task_registered(task)
 
@@ -518,6 +553,8 @@ def _redefine(
     if not timing_keys & set(changes):
         fields |= _trigger_fields(current)
     fields |= dict(changes)
+    if "at" not in changes:
+        fields["allow_past"] = True  # a one-off's own time is not checked again
     task = fields.pop("task", current.task)
     return define(current.name, task, default_tz=default_tz, now=now, **fields)
 

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import IO, Any, NoReturn
+from zoneinfo import ZoneInfo
 
 import click
 import redis
@@ -126,18 +127,78 @@ def _json_argument(
     return parse
 
 
-def _parse_at(_ctx: click.Context, _param: click.Parameter, value: str | None) -> datetime | None:
+def _parse_time(_ctx: click.Context, _param: click.Parameter, value: str | None) -> datetime | None:
+    """An ISO 8601 time; without an offset it is a wall time, read later in the zone of
+    the schedule (``with_wall_times_read``)."""
     if value is None:
         return None
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
         raise click.BadParameter(
-            f"{value!r} is not an ISO 8601 time such as 2027-01-31T09:00:00+01:00"
+            f"{value!r} is not an ISO 8601 time such as 2027-01-31T09:00"
+            " or 2027-01-31T09:00:00+01:00"
         ) from None
+    if moment.utcoffset() is not None:
+        try:
+            moment.astimezone(UTC)
+        except OverflowError:
+            raise click.BadParameter(
+                f"{value!r} lies outside the years 1 to 9999 once in UTC: give a time within them"
+            ) from None
+    return moment
+
+
+def _parse_aware_time(_ctx: click.Context, param: click.Parameter, value: str) -> datetime:
+    """An ISO 8601 time with its UTC offset (backfill windows are instants)."""
+    moment = _parse_time(_ctx, param, value)
+    assert moment is not None
     if moment.utcoffset() is None:
         raise click.BadParameter(f"{value!r} has no UTC offset: add one, e.g. {value}+00:00")
     return moment
+
+
+#: The options whose time may be a wall time, read in the schedule's zone.
+_WALL_TIME_OPTIONS = {"at": "--at", "start_at": "--start-at", "end_at": "--end-at"}
+
+
+def with_wall_times_read(fields: dict[str, Any], zone_name: Callable[[], str]) -> dict[str, Any]:
+    """``fields`` with the times given without an offset read as wall times in the zone
+    ``zone_name()`` names (asked only if there is one)."""
+    wall = [
+        key
+        for key in _WALL_TIME_OPTIONS
+        if isinstance(fields.get(key), datetime) and fields[key].utcoffset() is None
+    ]
+    if not wall:
+        return fields
+    zone = timing.parse_zone(zone_name())
+    return fields | {key: wall_time_in(fields[key], zone, _WALL_TIME_OPTIONS[key]) for key in wall}
+
+
+def wall_time_in(wall: datetime, zone: ZoneInfo, what: str) -> datetime:
+    """The instant of wall time ``wall`` in ``zone``. InvalidSchedule if the clocks skip
+    it or show it twice (daylight saving time): which instant was meant is not known."""
+    first, second = wall.replace(tzinfo=zone, fold=0), wall.replace(tzinfo=zone, fold=1)
+    try:
+        first_in_utc = first.astimezone(UTC)
+        second.astimezone(UTC)
+    except OverflowError:
+        raise InvalidSchedule(
+            f"{what} {wall.isoformat()} in {zone.key} lies outside the years 1 to 9999 once"
+            " in UTC: give a time within them"
+        ) from None
+    if first.utcoffset() == second.utcoffset():
+        return first
+    if first_in_utc.astimezone(zone).replace(tzinfo=None) != wall:
+        raise InvalidSchedule(
+            f"{what} {wall.isoformat()} does not exist in {zone.key}: the clocks skip it"
+            " (daylight saving time); give another time, or one with a UTC offset"
+        )
+    raise InvalidSchedule(
+        f"{what} {wall.isoformat()} happens twice in {zone.key} (the clocks go back):"
+        f" give it with its UTC offset, {first.isoformat()} or {second.isoformat()}"
+    )
 
 
 def duration_seconds(text: str, *, plain_seconds: bool = True) -> float:
@@ -186,12 +247,6 @@ def _parse_seconds(_ctx: click.Context, _param: click.Parameter, value: str | No
         return duration_seconds(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-
-
-def _parse_required_at(ctx: click.Context, param: click.Parameter, value: str) -> datetime:
-    moment = _parse_at(ctx, param, value)
-    assert moment is not None
-    return moment
 
 
 def _parse_since(
@@ -293,7 +348,13 @@ _DEFINITION_OPTIONS = (
         help="interval: seconds (90) or with units (90s, 10m, 1h30m, 2d, 1w); 1s to 3650 days,"
         " counted from now (or --start-at)",
     ),
-    click.option("--at", "at", callback=_parse_at, help="one-off time, ISO 8601 with offset"),
+    click.option(
+        "--at",
+        "at",
+        callback=_parse_time,
+        help="one-off time, ISO 8601: 2027-01-31T09:00 in --tz (else in the default zone, or"
+        " on update the schedule's), or with an offset, 2027-01-31T09:00:00+01:00",
+    ),
     click.option("--tz", help="IANA time zone of the cron fields, e.g. Europe/Berlin"),
     click.option(
         "--args", "args", callback=_json_argument(list, "a JSON array"), help="JSON array"
@@ -308,8 +369,19 @@ _DEFINITION_OPTIONS = (
         callback=_parse_seconds,
         help="one-off in a while: seconds (90) or with units (90s, 10m, 1h30m)",
     ),
-    click.option("--start-at", callback=_parse_at, help="no fire time before this (ISO 8601)"),
-    click.option("--end-at", callback=_parse_at, help="no fire time after this; then it disables"),
+    click.option(
+        "--start-at", callback=_parse_time, help="no fire time before this (ISO 8601, as --at)"
+    ),
+    click.option(
+        "--end-at",
+        callback=_parse_time,
+        help="no fire time after this; then it disables (ISO 8601, as --at)",
+    ),
+    click.option(
+        "--allow-past",
+        is_flag=True,
+        help="accept an --at more than a minute in the past: it runs once, at once",
+    ),
     click.option("--max-runs", type=click.IntRange(min=1), help="at most this many runs"),
     click.option(
         "--jitter",
@@ -353,6 +425,7 @@ def add(ctx: click.Context, /, name: str, task: str, as_json: bool, **options: A
     fields["enabled"] = not fields.pop("paused", False)
     allow = fields.pop("allow_unregistered", False)
     with _errors_as_exit_codes():
+        fields = with_wall_times_read(fields, lambda: fields.get("tz") or manager.default_tz)
         created = manager.create(name, task, allow_unregistered=allow, **fields)
     if as_json:
         _echo_json(schedule_document(created))
@@ -371,12 +444,16 @@ def add(ctx: click.Context, /, name: str, task: str, as_json: bool, **options: A
 def update(ctx: click.Context, /, name: str, as_json: bool, **options: Any) -> None:
     """Change schedule NAME: only the options given change; new timing recomputes the next fire."""
     allow = options.pop("allow_unregistered")
+    allow_past = options.pop("allow_past")
     changes = {key: value for key, value in options.items() if value is not None}
     if not changes:
         _fail("nothing to change: give at least one option, e.g. --cron '0 * * * *'", 2)
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
-        updated = manager.update(name, allow_unregistered=allow, **changes)
+        changes = with_wall_times_read(
+            changes, lambda: changes.get("tz") or manager.get(name).definition.timezone
+        )
+        updated = manager.update(name, allow_unregistered=allow, allow_past=allow_past, **changes)
     if as_json:
         _echo_json(schedule_document(updated))
         return
@@ -515,8 +592,10 @@ def trigger(ctx: click.Context, name: str, as_json: bool) -> None:
 
 @_command()
 @click.argument("name")
-@click.option("--from", "start", required=True, callback=_parse_required_at, help="ISO 8601")
-@click.option("--to", "end", required=True, callback=_parse_required_at, help="ISO 8601")
+@click.option(
+    "--from", "start", required=True, callback=_parse_aware_time, help="ISO 8601 with offset"
+)
+@click.option("--to", "end", required=True, callback=_parse_aware_time, help="ISO 8601 with offset")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @_json_option
 @click.pass_context

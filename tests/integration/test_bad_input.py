@@ -10,7 +10,7 @@ with exceptions propagating: a traceback fails the test.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -65,6 +65,14 @@ def assert_one_line_exit_2(result: Result) -> None:
     assert result.stderr.startswith("Error: "), result.stderr
 
 
+def add_args(name: str) -> list[str]:
+    """``add NAME tasks.demo.add --args [1, 2]``: a valid start, to which a case adds."""
+    return ["add", name, "tasks.demo.add", "--args", "[1, 2]"]
+
+
+ADD = add_args("x")
+
+
 # -- usage errors of every command: one line, not click's four -------------------------------
 
 USAGE_ERRORS = [
@@ -114,7 +122,6 @@ def test_every_in_and_jitter_take_plain_seconds_and_units_alike(
 
 # -- the table: every bad input from the command line ----------------------------------------
 
-ADD = ["add", "x", "tasks.demo.add", "--args", "[1, 2]"]
 
 CLI_REFUSALS = [
     # durations
@@ -129,6 +136,23 @@ CLI_REFUSALS = [
     pytest.param(["prune", "--older-than", "100000000000000000000d"], "3650 days",
                  id="prune-overflow"),
     pytest.param(["prune", "--older-than", "30"], "not a duration", id="prune-without-unit"),
+    # times
+    pytest.param([*ADD, "--at", "0001-01-01T00:00:00+14:00"], "years 1 to 9999",
+                 id="at-before-year-1-in-utc"),
+    pytest.param([*ADD, "--at", "9999-12-31T23:59:00-12:00"], "years 1 to 9999",
+                 id="at-after-year-9999-in-utc"),
+    pytest.param([*ADD, "--at", "0001-01-01T00:00", "--tz", "Asia/Tokyo"], "years 1 to 9999",
+                 id="naive-at-before-year-1-in-utc"),
+    pytest.param([*ADD, "--at", "2027-03-28T02:30", "--tz", "Europe/Berlin"],
+                 "does not exist in Europe/Berlin", id="at-skipped-by-dst"),
+    pytest.param([*ADD, "--at", "2027-10-31T02:30", "--tz", "Europe/Berlin"],
+                 "2027-10-31T02:30:00+02:00 or 2027-10-31T02:30:00+01:00", id="at-twice-by-dst"),
+    pytest.param([*ADD, "--every", "60", "--start-at", "tomorrow"], "ISO 8601",
+                 id="start-at-not-a-time"),
+    pytest.param(["update", "existing", "--at", "2027-03-28T02:30", "--tz", "Europe/Berlin"],
+                 "does not exist in Europe/Berlin", id="update-at-skipped-by-dst"),
+    pytest.param(["update", "nope", "--at", "2030-01-01T00:00"], "no schedule named 'nope'",
+                 id="update-unknown-with-naive-at"),
 ]  # fmt: skip
 
 
@@ -141,10 +165,26 @@ def test_bad_input_on_the_command_line_is_one_line_exit_2_and_writes_nothing(
 
 # -- the table: every bad input through the Python API --------------------------------------
 
+PLUS_14 = timezone(timedelta(hours=14))
+MINUS_12 = timezone(-timedelta(hours=12))
+
 API_REFUSALS = [
     pytest.param({"every": 10**400}, "at most 315360000 (3650 days)", id="every-huge-int"),
     pytest.param({"every": 1e13}, "at most 315360000 (3650 days)", id="every-never-fires"),
     pytest.param({"in_seconds": 1e20}, "at most 315360000 (3650 days)", id="in-overflow"),
+    pytest.param(
+        {"at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))},
+        "years 1 to 9999",
+        id="at-before-year-1-in-utc",
+    ),
+    pytest.param(
+        {
+            "cron": "* * * * *",
+            "end_at": datetime.max.replace(tzinfo=timezone(-timedelta(hours=12))),
+        },
+        "years 1 to 9999",
+        id="end-at-after-year-9999-in-utc",
+    ),
 ]
 
 
@@ -159,3 +199,73 @@ def test_bad_input_through_the_api_raises_one_line_and_writes_nothing(
     assert says in str(caught.value)
     assert "\n" not in str(caught.value)
     assert table_rows(store) == before
+
+
+# -- times without an offset are read in --tz, else the default zone -------------------------
+
+
+def next_year(store: Store) -> int:
+    return store.now().year + 1
+
+
+def test_a_time_without_offset_is_read_in_the_tz_given(app: Celery, store: Store) -> None:
+    year = next_year(store)
+    as_json(
+        invoke(
+            app, *add_args("eve"), "--at", f"{year}-12-24 18:00", "--tz", "Europe/Berlin", "--json"
+        )
+    )
+    assert schedule_row(store, "eve").run_at == datetime(year, 12, 24, 17, 0, tzinfo=UTC)
+
+    window = ["--start-at", f"{year}-07-01T09:00", "--end-at", f"{year}-07-31 18:00"]
+    as_json(
+        invoke(
+            app, *add_args("summer"), "--cron", "0 9 * * *", "--tz", "Asia/Tokyo", *window, "--json"
+        )
+    )
+    row = schedule_row(store, "summer")
+    assert (row.start_at, row.end_at) == (
+        datetime(year, 7, 1, 0, 0, tzinfo=UTC),
+        datetime(year, 7, 31, 9, 0, tzinfo=UTC),
+    )
+    as_json(invoke(app, "update", "summer", "--end-at", f"{year}-08-31 18:00", "--json"))
+    assert schedule_row(store, "summer").end_at == datetime(year, 8, 31, 9, 0, tzinfo=UTC), (
+        "update reads it in the schedule's own zone"
+    )
+
+
+def test_a_time_without_offset_or_tz_is_read_in_the_default_zone(
+    test_env: SessionEnv, store: Store, redis_client: redis.Redis
+) -> None:
+    app = create_app(test_env.settings(timezone="America/New_York"))
+    year = next_year(store)
+    as_json(invoke(app, *add_args("new-year"), "--at", f"{year}-01-01T00:00", "--json"))
+    assert schedule_row(store, "new-year").run_at == datetime(year, 1, 1, 5, 0, tzinfo=UTC)
+    with_offset = f"{year}-01-01T00:00:00+00:00"
+    as_json(invoke(app, *add_args("utc"), "--at", with_offset, "--tz", "Asia/Tokyo", "--json"))
+    assert schedule_row(store, "utc").run_at == datetime(year, 1, 1, tzinfo=UTC), (
+        "an offset given wins over --tz"
+    )
+
+
+def test_a_one_off_in_the_past_is_refused_unless_allowed(
+    app: Celery, store: Store, schedules: Schedules
+) -> None:
+    hour_ago = (store.now() - timedelta(hours=1)).isoformat()
+    line = refused(app, store, *add_args("late"), "--at", hour_ago)
+    assert "in the past" in line
+    assert "--allow-past" in line
+    with pytest.raises(InvalidSchedule, match="allow_past"):
+        schedules.create("late", "tasks.demo.add", args=[1, 2], at=datetime.fromisoformat(hour_ago))
+    assert table_rows(store) == []
+
+    allowed = as_json(invoke(app, *add_args("late"), "--at", hour_ago, "--allow-past", "--json"))
+    assert allowed["next_fire_at"] == hour_ago, "it fires once, at once"
+    just_now = store.now() - timedelta(seconds=5)
+    created = schedules.create("now", "tasks.demo.add", args=[1, 2], at=just_now)
+    assert created.next_fire_at == just_now, "a minute of clock skew is not the past"
+    as_json(
+        invoke(app, "update", "late", "--kwargs", "{}", "--json")
+    )  # its own time is not re-checked
+    line = refused(app, store, "update", "late", "--at", hour_ago)
+    assert "--allow-past" in line
