@@ -409,12 +409,16 @@ class Schedules:
                 current.definition.trigger,
                 current.definition.timezone,
             )
-            if timing_changed:
-                recomputed = first_fire_at(definition, now)
-                return definition, next_fire_after_retiming(
-                    current.next_fire_at, recomputed, definition, now
-                )
-            return definition, current.next_fire_at
+            if not timing_changed:
+                return definition, current.next_fire_at
+            recomputed = first_fire_at(definition, now)
+            if isinstance(definition.trigger, timing.Every):
+                # A new interval counts from the change (or its start_at), as a new
+                # schedule's does: nothing of the old timing is due under it.
+                return definition, recomputed
+            return definition, next_fire_after_retiming(
+                current.next_fire_at, recomputed, definition, now
+            )
 
         return self.store.replace_schedule(name, build)
 
@@ -552,11 +556,24 @@ def _redefine(
     timing_keys = {"cron", "every", "at", "in_seconds", "start_at"}
     if not timing_keys & set(changes):
         fields |= _trigger_fields(current)
+    elif _window_start_stays(current, changes, now):
+        fields["start_at"] = current.start_at
     fields |= dict(changes)
     if "at" not in changes:
         fields["allow_past"] = True  # a one-off's own time is not checked again
     task = fields.pop("task", current.task)
     return define(current.name, task, default_tz=default_tz, now=now, **fields)
+
+
+def _window_start_stays(
+    current: ScheduleDefinition, changes: Mapping[str, Any], now: datetime
+) -> bool:
+    """Whether a new timing keeps the window's start_at: always when it is not given
+    anew, except for an interval once the window has started (start_at is also where
+    an interval counts from, and a changed one counts from the change)."""
+    if "start_at" in changes or current.start_at is None:
+        return False
+    return "every" not in changes or current.start_at > now
 
 
 def _trigger_fields(current: ScheduleDefinition) -> dict[str, Any]:

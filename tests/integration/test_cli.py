@@ -42,6 +42,7 @@ from tests.integration.helpers import (
     broker_messages,
     error_lines,
     invoke,
+    make_due,
     run_rows,
     schedule_row,
     slow_client_clock,
@@ -802,3 +803,29 @@ def test_finding_11_backfill_refuses_a_window_older_than_the_history_retention(
     now = store.now()
     recent = ["--from", (now - timedelta(days=29)).isoformat(), "--to", now.isoformat()]
     assert len(as_json(cli("backfill", "hourly", *recent, "--limit", "1000", "--json"))) > 600
+
+
+def test_a_changed_interval_first_fires_one_period_after_the_change_as_a_new_one_does(
+    cli: Cli, store: Store
+) -> None:
+    as_json(cli("add", "tick", "tasks.demo.add", "--args", "[1, 2]", "--every", "60", "--json"))
+    make_due(store, seconds_ago=120)  # no beat ran: its fire time has passed
+
+    as_json(cli("update", "tick", "--every", "5m", "--json"))
+    updated = schedule_row(store, "tick")
+    as_json(cli("add", "new", "tasks.demo.add", "--args", "[1, 2]", "--every", "5m", "--json"))
+    added = schedule_row(store, "new")
+
+    assert updated.next_fire_at == updated.updated_at + timedelta(minutes=5)
+    assert added.next_fire_at == added.created_at + timedelta(minutes=5)
+
+
+def test_a_changed_interval_keeps_a_window_that_has_not_started(cli: Cli, store: Store) -> None:
+    start = (store.now() + timedelta(days=2)).replace(microsecond=0)
+    window = ["--start-at", start.isoformat(), "--every", "60", "--json"]
+    as_json(cli("add", "later", "tasks.demo.add", "--args", "[1, 2]", *window))
+
+    updated = as_json(cli("update", "later", "--every", "120", "--json"))
+
+    assert updated["start_at"] == start.isoformat()
+    assert updated["next_fire_at"] == start.isoformat(), "no fire time before start_at"
