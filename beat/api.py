@@ -15,6 +15,7 @@ arguments leave the database untouched::
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
@@ -338,6 +339,35 @@ def _check_options(options: Mapping[str, Any] | None, queue: str | None) -> dict
     return merged
 
 
+def arguments_problem(task: Any, definition: ScheduleDefinition) -> str | None:
+    """Why ``task`` (a Celery task object, or None if unknown) cannot be called with the
+    args and kwargs of ``definition``; None if it can, or if that cannot be told.
+
+    ``task.run`` is what a worker calls: for a ``bind=True`` task it is bound already,
+    so its signature leaves ``self`` out."""
+    if task is None:
+        return None
+    try:
+        signature = inspect.signature(task.run)
+    except (AttributeError, TypeError, ValueError):
+        return None  # no signature to read (a C function, an odd task class)
+    try:
+        signature.bind(*definition.args, **definition.kwargs)
+    except TypeError as exc:
+        shown = f"{definition.task}{_parameters_only(signature)}"
+        return f"task {shown:.200} cannot take these arguments ({exc})"
+    return None
+
+
+def _parameters_only(signature: inspect.Signature) -> str:
+    """``(x, y=1, *, z)``: the names a call binds to, without the annotations."""
+    bare = [
+        parameter.replace(annotation=inspect.Parameter.empty)
+        for parameter in signature.parameters.values()
+    ]
+    return str(signature.replace(parameters=bare, return_annotation=inspect.Signature.empty))
+
+
 def _misfire_policy(value: MisfirePolicy | str) -> MisfirePolicy:
     return _choice(MisfirePolicy, value, "misfire policy")
 
@@ -388,9 +418,10 @@ class Schedules:
         fields = {**self.defaults, **fields}
         fields.setdefault("default_tz", self.default_tz)
         # Bad input is refused before the task lookup; the past is the database's, below.
-        define(name, task, **(fields | {"allow_past": True}))
+        checked = define(name, task, **(fields | {"allow_past": True}))
         if not allow_unregistered:
             self.check_task_registered(task)
+            self.check_arguments(checked)
 
         def build(now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
             definition = define(name, task, now=now, **fields)
@@ -402,9 +433,14 @@ class Schedules:
         """Change some fields of a schedule; a changed timing recomputes the next fire time."""
         if "task" in changes and not allow_unregistered:
             self.check_task_registered(changes["task"])
+        check_call = not allow_unregistered and bool({"task", "args", "kwargs"} & set(changes))
+        if check_call:
+            self._import_tasks()
 
         def build(current: Schedule, now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
             definition = _redefine(current.definition, changes, self.default_tz, now)
+            if check_call:
+                self.check_arguments(definition)
             timing_changed = (definition.trigger, definition.timezone) != (
                 current.definition.trigger,
                 current.definition.timezone,
@@ -452,15 +488,30 @@ class Schedules:
     def list(self) -> list[Schedule]:
         return self.store.list_schedules()
 
+    def _import_tasks(self) -> None:
+        if self.app is not None:
+            self.app.loader.import_default_modules()
+
     def check_task_registered(self, task: str) -> None:
         if self.app is None:
             return
-        self.app.loader.import_default_modules()
+        self._import_tasks()
         if task not in self.app.tasks:
             raise UnknownTask(
                 f"task '{task}' is not registered with the Celery app '{self.app.main}':"
                 " check the name, or allow it explicitly (--allow-unregistered)"
                 " if only the workers import it"
+            )
+
+    def check_arguments(self, definition: ScheduleDefinition) -> None:
+        """Refuse args and kwargs that the task, if this app knows it, cannot be called
+        with: every run would fail the same way."""
+        registered = None if self.app is None else self.app.tasks.get(definition.task)
+        problem = arguments_problem(registered, definition)
+        if problem is not None:
+            raise InvalidSchedule(
+                f"{problem}: give matching --args/--kwargs, or --allow-unregistered if the"
+                " workers run another version of the task"
             )
 
     def backfill(

@@ -703,6 +703,8 @@ def sync(ctx: click.Context, as_json: bool) -> None:
             " has that name (rename one of them)",
             err=True,
         )
+    for warning in code_schedules.task_warnings(app, definitions):
+        click.echo(f"Warning: {warning}", err=True)
 
 
 @_command()

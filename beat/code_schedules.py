@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from beat.api import define
+from beat.api import arguments_problem, define
 from beat.errors import ConfigError, InvalidSchedule
 from beat.models import ScheduleDefinition
 from beat.store import definition_values
@@ -106,6 +106,29 @@ def collect(
             fields = {"tz": app_tz, **base, **fields}
             _add(found, _define(schedule_name, task_name, fields), f"@periodic on {task_name}")
     return [(definition, definition_hash(definition)) for definition in found.values()]
+
+
+def task_warnings(app: Any, definitions: Iterable[tuple[ScheduleDefinition, str]]) -> list[str]:
+    """One line for each code schedule whose task ``app`` does not know, or knows with a
+    signature its arguments do not fit. Warned, not refused: beat publishes by name and
+    need not import the workers' code, which may be right where this app is not (and
+    refusing would stop beat, and every schedule, at a deploy)."""
+    warnings = []
+    for definition, _ in definitions:
+        task = app.tasks.get(definition.task)
+        if task is None:
+            warnings.append(
+                f"code schedule {definition.name}: task '{definition.task}' is not registered"
+                f" with the Celery app '{app.main}': its runs fail unless the workers know it"
+                " (check the name, or import its module: HABEAT_IMPORTS)"
+            )
+            continue
+        problem = arguments_problem(task, definition)
+        if problem is not None:
+            warnings.append(
+                f"code schedule {definition.name}: {problem}: its runs fail; fix its args/kwargs"
+            )
+    return warnings
 
 
 def definition_hash(definition: ScheduleDefinition) -> str:

@@ -144,6 +144,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             default_tz=self.config.default_timezone,
             defaults=self.config.schedule_defaults(),
         )
+        for warning in code_schedules.task_warnings(self.app, self._code):
+            logger.warning(warning)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass of the loop; returns 0 (it waited itself) or a back-off delay."""

@@ -9,7 +9,8 @@ with exceptions propagating: a traceback fails the test.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -21,6 +22,7 @@ from click.testing import Result
 from app.factory import create_app
 from beat.api import Schedules
 from beat.errors import InvalidSchedule
+from beat.scheduler import HAScheduler
 from beat.store import Store
 from tests.conftest import SessionEnv
 from tests.integration.helpers import as_json, error_lines, invoke, schedule_row, table_rows
@@ -153,6 +155,17 @@ CLI_REFUSALS = [
                  "does not exist in Europe/Berlin", id="update-at-skipped-by-dst"),
     pytest.param(["update", "nope", "--at", "2030-01-01T00:00"], "no schedule named 'nope'",
                  id="update-unknown-with-naive-at"),
+    # arguments that the task's signature does not take
+    pytest.param(["add", "x", "tasks.demo.add", "--every", "60"],
+                 "missing a required argument: 'x'", id="args-missing"),
+    pytest.param([*ADD, "--every", "60", "--kwargs", '{"z": 1}'],
+                 "unexpected keyword argument 'z'", id="kwargs-unknown"),
+    pytest.param(["add", "x", "tasks.demo.add", "--args", "[1, 2, 3]", "--every", "60"],
+                 "too many positional arguments", id="args-too-many"),
+    pytest.param(["update", "existing", "--args", "[1]"], "missing a required argument: 'y'",
+                 id="update-args-missing"),
+    pytest.param(["update", "existing", "--task", "tasks.demo.report"],
+                 "too many positional arguments", id="update-task-takes-other-args"),
 ]  # fmt: skip
 
 
@@ -269,3 +282,58 @@ def test_a_one_off_in_the_past_is_refused_unless_allowed(
     )  # its own time is not re-checked
     line = refused(app, store, "update", "late", "--at", hour_ago)
     assert "--allow-past" in line
+
+
+# -- arguments are checked against the task's signature --------------------------------------
+
+
+def test_arguments_of_a_bound_task_are_checked_without_its_self(
+    app: Celery, store: Store, schedules: Schedules
+) -> None:
+    @app.task(bind=True, name="tests.bound")
+    def bound(self: Any, label: str, *, times: int = 1) -> str:
+        return label * times
+
+    created = schedules.create("bound", "tests.bound", every=60, args=["a"], kwargs={"times": 2})
+    assert created.definition.args == ("a",)
+    bound_signature = r"tests\.bound\(label, \*, times=1\)"
+    with pytest.raises(InvalidSchedule, match=bound_signature):
+        schedules.create("unbound", "tests.bound", every=60, args=["a", 2])
+    assert [s.name for s in schedules.list()] == ["bound"]
+
+
+def test_allow_unregistered_also_skips_the_argument_check(app: Celery, store: Store) -> None:
+    """For workers that run another version of the task than this app knows."""
+    command = ["add", "newer", "tasks.demo.add", "--every", "60", "--allow-unregistered"]
+    assert as_json(invoke(app, *command, "--args", "[1, 2, 3]", "--json"))["args"] == [1, 2, 3]
+
+
+def test_a_code_schedule_of_an_unknown_task_or_with_wrong_arguments_is_synced_with_a_warning(
+    app: Celery,
+    store: Store,
+    make_scheduler: Callable[..., HAScheduler],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Beat publishes by name and need not import the workers' code: a task it does not
+    know, or whose signature it sees differently, may be right for the workers."""
+    code = {
+        "typo": {"task": "tasks.demo.ad", "schedule": 60.0},
+        "no-args": {"task": "tasks.demo.add", "schedule": 60.0},
+        "fine": {"task": "tasks.demo.add", "schedule": 60.0, "args": [1, 2]},
+    }
+    app.conf.beat_schedule = code
+
+    result = invoke(app, "sync")
+
+    assert result.exit_code == 0, result.output
+    warnings = sorted(line for line in result.stderr.splitlines() if line.startswith("Warning:"))
+    assert len(warnings) == 2, result.stderr
+    assert "code schedule no-args: task tasks.demo.add(x, y) cannot take" in warnings[0]
+    assert "missing a required argument: 'x'" in warnings[0]
+    assert "code schedule typo: task 'tasks.demo.ad' is not registered" in warnings[1]
+    assert {row[0] for row in table_rows(store)} == {1, 2, 3}, "all three are synced"
+
+    with caplog.at_level(logging.WARNING, logger="beat.scheduler"):
+        make_scheduler({"beat_schedule": code})
+    logged = [r.getMessage() for r in caplog.records if r.name == "beat.scheduler"]
+    assert sorted(logged) == [line.removeprefix("Warning: ") for line in warnings]

@@ -181,7 +181,7 @@ def test_a_schedule_round_trips_through_every_command_as_json(cli: Cli) -> None:
 
 def test_human_output_is_aligned_tables(cli: Cli) -> None:
     assert cli("add", "nightly", "tasks.demo.report", "--cron", "30 2 * * *").exit_code == 0
-    assert cli("add", "often", "tasks.demo.add", "--every", "60", "--paused").exit_code == 0
+    assert cli("add", "often", "tasks.demo.heartbeat", "--every", "60", "--paused").exit_code == 0
 
     listing = cli("list")
     assert listing.exit_code == 0
@@ -225,7 +225,7 @@ BAD_INPUT = [
     pytest.param(["add", "x", "tasks.demo.add", "--every", "5", "--args", '{"a": 1}'],
                  id="add-args-not-a-list"),
     pytest.param(["add", "x", "no.such.task", "--every", "5"], id="add-unknown-task"),
-    pytest.param(["add", "existing", "tasks.demo.add", "--every", "5"], id="add-existing"),
+    pytest.param(["add", "existing", "tasks.demo.heartbeat", "--every", "5"], id="add-existing"),
     pytest.param(["update", "nope", "--cron", "* * * * *"], id="update-unknown"),
     pytest.param(["update", "existing"], id="update-nothing"),
     pytest.param(["update", "existing", "--cron", "61 * * * *"], id="update-bad-cron"),
@@ -249,7 +249,7 @@ BAD_INPUT = [
 def test_bad_input_exits_2_with_one_error_line_and_writes_nothing(
     cli: Cli, store: Store, args: list[str]
 ) -> None:
-    assert cli("add", "existing", "tasks.demo.add", "--every", "60").exit_code == 0
+    assert cli("add", "existing", "tasks.demo.heartbeat", "--every", "60").exit_code == 0
     insert_run(store, schedule_name="existing", fire_ago=86400 * 40, finished_ago=86400 * 40)
     before = table_rows(store)
 
@@ -320,7 +320,7 @@ def test_trigger_queues_a_run_that_the_leader_publishes_with_the_run_id_as_task_
 
 
 def test_trigger_json_api_and_paused_schedules(cli: Cli, store: Store, app: Celery) -> None:
-    cli("add", "paused-one", "tasks.demo.add", "--every", "60", "--paused")
+    cli("add", "paused-one", "tasks.demo.heartbeat", "--every", "60", "--paused")
 
     document = as_json(cli("trigger", "paused-one", "--json"))
     api_run_id = Schedules(store, app=app).trigger("paused-one")
@@ -336,7 +336,7 @@ def test_trigger_json_api_and_paused_schedules(cli: Cli, store: Store, app: Cele
 def test_trigger_wakes_a_waiting_leader_at_once(
     cli: Cli, store: Store, make_scheduler: Callable[..., HAScheduler]
 ) -> None:
-    cli("add", "later", "tasks.demo.add", "--every", "3600")
+    cli("add", "later", "tasks.demo.heartbeat", "--every", "3600")
     scheduler = make_scheduler(max_wait=30.0)  # without NOTIFY, it would sleep 30 s
     stop = threading.Event()
 
@@ -428,7 +428,7 @@ def test_runs_lists_history_newest_first_with_filters(cli: Cli, store: Store) ->
 
 
 def test_show_and_list_report_the_latest_runs(cli: Cli, store: Store) -> None:
-    cli("add", "history", "tasks.demo.add", "--every", "60")
+    cli("add", "history", "tasks.demo.heartbeat", "--every", "60")
     insert_run(store, fire_ago=120, finished_ago=100)
     newest = insert_run(store, state=RunState.FAILED.value, fire_ago=60, finished_ago=50)
 
@@ -626,7 +626,7 @@ def test_sync_pushes_the_schedules_defined_in_code(app: Celery, cli: Cli, store:
         },
         "code-often": {"task": "tasks.demo.add", "schedule": 30.0},
     }
-    cli("add", "code-often", "tasks.demo.add", "--every", "60")  # made at runtime: left alone
+    cli("add", "code-often", "tasks.demo.heartbeat", "--every", "60")  # made at runtime: left alone
 
     first = as_json(cli("sync", "--json"))
     assert first == {
@@ -672,7 +672,7 @@ def test_the_real_command_line(
     assert refused.stderr.startswith("Error: invalid cron expression 'banana'")
     assert table_rows(store) == []
 
-    added = celery_cli(test_env, "add", "cli", "tasks.demo.add", "--every", "60", "--json")
+    added = celery_cli(test_env, "add", "cli", "tasks.demo.heartbeat", "--every", "60", "--json")
     assert added.returncode == 0, added.stderr
     assert json.loads(added.stdout)["name"] == "cli"
 
@@ -694,7 +694,7 @@ def test_overlap_jitter_window_and_one_off_options(cli: Cli) -> None:
         cli(
             "add",
             "trial",
-            "tasks.demo.add",
+            "tasks.demo.heartbeat",
             "--cron",
             "0 9 * * *",
             "--overlap-policy",
@@ -720,9 +720,9 @@ def test_overlap_jitter_window_and_one_off_options(cli: Cli) -> None:
     updated = as_json(cli("update", "trial", "--overlap-policy", "cancel_previous", "--json"))
     assert updated["overlap_policy"] == "cancel_previous"
     assert updated["max_runs"] == 14, "unchanged fields stay"
-    soon = as_json(cli("add", "soon", "tasks.demo.add", "--in", "90s", "--json"))
+    soon = as_json(cli("add", "soon", "tasks.demo.heartbeat", "--in", "90s", "--json"))
     assert soon["schedule"].startswith("at ")
-    bad = cli("add", "bad", "tasks.demo.add", "--every", "5", "--overlap-policy", "sometimes")
+    bad = cli("add", "bad", "tasks.demo.heartbeat", "--every", "5", "--overlap-policy", "sometimes")
     assert bad.exit_code == 2
 
 
@@ -731,7 +731,7 @@ def test_finding_9_in_counts_from_the_database_clock(
 ) -> None:
     slow_client_clock(monkeypatch, timedelta(seconds=120))
 
-    as_json(cli("add", "soon", "tasks.demo.add", "--in", "90s", "--json"))
+    as_json(cli("add", "soon", "tasks.demo.heartbeat", "--in", "90s", "--json"))
     added = schedule_row(store, "soon")
     as_json(cli("update", "soon", "--in", "10m", "--json"))
     updated = schedule_row(store, "soon")
@@ -741,7 +741,7 @@ def test_finding_9_in_counts_from_the_database_clock(
 
 
 def test_backfill_creates_the_missing_runs_of_a_past_window(cli: Cli, store: Store) -> None:
-    as_json(cli("add", "hourly", "tasks.demo.add", "--cron", "0 * * * *", "--json"))
+    as_json(cli("add", "hourly", "tasks.demo.heartbeat", "--cron", "0 * * * *", "--json"))
     hour = store.now().replace(minute=0, second=0, microsecond=0)
     window = ("--from", (hour - timedelta(hours=6)).isoformat(), "--to", hour.isoformat())
     created = as_json(cli("backfill", "hourly", *window, "--json"))
@@ -776,7 +776,7 @@ def assert_refused(cli: Cli, store: Store, args: list[str], *says: str) -> None:
 
 
 def test_finding_5_backfill_refuses_fire_times_still_to_come(cli: Cli, store: Store) -> None:
-    as_json(cli("add", "minutely", "tasks.demo.add", "--cron", "* * * * *", "--json"))
+    as_json(cli("add", "minutely", "tasks.demo.heartbeat", "--cron", "* * * * *", "--json"))
     now = store.now()
     window = ["--from", (now - timedelta(minutes=30)).isoformat()]
     future = [*window, "--to", (now + timedelta(minutes=30)).isoformat()]
@@ -790,7 +790,7 @@ def test_finding_11_backfill_refuses_a_window_older_than_the_history_retention(
     cli: Cli, store: Store
 ) -> None:
     """After retention deleted the runs of a window, backfill cannot tell they ran."""
-    as_json(cli("add", "hourly", "tasks.demo.add", "--cron", "0 * * * *", "--json"))
+    as_json(cli("add", "hourly", "tasks.demo.heartbeat", "--cron", "0 * * * *", "--json"))
     hour = store.now().replace(minute=0, second=0, microsecond=0) - timedelta(days=31)
     for ago in range(3):
         fire_at = hour + timedelta(hours=ago)
