@@ -99,7 +99,7 @@ def define(
     now = now or datetime.now(UTC)
     _check_name(name)
     _check_task_name(task)
-    zone_name = tz or default_tz
+    zone_name = default_tz if tz is None else tz  # an empty name is refused, not defaulted
     timing.parse_zone(zone_name)
     for label, moment in (("at", at), ("start_at", start_at), ("end_at", end_at)):
         _check_representable_in_utc(moment, label)
@@ -110,6 +110,11 @@ def define(
             raise InvalidSchedule("give in_seconds or at, not both")
         at = now + timedelta(seconds=_checked_seconds(in_seconds, "in_seconds", minimum=0))
     trigger = _trigger(cron=cron, every=every, at=at, start_at=start_at, now=now)
+    if isinstance(trigger, timing.Every) and tz is not None:
+        raise InvalidSchedule(
+            "an interval counts elapsed seconds and has no time zone: leave tz (--tz) out,"
+            " or use a cron (--cron) to fire at wall-clock times of a zone"
+        )
     _check_window(start_at, end_at, max_runs)
     if not _positive_number(jitter, allow_zero=True) or jitter > MAX_JITTER_SECONDS:
         raise InvalidSchedule(
@@ -438,7 +443,7 @@ class Schedules:
             self._import_tasks()
 
         def build(current: Schedule, now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
-            definition = _redefine(current.definition, changes, self.default_tz, now)
+            definition = _redefine(current.definition, changes, now)
             if check_call:
                 self.check_arguments(definition)
             timing_changed = (definition.trigger, definition.timezone) != (
@@ -586,12 +591,11 @@ def _fire_times_between(
 
 
 def _redefine(
-    current: ScheduleDefinition, changes: Mapping[str, Any], default_tz: str, now: datetime
+    current: ScheduleDefinition, changes: Mapping[str, Any], now: datetime
 ) -> ScheduleDefinition:
     """The definition with ``changes`` applied, validated as a whole by :func:`define`
     (relative times count from the database's ``now``)."""
     fields: dict[str, Any] = {
-        "tz": current.timezone,
         "args": current.args,
         "kwargs": current.kwargs,
         "options": current.options,
@@ -613,7 +617,8 @@ def _redefine(
     if "at" not in changes:
         fields["allow_past"] = True  # a one-off's own time is not checked again
     task = fields.pop("task", current.task)
-    return define(current.name, task, default_tz=default_tz, now=now, **fields)
+    # The zone stays unless changed; only a zone given anew is checked against the timing.
+    return define(current.name, task, default_tz=current.timezone, now=now, **fields)
 
 
 def _window_start_stays(

@@ -103,7 +103,7 @@ def collect(
             fields = {
                 key: value for key, value in entry.items() if key != "name" and value is not None
             }
-            fields = {"tz": app_tz, **base, **fields}
+            fields = {"default_tz": app_tz, **base, **fields}
             _add(found, _define(schedule_name, task_name, fields), f"@periodic on {task_name}")
     return [(definition, definition_hash(definition)) for definition in found.values()]
 
@@ -161,7 +161,7 @@ def _from_beat_schedule(
         "args": list(entry.get("args") or ()),
         "kwargs": dict(entry.get("kwargs") or {}),
         "options": {k: v for k, v in (entry.get("options") or {}).items()},
-        "tz": app_tz,
+        "default_tz": app_tz,  # tz only when the entry gives one: an interval has none
     }
     fields |= _timing_of(entry["schedule"], where)
     fields |= {key: entry[key] for key in SCHEDULE_ENTRY_EXTRAS if entry.get(key) is not None}

@@ -21,7 +21,7 @@ from click.testing import Result
 
 from app.factory import create_app
 from beat.api import Schedules
-from beat.errors import InvalidSchedule
+from beat.errors import ConfigError, InvalidSchedule
 from beat.scheduler import HAScheduler
 from beat.store import Store
 from tests.conftest import SessionEnv
@@ -155,6 +155,13 @@ CLI_REFUSALS = [
                  "does not exist in Europe/Berlin", id="update-at-skipped-by-dst"),
     pytest.param(["update", "nope", "--at", "2030-01-01T00:00"], "no schedule named 'nope'",
                  id="update-unknown-with-naive-at"),
+    # zones
+    pytest.param([*ADD, "--every", "60", "--tz", "Europe/Berlin"], "has no time zone",
+                 id="interval-with-zone"),
+    pytest.param(["update", "existing", "--tz", "Europe/Berlin"], "has no time zone",
+                 id="update-interval-with-zone"),
+    pytest.param([*ADD, "--cron", "0 * * * *", "--tz", ""], "unknown time zone ''",
+                 id="empty-zone"),
     # arguments that the task's signature does not take
     pytest.param(["add", "x", "tasks.demo.add", "--every", "60"],
                  "missing a required argument: 'x'", id="args-missing"),
@@ -185,20 +192,14 @@ API_REFUSALS = [
     pytest.param({"every": 10**400}, "at most 315360000 (3650 days)", id="every-huge-int"),
     pytest.param({"every": 1e13}, "at most 315360000 (3650 days)", id="every-never-fires"),
     pytest.param({"in_seconds": 1e20}, "at most 315360000 (3650 days)", id="in-overflow"),
-    pytest.param(
-        {"at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))},
-        "years 1 to 9999",
-        id="at-before-year-1-in-utc",
-    ),
-    pytest.param(
-        {
-            "cron": "* * * * *",
-            "end_at": datetime.max.replace(tzinfo=timezone(-timedelta(hours=12))),
-        },
-        "years 1 to 9999",
-        id="end-at-after-year-9999-in-utc",
-    ),
-]
+    pytest.param({"at": datetime.min.replace(tzinfo=PLUS_14)}, "years 1 to 9999",
+                 id="at-before-year-1-in-utc"),
+    pytest.param({"cron": "* * * * *", "end_at": datetime.max.replace(tzinfo=MINUS_12)},
+                 "years 1 to 9999", id="end-at-after-year-9999-in-utc"),
+    pytest.param({"every": 60, "tz": "Europe/Berlin"}, "has no time zone",
+                 id="interval-with-zone"),
+    pytest.param({"cron": "0 * * * *", "tz": ""}, "unknown time zone ''", id="empty-zone"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("fields", "says"), API_REFUSALS)
@@ -337,3 +338,41 @@ def test_a_code_schedule_of_an_unknown_task_or_with_wrong_arguments_is_synced_wi
         make_scheduler({"beat_schedule": code})
     logged = [r.getMessage() for r in caplog.records if r.name == "beat.scheduler"]
     assert sorted(logged) == [line.removeprefix("Warning: ") for line in warnings]
+
+
+# -- the table: every bad input in code (beat_schedule entries) ------------------------------
+
+CODE_REFUSALS = [
+    pytest.param({"schedule": 60.0, "tz": "Europe/Berlin"}, "has no time zone",
+                 id="interval-with-zone"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("entry", "says"), CODE_REFUSALS)
+def test_bad_input_in_code_stops_sync_and_beat_with_one_line_and_writes_nothing(
+    app: Celery,
+    store: Store,
+    seeded: Schedules,
+    make_scheduler: Callable[..., HAScheduler],
+    entry: dict[str, Any],
+    says: str,
+) -> None:
+    app.conf.beat_schedule = {"bad": {"task": "tasks.demo.add", "args": [1, 2], **entry}}
+
+    line = refused(app, store, "sync")
+
+    assert line.startswith("Error: beat_schedule['bad']: ")
+    assert says in line
+    with pytest.raises(ConfigError) as caught:
+        make_scheduler({"beat_schedule": app.conf.beat_schedule})
+    assert says in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_an_interval_in_code_is_stored_with_the_app_zone_without_being_refused(
+    test_env: SessionEnv, store: Store, redis_client: redis.Redis
+) -> None:
+    app = create_app(test_env.settings(timezone="Europe/Berlin"))
+    app.conf.beat_schedule = {"tick": {"task": "tasks.demo.add", "schedule": 60, "args": [1, 2]}}
+    assert as_json(invoke(app, "sync", "--json"))["created"] == ["tick"]
+    assert schedule_row(store, "tick").timezone == "Europe/Berlin"
