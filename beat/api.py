@@ -259,13 +259,27 @@ def _trigger(
             + (f" (got {', '.join(given)})" if given else "")
         )
     if cron is not None:
-        return timing.parse_cron(cron)
+        return _parse_cron(cron)
     if every is not None:
         seconds = every.total_seconds() if isinstance(every, timedelta) else every
         checked = _checked_seconds(seconds, "every", minimum=timing.MIN_INTERVAL_SECONDS)
         return timing.every(checked, anchor=start_at or now)
     assert at is not None
     return timing.once(at)
+
+
+def _parse_cron(expression: str) -> timing.Cron:
+    """A cron; for a bad one of six fields the error says in which order they are read,
+    since croniter (and so many a reader) puts the seconds last by default."""
+    try:
+        return timing.parse_cron(expression)
+    except InvalidSchedule as exc:
+        if isinstance(expression, str) and len(expression.split()) == 6:
+            raise InvalidSchedule(
+                f"{exc}; six fields are read seconds first: second minute hour day month"
+                " weekday (croniter's default puts the seconds last)"
+            ) from exc
+        raise
 
 
 def _check_name(name: str) -> None:
@@ -485,6 +499,8 @@ class Schedules:
         return self.store.replace_schedule(name, build)
 
     def delete(self, name: str) -> None:
+        """Delete a schedule made at runtime; one defined in code is refused (the next
+        sync would bring it back)."""
         self.store.delete_schedule(name)
 
     def get(self, name: str) -> Schedule:

@@ -341,7 +341,11 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 
 
 _DEFINITION_OPTIONS = (
-    click.option("--cron", help="cron expression: 5 fields, or 6 with seconds first"),
+    click.option(
+        "--cron",
+        help="cron expression: 5 fields 'minute hour day month weekday', or 6 read seconds"
+        " first, 'second minute hour day month weekday' (croniter puts seconds last)",
+    ),
     click.option(
         "--every",
         callback=_parse_seconds,
@@ -640,6 +644,9 @@ def runs(
             since=since,
             limit=limit,
         )
+    if not found and name is not None:
+        with _errors_as_exit_codes():
+            _check_known_name(manager, name)
     if as_json:
         _echo_json([run_document(run) for run in found])
         return
@@ -647,6 +654,21 @@ def runs(
         click.echo("no runs match")
         return
     click.echo(_runs_table(found))
+
+
+def _check_known_name(manager: Schedules, name: str) -> None:
+    """A name that is neither a schedule nor in the run history (of removed schedules)
+    is a typo: ScheduleNotFound, rather than an empty list that looks like no runs."""
+    try:
+        manager.get(name)
+        return
+    except ScheduleNotFound:
+        if _ops(manager).runs(schedule_name=name, limit=1):
+            return
+    raise ScheduleNotFound(
+        f"no schedule or run history named '{name}': `celery -A app schedules list` shows"
+        " the schedules"
+    )
 
 
 @_command()

@@ -62,6 +62,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, Operationa
 
 from beat import schema
 from beat.errors import (
+    InvalidSchedule,
     ScheduleExists,
     ScheduleNotFound,
     StaleEpoch,
@@ -347,11 +348,22 @@ class Store(StoreConnection):
         return _schedule_from_row(updated)
 
     def delete_schedule(self, name: str) -> None:
-        """Delete a schedule; its run history stays (``schedule_id`` becomes NULL)."""
+        """Delete a schedule made at runtime; its run history stays (``schedule_id``
+        becomes NULL). One defined in code is refused: the next sync would create it
+        again, so it is removed from the code, or paused."""
         with self._transaction() as conn:
-            deleted = conn.execute(delete(schedules).where(schedules.c.name == name)).rowcount
-        if not deleted:
-            raise schedule_not_found(name)
+            origin = conn.execute(
+                select(schedules.c.origin).where(schedules.c.name == name).with_for_update()
+            ).scalar_one_or_none()
+            if origin is None:
+                raise schedule_not_found(name)
+            if origin == Origin.CODE.value:
+                raise InvalidSchedule(
+                    f"schedule '{name}' is defined in code (beat_schedule or @periodic) and the"
+                    f" next sync would bring it back: remove it from the code (then `celery -A"
+                    f" app schedules sync`), or pause it (`celery -A app schedules pause {name}`)"
+                )
+            conn.execute(delete(schedules).where(schedules.c.name == name))
 
     def sync_code_schedules(
         self,

@@ -45,9 +45,14 @@ def schedules(app: Celery) -> Iterator[Schedules]:
 
 
 @pytest.fixture
-def seeded(schedules: Schedules) -> Schedules:
-    """An ``existing`` schedule, for the commands that name one."""
+def seeded(app: Celery, schedules: Schedules) -> Schedules:
+    """An ``existing`` schedule made at runtime and an ``in-code`` one defined in code,
+    for the commands that name one."""
     schedules.create("existing", "tasks.demo.add", every=60, args=[1, 2])
+    app.conf.beat_schedule = {
+        "in-code": {"task": "tasks.demo.add", "schedule": 60.0, "args": [1, 2]}
+    }
+    assert as_json(invoke(app, "sync", "--json"))["created"] == ["in-code"]
     return schedules
 
 
@@ -162,6 +167,12 @@ CLI_REFUSALS = [
                  id="update-interval-with-zone"),
     pytest.param([*ADD, "--cron", "0 * * * *", "--tz", ""], "unknown time zone ''",
                  id="empty-zone"),
+    # names of schedules
+    pytest.param(["runs", "nosuch"], "no schedule or run history named 'nosuch'",
+                 id="runs-unknown"),
+    pytest.param(["remove", "in-code"], "is defined in code", id="remove-code-schedule"),
+    # crons
+    pytest.param([*ADD, "--cron", "*/5 * * * * 30"], "read seconds first", id="six-fields"),
     # arguments that the task's signature does not take
     pytest.param(["add", "x", "tasks.demo.add", "--every", "60"],
                  "missing a required argument: 'x'", id="args-missing"),
@@ -199,6 +210,8 @@ API_REFUSALS = [
     pytest.param({"every": 60, "tz": "Europe/Berlin"}, "has no time zone",
                  id="interval-with-zone"),
     pytest.param({"cron": "0 * * * *", "tz": ""}, "unknown time zone ''", id="empty-zone"),
+    pytest.param({"cron": "*/5 * * * * 30"}, "second minute hour day month weekday",
+                 id="six-fields"),
 ]  # fmt: skip
 
 
@@ -376,3 +389,23 @@ def test_an_interval_in_code_is_stored_with_the_app_zone_without_being_refused(
     app.conf.beat_schedule = {"tick": {"task": "tasks.demo.add", "schedule": 60, "args": [1, 2]}}
     assert as_json(invoke(app, "sync", "--json"))["created"] == ["tick"]
     assert schedule_row(store, "tick").timezone == "Europe/Berlin"
+
+
+def test_a_schedule_defined_in_code_is_not_removed_at_runtime(
+    store: Store, seeded: Schedules
+) -> None:
+    """The next sync would bring it back: the fix is in the code, or a pause."""
+    with pytest.raises(InvalidSchedule, match=r"remove it from the code.*or pause it"):
+        seeded.delete("in-code")
+    assert seeded.get("in-code").definition.enabled
+
+
+def test_runs_of_a_removed_schedule_are_still_listed_by_name(
+    app: Celery, seeded: Schedules
+) -> None:
+    seeded.trigger("existing")
+    seeded.delete("existing")
+    [run] = as_json(invoke(app, "runs", "existing", "--json"))
+    assert run["schedule"] == "existing"
+    assert as_json(invoke(app, "runs", "existing", "--state", "failed", "--json")) == []
+    assert as_json(invoke(app, "runs", "in-code", "--json")) == [], "no runs yet, but it exists"

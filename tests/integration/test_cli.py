@@ -410,6 +410,7 @@ def test_runs_lists_history_newest_first_with_filters(cli: Cli, store: Store) ->
         str(other),
     ]
     assert len(as_json(cli("runs", "--limit", "1", "--json"))) == 1
+    cli("add", "nothing-ran", "tasks.demo.heartbeat", "--every", "60")
     assert as_json(cli("runs", "nothing-ran", "--json")) == []
 
     table = cli("runs", "history")
