@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from beat import timing
 from beat.config import BeatConfig
 from beat.errors import InvalidSchedule, UnknownTask
+from beat.limits import MAX_DURATION
 from beat.models import Schedule, ScheduleDefinition
+from beat.options import check_publish_options
 from beat.policies import MAX_JITTER_SECONDS
 from beat.store import Store, next_fire_after_retiming
 from beat.tables import MisfirePolicy, Origin, OverlapPolicy
@@ -40,13 +42,7 @@ if TYPE_CHECKING:
 MAX_PAYLOAD_BYTES = 64 * 1024
 #: Longest schedule name.
 MAX_NAME_LENGTH = 200
-#: Publish options a schedule may carry (no eta/countdown: beat never publishes with a delay,
-#: since a delay longer than the broker's visibility timeout runs the task twice).
-ALLOWED_OPTIONS = frozenset({"queue", "routing_key", "exchange", "priority", "expires", "headers"})
 _NAME_PATTERN = re.compile(r"^[\w.:@/+-]+$")
-#: Longest duration anywhere (an interval, a one-off's delay): longer is a mistake (a unit
-#: off), and an interval that long would in effect never fire.
-MAX_DURATION = timedelta(days=3650)
 #: A one-off this little before now is "now" (clock skew, the time a call takes); one
 #: further in the past is refused unless allowed (``allow_past``).
 PAST_ONE_OFF_GRACE = timedelta(minutes=1)
@@ -330,32 +326,9 @@ def _check_payload(
 
 
 def _check_options(options: Mapping[str, Any] | None, queue: str | None) -> dict[str, Any]:
-    merged = dict(options or {})
-    if queue is not None:
-        merged["queue"] = queue
-    unknown = sorted(set(merged) - ALLOWED_OPTIONS)
-    if unknown:
-        raise InvalidSchedule(
-            f"unsupported publish option(s) {', '.join(unknown)}: allowed are"
-            f" {', '.join(sorted(ALLOWED_OPTIONS))} (never eta/countdown)"
-        )
-    try:
-        json.dumps(merged, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidSchedule(f"options must be plain JSON: {exc}") from exc
-    headers = merged.get("headers")
-    if headers is not None and not isinstance(headers, Mapping):
-        raise InvalidSchedule(
-            f"options.headers must be a JSON object, got {type(headers).__name__}: {headers!r:.80}"
-        )
-    expires = merged.get("expires")
-    if expires is not None and (
-        not isinstance(expires, int | float) or not math.isfinite(expires) or expires <= 0
-    ):
-        raise InvalidSchedule(
-            f"options.expires must be a positive number of seconds, got {expires!r}"
-        )
-    return merged
+    """The publish options, with ``queue`` (the CLI's --queue) among them."""
+    checked = check_publish_options({} if options is None else options)
+    return checked if queue is None else check_publish_options(checked | {"queue": queue})
 
 
 def arguments_problem(task: Any, definition: ScheduleDefinition) -> str | None:

@@ -30,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 # Celery imports this module in every ``celery`` command (it is the ``schedules``
 # entry point), which is how a worker gets run tracking without a setting.
 from beat import code_schedules, timing, worker  # noqa: F401
-from beat.api import MAX_DURATION, Schedules, first_fire_at
+from beat.api import Schedules, first_fire_at
 from beat.config import BeatConfig
 from beat.errors import (
     ConfigError,
@@ -41,6 +41,7 @@ from beat.errors import (
     ScheduleNotFound,
 )
 from beat.leader import lock_key
+from beat.limits import MAX_DURATION
 from beat.models import Schedule
 from beat.ops_store import FINISHED_STATES, LastRun, OpsStore, RunRecord
 from beat.store import LeaderInfo, first_line

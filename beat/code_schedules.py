@@ -160,7 +160,7 @@ def _from_beat_schedule(
         **defaults,
         "args": list(entry.get("args") or ()),
         "kwargs": dict(entry.get("kwargs") or {}),
-        "options": {k: v for k, v in (entry.get("options") or {}).items()},
+        "options": entry.get("options"),  # checked by define, whatever its type
         "default_tz": app_tz,  # tz only when the entry gives one: an interval has none
     }
     fields |= _timing_of(entry["schedule"], where)

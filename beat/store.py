@@ -80,6 +80,7 @@ from beat.models import (
     ScheduleDefinition,
     UnpublishableRun,
 )
+from beat.options import check_publish_options
 from beat.policies import jitter_delay
 from beat.tables import (
     SCHEDULES_CHANNEL,
@@ -1331,7 +1332,8 @@ def _due_from_row(row: Row[Any]) -> DueSchedule:
         zone=ZoneInfo(row.timezone),
         args=row.args,
         kwargs=row.kwargs,
-        options=row.options,
+        # A row written with psql may carry options a schedule may not: it is quarantined.
+        options=check_publish_options(row.options),
         misfire_policy=MisfirePolicy(row.misfire_policy),
         max_attempts=row.max_attempts,
         next_fire_at=row.next_fire_at,

@@ -9,6 +9,7 @@ with exceptions propagating: a traceback fails the test.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -18,14 +19,24 @@ import pytest
 import redis
 from celery import Celery
 from click.testing import Result
+from sqlalchemy import text
 
 from app.factory import create_app
 from beat.api import Schedules
 from beat.errors import ConfigError, InvalidSchedule
 from beat.scheduler import HAScheduler
 from beat.store import Store
+from beat.tables import RunState
 from tests.conftest import SessionEnv
-from tests.integration.helpers import as_json, error_lines, invoke, schedule_row, table_rows
+from tests.integration.helpers import (
+    as_json,
+    broker_messages,
+    error_lines,
+    invoke,
+    run_rows,
+    schedule_row,
+    table_rows,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -171,6 +182,10 @@ CLI_REFUSALS = [
     pytest.param(["runs", "nosuch"], "no schedule or run history named 'nosuch'",
                  id="runs-unknown"),
     pytest.param(["remove", "in-code"], "is defined in code", id="remove-code-schedule"),
+    # publish options (the CLI sets only the queue)
+    pytest.param([*ADD, "--every", "60", "--queue", ""], "options.queue", id="queue-empty"),
+    pytest.param([*ADD, "--every", "60", "--queue", "re\nports"], "control characters",
+                 id="queue-control-character"),
     # crons
     pytest.param([*ADD, "--cron", "*/5 * * * * 30"], "read seconds first", id="six-fields"),
     # arguments that the task's signature does not take
@@ -212,6 +227,34 @@ API_REFUSALS = [
     pytest.param({"cron": "0 * * * *", "tz": ""}, "unknown time zone ''", id="empty-zone"),
     pytest.param({"cron": "*/5 * * * * 30"}, "second minute hour day month weekday",
                  id="six-fields"),
+    # publish options: what reaches Celery's message
+    *(pytest.param({"every": 60, "options": options}, says, id=f"options-{case}")
+      for case, options, says in [
+        ("header-task", {"headers": {"task": "celery.backend_cleanup"}}, "'task' is read by"),
+        ("header-eta", {"headers": {"eta": "2030-01-01T00:00:00+00:00"}}, "'eta' is read by"),
+        ("header-id", {"headers": {"id": "x"}}, "'id' is read by"),
+        ("header-case", {"headers": {"Task": "celery.backend_cleanup"}}, "'Task' is read by"),
+        ("header-ours", {"headers": {"habeat_attempt": 9}}, "habeat_"),
+        ("header-broker", {"headers": {"x-delay": 5000}}, "x-"),
+        ("header-name", {"headers": {"two words": 1}}, "letters, digits"),
+        ("header-object", {"headers": {"trace": {"a": 1}}}, "a string, number, true"),
+        ("header-huge", {"headers": {"blob": "x" * 5000}}, "4096 bytes"),
+        ("header-too-many", {"headers": {f"h{i}": i for i in range(40)}}, "at most 32"),
+        ("headers-not-object", {"headers": "oops"}, "options.headers must be a JSON object"),
+        ("priority-word", {"priority": "high"}, "options.priority must be a whole number"),
+        ("priority-256", {"priority": 256}, "0 to 255"),
+        ("priority-bool", {"priority": True}, "options.priority"),
+        ("queue-number", {"queue": 5}, "options.queue must be a name"),
+        ("exchange-long", {"exchange": "e" * 256}, "255 characters"),
+        ("eta", {"eta": "2030-01-01T00:00:00+00:00"}, "never eta/countdown"),
+        ("countdown", {"countdown": 10}, "never eta/countdown"),
+        ("unknown", {"link": "tasks.demo.add"}, "unsupported publish option(s) link"),
+        ("expires-word", {"expires": "soon"}, "options.expires"),
+        ("expires-naive", {"expires": "2030-01-01T00:00:00"}, "UTC offset"),
+        ("expires-huge", {"expires": 1e300}, "3650 days"),
+        ("expires-zero", {"expires": 0}, "options.expires"),
+        ("not-an-object", "q", "options must be a JSON object"),
+    ]),
 ]  # fmt: skip
 
 
@@ -358,6 +401,10 @@ def test_a_code_schedule_of_an_unknown_task_or_with_wrong_arguments_is_synced_wi
 CODE_REFUSALS = [
     pytest.param({"schedule": 60.0, "tz": "Europe/Berlin"}, "has no time zone",
                  id="interval-with-zone"),
+    pytest.param({"schedule": 60.0, "options": {"headers": {"task": "celery.backend_cleanup"}}},
+                 "'task' is read by", id="header-task"),
+    pytest.param({"schedule": 60.0, "options": "q"}, "options must be a JSON object",
+                 id="options-not-an-object"),
 ]  # fmt: skip
 
 
@@ -409,3 +456,92 @@ def test_runs_of_a_removed_schedule_are_still_listed_by_name(
     assert run["schedule"] == "existing"
     assert as_json(invoke(app, "runs", "existing", "--state", "failed", "--json")) == []
     assert as_json(invoke(app, "runs", "in-code", "--json")) == [], "no runs yet, but it exists"
+
+
+# -- publish options: the allowed ones reach the message, bad rows are quarantined -----------
+
+
+Messages = list[dict[str, Any]]
+
+
+@pytest.fixture
+def tick_and_read(
+    make_scheduler: Callable[..., HAScheduler], redis_client: redis.Redis, test_env: SessionEnv
+) -> Callable[[str], Messages]:
+    """Lead and tick once; then the messages waiting in a queue of the broker."""
+
+    def tick(queue: str) -> Messages:
+        make_scheduler().tick()
+        return broker_messages(redis_client, test_env.broker_key_prefix, queue)
+
+    return tick
+
+
+def test_allowed_options_and_headers_reach_the_message(
+    schedules: Schedules, tick_and_read: Callable[[str], Messages]
+) -> None:
+    options = {
+        "headers": {"tenant": "acme", "trace-id": 7, "sampled": True},
+        "priority": 3,
+        "expires": "2099-01-01T00:00:00+00:00",
+    }
+    schedules.create("tagged", "tasks.demo.add", args=[1, 2], in_seconds=0, options=options)
+
+    # kombu's Redis transport keeps priority 3 in a list of its own.
+    [message] = tick_and_read("celery\x06\x163")
+    headers = message["headers"]
+    assert (headers["tenant"], headers["trace-id"], headers["sampled"]) == ("acme", 7, True)
+    assert headers["task"] == "tasks.demo.add"
+    assert headers["expires"].startswith("2099-01-01T00:00:00")
+    assert message["properties"]["priority"] == 3
+
+
+def psql(store: Store, statement: str, **params: Any) -> None:
+    """Write as an operator would with psql: around every check of the API."""
+    with store.engine.begin() as conn:
+        conn.execute(text(statement), params)
+
+
+#: A schedule due now.
+INSERT_SCHEDULE = (
+    "INSERT INTO beat_schedules (name, task, trigger_kind, every_seconds, anchor_at,"
+    " next_fire_at, args, options) VALUES (:name, 'tasks.demo.add', 'every', 60, now(), now(),"
+    " '[1, 2]', CAST(:options AS jsonb))"
+)
+#: A run of schedule :name waiting in the outbox.
+INSERT_PENDING_RUN = (
+    "INSERT INTO beat_runs (id, schedule_id, schedule_name, task, args, options, fire_at, state)"
+    " SELECT gen_random_uuid(), id, name, task, args, CAST(:options AS jsonb), now(), 'pending'"
+    " FROM beat_schedules WHERE name = :name"
+)
+
+
+def test_a_row_written_with_psql_that_overrides_a_header_is_quarantined_and_others_publish(
+    store: Store, schedules: Schedules, tick_and_read: Callable[[str], Messages]
+) -> None:
+    override = json.dumps({"headers": {"task": "celery.backend_cleanup"}})
+    psql(store, INSERT_SCHEDULE, name="hostile-schedule", options=override)
+    schedules.create("queued-hostile", "tasks.demo.add", every=3600, args=[1, 2])
+    psql(store, INSERT_PENDING_RUN, name="queued-hostile", options='{"priority": "high"}')
+    schedules.create("good", "tasks.demo.add", args=[1, 2], in_seconds=0)
+
+    messages = tick_and_read("celery")
+    assert [message["headers"]["habeat_schedule"] for message in messages] == ["good"]
+    assert {message["headers"]["task"] for message in messages} == {"tasks.demo.add"}
+    for name, says in [
+        ("hostile-schedule", "'task' is read by"),
+        ("queued-hostile", "options.priority must be a whole number"),
+    ]:
+        row = schedule_row(store, name)
+        assert (row.enabled, row.quarantined_at is not None) == (False, True)
+        assert says in row.disabled_reason
+    [failed] = [row for row in run_rows(store) if row.schedule_name == "queued-hostile"]
+    assert failed.state == RunState.FAILED.value
+    assert "options.priority" in failed.error
+
+
+def test_a_header_override_is_refused_by_update_too(store: Store, seeded: Schedules) -> None:
+    before = table_rows(store)
+    with pytest.raises(InvalidSchedule, match="'task' is read by"):
+        seeded.update("existing", options={"headers": {"task": "celery.backend_cleanup"}})
+    assert table_rows(store) == before
