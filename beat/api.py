@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from beat import timing
 from beat.config import BeatConfig
 from beat.errors import InvalidSchedule, UnknownTask
-from beat.limits import MAX_DURATION
+from beat.limits import MAX_DURATION, MAX_INT4
 from beat.models import Schedule, ScheduleDefinition
 from beat.options import check_publish_options
 from beat.policies import MAX_JITTER_SECONDS
@@ -42,7 +41,11 @@ if TYPE_CHECKING:
 MAX_PAYLOAD_BYTES = 64 * 1024
 #: Longest schedule name.
 MAX_NAME_LENGTH = 200
-_NAME_PATTERN = re.compile(r"^[\w.:@/+-]+$")
+#: Longest task name (a dotted path).
+MAX_TASK_NAME_LENGTH = 255
+#: Deepest nesting of args and kwargs (the list of args is level 1).
+MAX_JSON_DEPTH = 32
+_NAME_PATTERN = re.compile(r"[\w.:@/+-]+")
 #: A one-off this little before now is "now" (clock skew, the time a call takes); one
 #: further in the past is refused unless allowed (``allow_past``).
 PAST_ONE_OFF_GRACE = timedelta(minutes=1)
@@ -112,16 +115,13 @@ def define(
             " or use a cron (--cron) to fire at wall-clock times of a zone"
         )
     _check_window(start_at, end_at, max_runs)
-    if not _positive_number(jitter, allow_zero=True) or jitter > MAX_JITTER_SECONDS:
-        raise InvalidSchedule(
-            f"jitter must be a number of seconds from 0 to {MAX_JITTER_SECONDS:g} (a day),"
-            f" got {jitter!r}"
-        )
+    _check_jitter(jitter, trigger)
     payload_args, payload_kwargs = _check_payload(args, kwargs)
     publish_options = _check_options(options, queue)
     policy = _misfire_policy(misfire_policy)
-    if not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InvalidSchedule(f"max_attempts must be a whole number >= 1, got {max_attempts!r}")
+    _check_count(max_attempts, "max_attempts")
+    if not isinstance(enabled, bool):
+        raise InvalidSchedule(f"enabled must be true or false, got {enabled!r:.80}")
     return ScheduleDefinition(
         name=name,
         task=task,
@@ -140,12 +140,6 @@ def define(
         end_at=end_at,
         max_runs=max_runs,
     )
-
-
-def _positive_number(value: object, *, allow_zero: bool = False) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return False
-    return value >= 0 if allow_zero else value > 0
 
 
 def _checked_seconds(value: object, what: str, *, minimum: float) -> float:
@@ -199,10 +193,35 @@ def _check_window(start_at: datetime | None, end_at: datetime | None, max_runs: 
         raise InvalidSchedule(
             f"end_at {end_at.isoformat()} is not after start_at {start_at.isoformat()}"
         )
-    if max_runs is not None and (
-        isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
+    if max_runs is not None:
+        _check_count(max_runs, "max_runs")
+
+
+def _check_count(value: object, what: str) -> None:
+    """A whole number that fits its ``integer`` column (PostgreSQL refuses more)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT4:
+        raise InvalidSchedule(
+            f"{what} must be a whole number from 1 to {MAX_INT4}, got {value!r:.80}"
+        )
+
+
+def _check_jitter(jitter: object, trigger: Trigger) -> None:
+    """At most a day, and at most the interval: a longer one lets a run be published
+    after the next one."""
+    if (
+        isinstance(jitter, bool)
+        or not isinstance(jitter, int | float)
+        or not 0 <= jitter <= MAX_JITTER_SECONDS  # NaN is not
     ):
-        raise InvalidSchedule(f"max_runs must be a whole number >= 1, got {max_runs!r}")
+        raise InvalidSchedule(
+            f"jitter must be a number of seconds from 0 to {MAX_JITTER_SECONDS:g} (a day),"
+            f" got {jitter!r:.80}"
+        )
+    if isinstance(trigger, timing.Every) and jitter > trigger.seconds:
+        raise InvalidSchedule(
+            f"jitter {jitter:g}s is longer than its interval {trigger.seconds:g}s: runs would"
+            " overtake each other; give at most the interval"
+        )
 
 
 def _overlap_policy(value: OverlapPolicy | str) -> OverlapPolicy:
@@ -283,7 +302,7 @@ def _check_name(name: str) -> None:
         raise InvalidSchedule(
             f"schedule name must be 1 to {MAX_NAME_LENGTH} characters, got {name!r}"
         )
-    if not _NAME_PATTERN.match(name):
+    if not _NAME_PATTERN.fullmatch(name):  # match() would let a trailing newline through
         raise InvalidSchedule(
             f"schedule name {name!r} has characters other than letters, digits and . _ - : @ / +"
         )
@@ -291,7 +310,11 @@ def _check_name(name: str) -> None:
 
 def _check_task_name(task: str) -> None:
     if not isinstance(task, str) or not task.strip() or task != task.strip():
-        raise InvalidSchedule(f"task must be a registered Celery task name, got {task!r}")
+        raise InvalidSchedule(f"task must be a registered Celery task name, got {task!r:.80}")
+    if len(task) > MAX_TASK_NAME_LENGTH:
+        raise InvalidSchedule(f"task name {task!r:.80} is over {MAX_TASK_NAME_LENGTH} characters")
+    if not task.isprintable():
+        raise InvalidSchedule(f"task name {task!r:.80} has control characters")
 
 
 def _check_payload(
@@ -308,6 +331,7 @@ def _check_payload(
     payload_args, payload_kwargs = list(args or ()), dict(kwargs or {})
     if any(not isinstance(key, str) for key in payload_kwargs):
         raise InvalidSchedule("kwargs keys must be strings")
+    _check_json_tree([payload_args, payload_kwargs])
     try:
         encoded = json.dumps([payload_args, payload_kwargs], allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
@@ -323,6 +347,45 @@ def _check_payload(
     # Round-trip, so what is stored is exactly what JSON gives back (tuples become lists).
     decoded_args, decoded_kwargs = json.loads(encoded)
     return tuple(decoded_args), decoded_kwargs
+
+
+def _check_json_tree(payload: list[Any]) -> None:
+    """At most ``MAX_JSON_DEPTH`` levels (``json`` would raise RecursionError on a deep
+    one, and a self-containing list has no end), and text that PostgreSQL stores: UTF-8
+    without NUL. Walked without recursion."""
+    pending: list[tuple[object, int]] = [(part, 1) for part in payload]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, str):
+            _check_text(value)
+            continue
+        if isinstance(value, Mapping):
+            children: list[object] = [*value.keys(), *value.values()]
+        elif isinstance(value, list | tuple):
+            children = list(value)
+        else:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidSchedule(
+                f"args and kwargs are nested more than {MAX_JSON_DEPTH} levels deep:"
+                " pass flatter data, or a reference (an ID) to it"
+            )
+        pending.extend((child, depth + 1) for child in children)
+
+
+def _check_text(value: str) -> None:
+    if "\x00" in value:
+        raise InvalidSchedule(
+            f"args and kwargs hold a NUL character (in {value!r:.60}), which PostgreSQL"
+            " cannot store: remove it"
+        )
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidSchedule(
+            f"args and kwargs hold text that is not UTF-8 (a lone surrogate, in {value!r:.60}):"
+            " fix its encoding"
+        ) from None
 
 
 def _check_options(options: Mapping[str, Any] | None, queue: str | None) -> dict[str, Any]:

@@ -121,6 +121,10 @@ def _json_argument(
             parsed = json.loads(value)
         except json.JSONDecodeError as exc:
             raise click.BadParameter(f"not JSON ({exc.msg}): give {what}") from None
+        except RecursionError:
+            raise click.BadParameter(f"nested too deeply to read: give {what}") from None
+        except ValueError as exc:  # e.g. an integer of more than 4300 digits
+            raise click.BadParameter(f"not usable JSON ({exc}): give {what}") from None
         if not isinstance(parsed, kind):
             raise click.BadParameter(f"must be {what}, got {type(parsed).__name__}")
         return parsed

@@ -158,8 +158,9 @@ def _from_beat_schedule(
         raise ConfigError(f"{where} needs 'task' and 'schedule'")
     fields: dict[str, Any] = {
         **defaults,
-        "args": list(entry.get("args") or ()),
-        "kwargs": dict(entry.get("kwargs") or {}),
+        # As given: define refuses a string for args ("12" is not [1, 2]) or pairs for kwargs.
+        "args": entry.get("args"),
+        "kwargs": entry.get("kwargs"),
         "options": entry.get("options"),  # checked by define, whatever its type
         "default_tz": app_tz,  # tz only when the entry gives one: an interval has none
     }

@@ -83,6 +83,18 @@ def assert_one_line_exit_2(result: Result) -> None:
     assert result.stderr.startswith("Error: "), result.stderr
 
 
+def nested(depth: int) -> list[Any]:
+    """``[[[...]]]``, ``depth`` lists deep."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+DEEP = nested(5000)
+DEEP_TEXT = "[" * 5000 + "]" * 5000
+
+
 def add_args(name: str) -> list[str]:
     """``add NAME tasks.demo.add --args [1, 2]``: a valid start, to which a case adds."""
     return ["add", name, "tasks.demo.add", "--args", "[1, 2]"]
@@ -182,6 +194,25 @@ CLI_REFUSALS = [
     pytest.param(["runs", "nosuch"], "no schedule or run history named 'nosuch'",
                  id="runs-unknown"),
     pytest.param(["remove", "in-code"], "is defined in code", id="remove-code-schedule"),
+    # names, numbers and JSON
+    pytest.param(["add", "nightly\n", "tasks.demo.add", "--args", "[1, 2]", "--every", "60"],
+                 "schedule name 'nightly\\n'", id="name-trailing-newline"),
+    pytest.param(["add", "x", "tasks.demo.add\x07", "--args", "[1, 2]", "--every", "60"],
+                 "control characters", id="task-control-character"),
+    pytest.param(["add", "x", "tasks.demo.add", "--every", "60", "--args", DEEP_TEXT],
+                 "nested too deeply", id="args-nested-5000-deep"),
+    pytest.param(["add", "x", "tasks.demo.add", "--every", "60", "--args", "[1, " + "[" * 40 +
+                  "]" * 40 + "]"], "nested more than 32 levels", id="args-nested-41-deep"),
+    pytest.param(["add", "x", "tasks.demo.add", "--every", "60", "--args", '["a\\u0000b", 2]'],
+                 "NUL", id="args-nul-character"),
+    pytest.param([*ADD, "--every", "60", "--max-runs", "1099511627776"], "2147483647",
+                 id="max-runs-over-column"),
+    pytest.param([*ADD, "--every", "60", "--max-attempts", "2147483648"], "2147483647",
+                 id="max-attempts-over-column"),
+    pytest.param(["update", "existing", "--max-runs", "1099511627776"], "2147483647",
+                 id="update-max-runs-over-column"),
+    pytest.param([*ADD, "--every", "60", "--jitter", "61"], "longer than its interval",
+                 id="jitter-over-interval"),
     # publish options (the CLI sets only the queue)
     pytest.param([*ADD, "--every", "60", "--queue", ""], "options.queue", id="queue-empty"),
     pytest.param([*ADD, "--every", "60", "--queue", "re\nports"], "control characters",
@@ -227,6 +258,22 @@ API_REFUSALS = [
     pytest.param({"cron": "0 * * * *", "tz": ""}, "unknown time zone ''", id="empty-zone"),
     pytest.param({"cron": "*/5 * * * * 30"}, "second minute hour day month weekday",
                  id="six-fields"),
+    # names, numbers and JSON
+    pytest.param({"every": 60, "args": DEEP}, "nested more than 32 levels", id="args-deep"),
+    pytest.param({"every": 60, "kwargs": {"x": DEEP}}, "nested more than 32 levels",
+                 id="kwargs-deep"),
+    pytest.param({"every": 60, "args": ["a\x00b", 2]}, "NUL", id="args-nul"),
+    pytest.param({"every": 60, "args": [1, 2], "kwargs": {"\ud800": 1}}, "UTF-8",
+                 id="kwargs-lone-surrogate"),
+    pytest.param({"every": 60, "max_runs": 2**40}, "2147483647", id="max-runs-over-column"),
+    pytest.param({"every": 60, "max_attempts": 2**31}, "2147483647",
+                 id="max-attempts-over-column"),
+    pytest.param({"every": 60, "max_attempts": True}, "max_attempts", id="max-attempts-bool"),
+    pytest.param({"every": 60, "enabled": "no"}, "enabled must be true or false",
+                 id="enabled-a-string"),
+    pytest.param({"every": 60, "jitter": 61}, "longer than its interval", id="jitter-over-every"),
+    pytest.param({"every": 60, "name": "tab\tname"}, "schedule name", id="name-with-tab"),
+    pytest.param({"every": 60, "task": "tasks.\x00add"}, "control characters", id="task-nul"),
     # publish options: what reaches Celery's message
     *(pytest.param({"every": 60, "options": options}, says, id=f"options-{case}")
       for case, options, says in [
@@ -265,7 +312,7 @@ def test_bad_input_through_the_api_raises_one_line_and_writes_nothing(
     before = table_rows(store)
     fields = {"args": [1, 2], **fields}
     with pytest.raises(InvalidSchedule) as caught:
-        seeded.create("x", fields.pop("task", "tasks.demo.add"), **fields)
+        seeded.create(fields.pop("name", "x"), fields.pop("task", "tasks.demo.add"), **fields)
     assert says in str(caught.value)
     assert "\n" not in str(caught.value)
     assert table_rows(store) == before
@@ -405,6 +452,13 @@ CODE_REFUSALS = [
                  "'task' is read by", id="header-task"),
     pytest.param({"schedule": 60.0, "options": "q"}, "options must be a JSON object",
                  id="options-not-an-object"),
+    pytest.param({"schedule": 60.0, "enabled": "no"}, "enabled must be true or false",
+                 id="enabled-a-string"),
+    pytest.param({"schedule": 60.0, "args": "12"}, "args must be a JSON array",
+                 id="args-a-string"),
+    pytest.param({"schedule": 60.0, "kwargs": [["x", 1]]}, "kwargs must be a JSON object",
+                 id="kwargs-pairs"),
+    pytest.param({"schedule": 60.0, "max_runs": 2**40}, "2147483647", id="max-runs-huge"),
 ]  # fmt: skip
 
 
