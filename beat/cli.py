@@ -30,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 # Celery imports this module in every ``celery`` command (it is the ``schedules``
 # entry point), which is how a worker gets run tracking without a setting.
 from beat import code_schedules, timing, worker  # noqa: F401
-from beat.api import Schedules, first_fire_at
+from beat.api import MAX_BACKFILL_RUNS, Schedules, first_fire_at
 from beat.config import BeatConfig
 from beat.errors import (
     ConfigError,
@@ -605,7 +605,13 @@ def trigger(ctx: click.Context, name: str, as_json: bool) -> None:
     "--from", "start", required=True, callback=_parse_aware_time, help="ISO 8601 with offset"
 )
 @click.option("--to", "end", required=True, callback=_parse_aware_time, help="ISO 8601 with offset")
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1, max=MAX_BACKFILL_RUNS),
+    default=100,
+    show_default=True,
+    help=f"most runs to create (at most {MAX_BACKFILL_RUNS}); a window with more is refused",
+)
 @_json_option
 @click.pass_context
 def backfill(

@@ -213,6 +213,9 @@ CLI_REFUSALS = [
                  id="update-max-runs-over-column"),
     pytest.param([*ADD, "--every", "60", "--jitter", "61"], "longer than its interval",
                  id="jitter-over-interval"),
+    pytest.param(["backfill", "existing", "--from", "2026-01-01T00:00:00+00:00", "--to",
+                  "2026-01-02T00:00:00+00:00", "--limit", "1000000"], "10000",
+                 id="backfill-limit-over-maximum"),
     # publish options (the CLI sets only the queue)
     pytest.param([*ADD, "--every", "60", "--queue", ""], "options.queue", id="queue-empty"),
     pytest.param([*ADD, "--every", "60", "--queue", "re\nports"], "control characters",
@@ -599,3 +602,19 @@ def test_a_header_override_is_refused_by_update_too(store: Store, seeded: Schedu
     with pytest.raises(InvalidSchedule, match="'task' is read by"):
         seeded.update("existing", options={"headers": {"task": "celery.backend_cleanup"}})
     assert table_rows(store) == before
+
+
+def test_backfill_refuses_more_fire_times_than_its_maximum_and_writes_nothing(
+    app: Celery, store: Store, schedules: Schedules
+) -> None:
+    """A day of a one-second schedule made 86,401 runs in one go (363 MB in the CLI)."""
+    now = store.now()
+    two_days_ago = now - timedelta(days=2)
+    schedules.create("per-second", "tasks.demo.add", every=1, start_at=two_days_ago, args=[1, 2])
+    day = ["--from", (now - timedelta(days=1)).isoformat(), "--to", now.isoformat()]
+    line = refused(app, store, "backfill", "per-second", *day, "--limit", "10000")
+    assert "more than 10000 fire times" in line
+    with pytest.raises(
+        InvalidSchedule, match="backfill limit must be a whole number from 1 to 10000"
+    ):
+        schedules.backfill("per-second", start=now - timedelta(days=1), end=now, limit=10**6)
