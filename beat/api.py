@@ -559,7 +559,7 @@ class Schedules:
         self._import_tasks()
         if task not in self.app.tasks:
             raise UnknownTask(
-                f"task '{task}' is not registered with the Celery app '{self.app.main}':"
+                f"task {task!r:.200} is not registered with the Celery app '{self.app.main}':"
                 " check the name, or allow it explicitly (--allow-unregistered)"
                 " if only the workers import it"
             )

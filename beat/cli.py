@@ -39,6 +39,7 @@ from beat.errors import (
     LeaseUnavailable,
     ScheduleExists,
     ScheduleNotFound,
+    one_line,
 )
 from beat.leader import lock_key
 from beat.limits import MAX_DURATION
@@ -67,7 +68,7 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"Error: {message}", err=True)
+    click.echo(f"Error: {one_line(message)}", err=True)
     sys.exit(code)
 
 
@@ -288,7 +289,7 @@ class OneLineUsageError(click.ClickException):
     exit_code = 2
 
     def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"Error: {self.format_message()}", file=file, err=True)
+        click.echo(f"Error: {one_line(self.format_message())}", file=file, err=True)
 
 
 @contextmanager
@@ -677,7 +678,7 @@ def _check_known_name(manager: Schedules, name: str) -> None:
         if _ops(manager).runs(schedule_name=name, limit=1):
             return
     raise ScheduleNotFound(
-        f"no schedule or run history named '{name}': `celery -A app schedules list` shows"
+        f"no schedule or run history named {name!r:.200}: `celery -A app schedules list` shows"
         " the schedules"
     )
 

@@ -118,7 +118,7 @@ def task_warnings(app: Any, definitions: Iterable[tuple[ScheduleDefinition, str]
         task = app.tasks.get(definition.task)
         if task is None:
             warnings.append(
-                f"code schedule {definition.name}: task '{definition.task}' is not registered"
+                f"code schedule {definition.name}: task {definition.task!r} is not registered"
                 f" with the Celery app '{app.main}': its runs fail unless the workers know it"
                 " (check the name, or import its module: HABEAT_IMPORTS)"
             )
@@ -169,10 +169,11 @@ def _from_beat_schedule(
     unknown = sorted(
         set(entry)
         - {"task", "schedule", "args", "kwargs", "options", "relative"}
-        - SCHEDULE_ENTRY_EXTRAS
+        - SCHEDULE_ENTRY_EXTRAS,
+        key=str,  # keys of any type: an int key must not make sorting raise
     )
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(str, unknown)):.200}")
     return _define(name, entry["task"], fields, where)
 
 

@@ -81,10 +81,10 @@ def check_publish_options(options: object) -> dict[str, Any]:
         raise InvalidSchedule(
             f"options must be a JSON object, got {type(options).__name__}: {options!r:.80}"
         )
-    unknown = sorted(str(key) for key in set(options) - ALLOWED_OPTIONS)
+    unknown = sorted(set(options) - ALLOWED_OPTIONS, key=str)
     if unknown:
         raise InvalidSchedule(
-            f"unsupported publish option(s) {', '.join(unknown):.200}: allowed are"
+            f"unsupported publish option(s) {', '.join(map(str, unknown)):.200}: allowed are"
             f" {', '.join(sorted(ALLOWED_OPTIONS))} (never eta/countdown)"
         )
     for key in ROUTING_OPTIONS:

@@ -1497,7 +1497,7 @@ def _last_fire(plan: FirePlan, schedule: DueSchedule) -> datetime:
 def schedule_not_found(name: str) -> ScheduleNotFound:
     """The error for a schedule name that is not stored, with where to look."""
     return ScheduleNotFound(
-        f"no schedule named '{name}': `celery -A app schedules list` shows them"
+        f"no schedule named {name!r:.200}: `celery -A app schedules list` shows them"
     )
 
 

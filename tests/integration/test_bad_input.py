@@ -193,6 +193,14 @@ CLI_REFUSALS = [
     # names of schedules
     pytest.param(["runs", "nosuch"], "no schedule or run history named 'nosuch'",
                  id="runs-unknown"),
+    pytest.param(["runs", "two\nlines"], "'two\\nlines'", id="runs-unknown-newline"),
+    pytest.param(["show", "two\nlines"], "'two\\nlines'", id="show-unknown-newline"),
+    pytest.param(["update", "existing", "--task", "two\nlines"], "'two\\nlines'",
+                 id="update-task-newline"),
+    pytest.param([*ADD, "--every", "60", "--misfire-policy", "two\nlines"], "two\\nlines",
+                 id="choice-newline"),
+    pytest.param(["add", "x", "tasks.demo.add", "--every", "60", "--two\nlines"], "--two",
+                 id="usage-option-newline"),
     pytest.param(["remove", "in-code"], "is defined in code", id="remove-code-schedule"),
     # names, numbers and JSON
     pytest.param(["add", "nightly\n", "tasks.demo.add", "--args", "[1, 2]", "--every", "60"],
@@ -304,6 +312,7 @@ API_REFUSALS = [
         ("expires-huge", {"expires": 1e300}, "3650 days"),
         ("expires-zero", {"expires": 0}, "options.expires"),
         ("not-an-object", "q", "options must be a JSON object"),
+        ("key-newline", {"two\nlines": {}}, "unsupported publish option(s) two\\nlines"),
     ]),
 ]  # fmt: skip
 
@@ -462,6 +471,8 @@ CODE_REFUSALS = [
     pytest.param({"schedule": 60.0, "kwargs": [["x", 1]]}, "kwargs must be a JSON object",
                  id="kwargs-pairs"),
     pytest.param({"schedule": 60.0, "max_runs": 2**40}, "2147483647", id="max-runs-huge"),
+    pytest.param({"schedule": 60.0, "two\nlines": 1}, "unknown key(s) two\\nlines",
+                 id="unknown-key-newline"),
 ]  # fmt: skip
 
 

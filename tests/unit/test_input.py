@@ -16,7 +16,7 @@ from beat.api import (
     define,
 )
 from beat.cli import duration_seconds, parse_duration, wall_time_in
-from beat.errors import InvalidSchedule
+from beat.errors import InvalidSchedule, one_line
 from beat.limits import MAX_DURATION, MAX_INT4
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -198,3 +198,14 @@ def test_a_task_without_a_readable_signature_is_not_checked() -> None:
 
     assert arguments_problem(BuiltinTask(), definition) is None
     assert arguments_problem(None, definition) is None
+
+
+# -- one line, whatever was typed ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("line_break", ["\n", "\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028"])
+def test_an_error_quoting_a_line_break_stays_one_line(line_break: str) -> None:
+    error = InvalidSchedule(f"unsupported publish option(s) a{line_break}b: use queue")
+    assert str(error).splitlines() == [str(error)]
+    assert repr(line_break)[1:-1] in str(error)
+    assert one_line("déjà vu: 'Europe/Zürich'") == "déjà vu: 'Europe/Zürich'"
