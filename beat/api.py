@@ -490,8 +490,10 @@ class Schedules:
 
     def update(self, name: str, *, allow_unregistered: bool = False, **changes: Any) -> Schedule:
         """Change some fields of a schedule; a changed timing recomputes the next fire time."""
-        if "task" in changes and not allow_unregistered:
-            self.check_task_registered(changes["task"])
+        if "task" in changes:
+            _check_task_name(changes["task"])  # before it is looked up
+            if not allow_unregistered:
+                self.check_task_registered(changes["task"])
         check_call = not allow_unregistered and bool({"task", "args", "kwargs"} & set(changes))
         if check_call:
             self._import_tasks()

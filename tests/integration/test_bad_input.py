@@ -629,3 +629,13 @@ def test_backfill_refuses_more_fire_times_than_its_maximum_and_writes_nothing(
         InvalidSchedule, match="backfill limit must be a whole number from 1 to 10000"
     ):
         schedules.backfill("per-second", start=now - timedelta(days=1), end=now, limit=10**6)
+
+
+@pytest.mark.parametrize("task", [["tasks.demo.add"], 5, "", "tasks.demo.add\n"])
+def test_update_refuses_a_task_that_is_no_task_name_before_looking_it_up(
+    store: Store, seeded: Schedules, task: Any
+) -> None:
+    before = table_rows(store)
+    with pytest.raises(InvalidSchedule, match="task"):
+        seeded.update("existing", task=task)
+    assert table_rows(store) == before
