@@ -57,6 +57,8 @@ UPCOMING = 5
 RECENT_RUNS = 10
 #: Longest error text in a table cell (``--json`` gives it whole).
 ERROR_WIDTH = 60
+#: Most runs ``runs`` lists at once: what one call reads and prints stays small.
+MAX_LISTED_RUNS = 10_000
 #: Seconds a Redis call of the CLI may take.
 REDIS_TIMEOUT = 3.0
 
@@ -271,6 +273,20 @@ def _parse_since(
             " (2027-01-31T09:00:00+00:00)"
         ) from None
     return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
+
+
+def _limit_option(
+    default: int, maximum: int, what: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--limit``, bounded: what one command reads and writes stays small, and a number
+    past PostgreSQL's bigint never reaches it."""
+    return click.option(
+        "--limit",
+        type=click.IntRange(min=1, max=maximum),
+        default=default,
+        show_default=True,
+        help=f"{what} (at most {maximum})",
+    )
 
 
 def _json_option(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -606,13 +622,7 @@ def trigger(ctx: click.Context, name: str, as_json: bool) -> None:
     "--from", "start", required=True, callback=_parse_aware_time, help="ISO 8601 with offset"
 )
 @click.option("--to", "end", required=True, callback=_parse_aware_time, help="ISO 8601 with offset")
-@click.option(
-    "--limit",
-    type=click.IntRange(min=1, max=MAX_BACKFILL_RUNS),
-    default=100,
-    show_default=True,
-    help=f"most runs to create (at most {MAX_BACKFILL_RUNS}); a window with more is refused",
-)
+@_limit_option(100, MAX_BACKFILL_RUNS, "most runs to create; a window with more is refused")
 @_json_option
 @click.pass_context
 def backfill(
@@ -636,7 +646,7 @@ def backfill(
     callback=_parse_since,
     help="only runs since: a duration back from now (2h, 30m, 7d) or an ISO 8601 time (UTC)",
 )
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@_limit_option(20, MAX_LISTED_RUNS, "most runs to list; narrow with --since for more")
 @_json_option
 @click.pass_context
 def runs(

@@ -224,6 +224,8 @@ CLI_REFUSALS = [
     pytest.param(["backfill", "existing", "--from", "2026-01-01T00:00:00+00:00", "--to",
                   "2026-01-02T00:00:00+00:00", "--limit", "1000000"], "10000",
                  id="backfill-limit-over-maximum"),
+    pytest.param(["runs", "--limit", "99999999999999999999"], "1<=x<=10000",
+                 id="runs-limit-over-bigint"),
     # publish options (the CLI sets only the queue)
     pytest.param([*ADD, "--every", "60", "--queue", ""], "options.queue", id="queue-empty"),
     pytest.param([*ADD, "--every", "60", "--queue", "re\nports"], "control characters",
