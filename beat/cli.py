@@ -381,12 +381,22 @@ _DEFINITION_OPTIONS = (
         help="one-off time, ISO 8601: 2027-01-31T09:00 in --tz (else in the default zone, or"
         " on update the schedule's), or with an offset, 2027-01-31T09:00:00+01:00",
     ),
-    click.option("--tz", help="IANA time zone of the cron fields, e.g. Europe/Berlin"),
     click.option(
-        "--args", "args", callback=_json_argument(list, "a JSON array"), help="JSON array"
+        "--tz",
+        help="IANA time zone of the cron fields and of times without an offset, e.g."
+        " Europe/Berlin (not for --every: an interval has no zone)",
     ),
     click.option(
-        "--kwargs", "kwargs", callback=_json_argument(dict, "a JSON object"), help="JSON object"
+        "--args",
+        "args",
+        callback=_json_argument(list, "a JSON array"),
+        help="JSON array (checked against the task's signature)",
+    ),
+    click.option(
+        "--kwargs",
+        "kwargs",
+        callback=_json_argument(dict, "a JSON object"),
+        help="JSON object (checked against the task's signature)",
     ),
     click.option("--queue", help="queue to publish to"),
     click.option(
@@ -408,11 +418,14 @@ _DEFINITION_OPTIONS = (
         is_flag=True,
         help="accept an --at more than a minute in the past: it runs once, at once",
     ),
-    click.option("--max-runs", type=click.IntRange(min=1), help="at most this many runs"),
+    click.option(
+        "--max-runs", type=click.IntRange(min=1), help="at most this many runs (up to 2147483647)"
+    ),
     click.option(
         "--jitter",
         callback=_parse_seconds,
-        help="delay each run by a stable random time up to this: seconds (30) or 5m; at most 1d",
+        help="delay each run by a stable random time up to this: seconds (30) or 5m; at most"
+        " 1d, and at most the interval",
     ),
     click.option(
         "--overlap-policy",
@@ -420,7 +433,10 @@ _DEFINITION_OPTIONS = (
         help="while the previous run is active (default allow)",
     ),
     click.option(
-        "--allow-unregistered", is_flag=True, help="accept a task name this app does not know"
+        "--allow-unregistered",
+        is_flag=True,
+        help="accept a task this app does not know, or arguments its signature does not take"
+        " (workers that run other code)",
     ),
 )
 
