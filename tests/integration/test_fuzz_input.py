@@ -7,9 +7,11 @@ The properties: never a traceback, only our one-line errors (an ``InvalidSchedul
 of the API, or exit 2 with one ``Error:`` line); and never a partial write (a refused
 schedule leaves every table as it was, an accepted one adds exactly its own row).
 
-CI runs a few hundred examples, the same ones each time (``derandomize``). A long run
-draws new ones: ``HABEAT_FUZZ_EXAMPLES=20000 pytest tests/integration/test_fuzz_input.py
---hypothesis-seed=N``.
+CI runs 100 examples of each, the same ones each time (``derandomize``). A long run
+draws new ones, past the suite's 300-second timeout::
+
+    HABEAT_FUZZ_EXAMPLES=40000 pytest tests/integration/test_fuzz_input.py \
+        --hypothesis-seed=20261203 --timeout=0 --hypothesis-show-statistics
 """
 
 from __future__ import annotations
