@@ -15,8 +15,8 @@ arguments leave the database untouched::
 
 from __future__ import annotations
 
+import inspect
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from beat import timing
 from beat.config import BeatConfig
 from beat.errors import InvalidSchedule, UnknownTask
+from beat.limits import MAX_DURATION, MAX_INT4
 from beat.models import Schedule, ScheduleDefinition
+from beat.options import check_publish_options
 from beat.policies import MAX_JITTER_SECONDS
 from beat.store import Store, next_fire_after_retiming
 from beat.tables import MisfirePolicy, Origin, OverlapPolicy
@@ -39,10 +41,17 @@ if TYPE_CHECKING:
 MAX_PAYLOAD_BYTES = 64 * 1024
 #: Longest schedule name.
 MAX_NAME_LENGTH = 200
-#: Publish options a schedule may carry (no eta/countdown: beat never publishes with a delay,
-#: since a delay longer than the broker's visibility timeout runs the task twice).
-ALLOWED_OPTIONS = frozenset({"queue", "routing_key", "exchange", "priority", "expires", "headers"})
-_NAME_PATTERN = re.compile(r"^[\w.:@/+-]+$")
+#: Longest task name (a dotted path).
+MAX_TASK_NAME_LENGTH = 255
+#: Deepest nesting of args and kwargs (the list of args is level 1).
+MAX_JSON_DEPTH = 32
+_NAME_PATTERN = re.compile(r"[\w.:@/+-]+")
+#: Most runs one backfill creates: they are built, inserted and returned in one go
+#: (86,401 runs of a one-second schedule took 363 MB in the CLI).
+MAX_BACKFILL_RUNS = 10_000
+#: A one-off this little before now is "now" (clock skew, the time a call takes); one
+#: further in the past is refused unless allowed (``allow_past``).
+PAST_ONE_OFF_GRACE = timedelta(minutes=1)
 #: Backfill starts this long after the retention horizon: a run claimed ahead (up to
 #: habeat_claim_ahead, at most 30 s) counts its age from before its fire time.
 BACKFILL_HORIZON_MARGIN = timedelta(minutes=1)
@@ -70,6 +79,7 @@ def define(
     overlap_policy: OverlapPolicy | str = OverlapPolicy.ALLOW,
     jitter: float = 0.0,
     in_seconds: float | None = None,
+    allow_past: bool = False,
     default_tz: str = "UTC",
     now: datetime | None = None,
 ) -> ScheduleDefinition:
@@ -78,8 +88,9 @@ def define(
     Exactly one of ``cron`` (5 fields, or 6 with seconds first; or a
     :class:`beat.timing.Cron`, e.g. with ``both_days``), ``every``
     (seconds or a timedelta; first run at ``start_at`` if given, else one
-    period from now), ``at`` (an aware datetime: one run, at once if it is
-    past) and ``in_seconds`` (one run that many seconds from now). The window:
+    period from now), ``at`` (an aware datetime: one run; refused if it is more
+    than ``PAST_ONE_OFF_GRACE`` in the past unless ``allow_past``, then it runs
+    at once) and ``in_seconds`` (one run that many seconds from now). The window:
     no fire time before ``start_at`` or after ``end_at``, at most ``max_runs``
     runs; a schedule past its window disables itself.
 
@@ -91,26 +102,30 @@ def define(
     now = now or datetime.now(UTC)
     _check_name(name)
     _check_task_name(task)
-    zone_name = tz or default_tz
+    zone_name = default_tz if tz is None else tz  # an empty name is refused, not defaulted
     timing.parse_zone(zone_name)
+    for label, moment in (("at", at), ("start_at", start_at), ("end_at", end_at)):
+        _check_representable_in_utc(moment, label)
+    if at is not None and not allow_past:
+        _check_not_past(at, now)
     if in_seconds is not None:
-        if at is not None or not _positive_number(in_seconds, allow_zero=True):
-            raise InvalidSchedule(
-                f"in_seconds must be a number >= 0 (and no `at`), got {in_seconds!r}"
-            )
-        at = now + timedelta(seconds=in_seconds)
+        if at is not None:
+            raise InvalidSchedule("give in_seconds or at, not both")
+        at = now + timedelta(seconds=_checked_seconds(in_seconds, "in_seconds", minimum=0))
     trigger = _trigger(cron=cron, every=every, at=at, start_at=start_at, now=now)
-    _check_window(start_at, end_at, max_runs)
-    if not _positive_number(jitter, allow_zero=True) or jitter > MAX_JITTER_SECONDS:
+    if isinstance(trigger, timing.Every) and tz is not None:
         raise InvalidSchedule(
-            f"jitter must be a number of seconds from 0 to {MAX_JITTER_SECONDS:g} (a day),"
-            f" got {jitter!r}"
+            "an interval counts elapsed seconds and has no time zone: leave tz (--tz) out,"
+            " or use a cron (--cron) to fire at wall-clock times of a zone"
         )
+    _check_window(start_at, end_at, max_runs)
+    _check_jitter(jitter, trigger)
     payload_args, payload_kwargs = _check_payload(args, kwargs)
     publish_options = _check_options(options, queue)
     policy = _misfire_policy(misfire_policy)
-    if not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InvalidSchedule(f"max_attempts must be a whole number >= 1, got {max_attempts!r}")
+    _check_count(max_attempts, "max_attempts")
+    if not isinstance(enabled, bool):
+        raise InvalidSchedule(f"enabled must be true or false, got {enabled!r:.80}")
     return ScheduleDefinition(
         name=name,
         task=task,
@@ -131,10 +146,45 @@ def define(
     )
 
 
-def _positive_number(value: object, *, allow_zero: bool = False) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return False
-    return value >= 0 if allow_zero else value > 0
+def _checked_seconds(value: object, what: str, *, minimum: float) -> float:
+    """A number of seconds from ``minimum`` to ``MAX_DURATION`` (NaN and infinities are
+    not); compared before any conversion, so a huge integer cannot overflow."""
+    longest = MAX_DURATION.total_seconds()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not minimum <= value <= longest
+    ):
+        raise InvalidSchedule(
+            f"{what} must be a number of seconds >= {minimum:g} and at most {longest:.0f}"
+            f" ({MAX_DURATION.days} days), got {value!r:.80}"
+        )
+    return float(value)
+
+
+def _check_representable_in_utc(moment: object, what: str) -> None:
+    """An aware time whose UTC instant is a datetime: a far offset can push year 1 or
+    year 9999 over the edge, where every comparison and conversion would overflow."""
+    if not isinstance(moment, datetime) or moment.utcoffset() is None:
+        return  # left to the checks of its kind, which say what is expected
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        raise InvalidSchedule(
+            f"{what} {moment.isoformat()} lies outside the years 1 to 9999 once in UTC:"
+            " give a time within them"
+        ) from None
+
+
+def _check_not_past(at: object, now: datetime) -> None:
+    """A one-off more than ``PAST_ONE_OFF_GRACE`` before ``now`` is a mistake (a year, a
+    zone) more often than a wish to run at once: refused unless allowed."""
+    if isinstance(at, datetime) and at.utcoffset() is not None and at < now - PAST_ONE_OFF_GRACE:
+        raise InvalidSchedule(
+            f"at {at.isoformat()} is in the past (now is {now.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+            " UTC): give a time to come, or allow it (--allow-past, allow_past=True)"
+            " to run it once, at once"
+        )
 
 
 def _check_window(start_at: datetime | None, end_at: datetime | None, max_runs: int | None) -> None:
@@ -147,10 +197,36 @@ def _check_window(start_at: datetime | None, end_at: datetime | None, max_runs: 
         raise InvalidSchedule(
             f"end_at {end_at.isoformat()} is not after start_at {start_at.isoformat()}"
         )
-    if max_runs is not None and (
-        isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
+    if max_runs is not None:
+        _check_count(max_runs, "max_runs")
+
+
+def _check_count(value: object, what: str, *, maximum: int = MAX_INT4) -> None:
+    """A whole number from 1 to ``maximum``: by default what its ``integer`` column
+    holds (PostgreSQL refuses more)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise InvalidSchedule(
+            f"{what} must be a whole number from 1 to {maximum}, got {value!r:.80}"
+        )
+
+
+def _check_jitter(jitter: object, trigger: Trigger) -> None:
+    """At most a day, and at most the interval: a longer one lets a run be published
+    after the next one."""
+    if (
+        isinstance(jitter, bool)
+        or not isinstance(jitter, int | float)
+        or not 0 <= jitter <= MAX_JITTER_SECONDS  # NaN is not
     ):
-        raise InvalidSchedule(f"max_runs must be a whole number >= 1, got {max_runs!r}")
+        raise InvalidSchedule(
+            f"jitter must be a number of seconds from 0 to {MAX_JITTER_SECONDS:g} (a day),"
+            f" got {jitter!r:.80}"
+        )
+    if isinstance(trigger, timing.Every) and jitter > trigger.seconds:
+        raise InvalidSchedule(
+            f"jitter {jitter:g}s is longer than its interval {trigger.seconds:g}s: runs would"
+            " overtake each other; give at most the interval"
+        )
 
 
 def _overlap_policy(value: OverlapPolicy | str) -> OverlapPolicy:
@@ -205,14 +281,27 @@ def _trigger(
     if isinstance(cron, timing.Cron):
         return cron  # validated when it was built
     if cron is not None:
-        return timing.parse_cron(cron)
+        return _parse_cron(cron)
     if every is not None:
         seconds = every.total_seconds() if isinstance(every, timedelta) else every
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-            raise InvalidSchedule(f"every must be a number of seconds, got {every!r}")
-        return timing.every(float(seconds), anchor=start_at or now)
+        checked = _checked_seconds(seconds, "every", minimum=timing.MIN_INTERVAL_SECONDS)
+        return timing.every(checked, anchor=start_at or now)
     assert at is not None
     return timing.once(at)
+
+
+def _parse_cron(expression: str) -> timing.Cron:
+    """A cron; for a bad one of six fields the error says in which order they are read,
+    since croniter (and so many a reader) puts the seconds last by default."""
+    try:
+        return timing.parse_cron(expression)
+    except InvalidSchedule as exc:
+        if isinstance(expression, str) and len(expression.split()) == 6:
+            raise InvalidSchedule(
+                f"{exc}; six fields are read seconds first: second minute hour day month"
+                " weekday (croniter's default puts the seconds last)"
+            ) from exc
+        raise
 
 
 def _check_name(name: str) -> None:
@@ -220,7 +309,7 @@ def _check_name(name: str) -> None:
         raise InvalidSchedule(
             f"schedule name must be 1 to {MAX_NAME_LENGTH} characters, got {name!r}"
         )
-    if not _NAME_PATTERN.match(name):
+    if not _NAME_PATTERN.fullmatch(name):  # match() would let a trailing newline through
         raise InvalidSchedule(
             f"schedule name {name!r} has characters other than letters, digits and . _ - : @ / +"
         )
@@ -228,7 +317,11 @@ def _check_name(name: str) -> None:
 
 def _check_task_name(task: str) -> None:
     if not isinstance(task, str) or not task.strip() or task != task.strip():
-        raise InvalidSchedule(f"task must be a registered Celery task name, got {task!r}")
+        raise InvalidSchedule(f"task must be a registered Celery task name, got {task!r:.80}")
+    if len(task) > MAX_TASK_NAME_LENGTH:
+        raise InvalidSchedule(f"task name {task!r:.80} is over {MAX_TASK_NAME_LENGTH} characters")
+    if not task.isprintable():
+        raise InvalidSchedule(f"task name {task!r:.80} has control characters")
 
 
 def _check_payload(
@@ -245,6 +338,7 @@ def _check_payload(
     payload_args, payload_kwargs = list(args or ()), dict(kwargs or {})
     if any(not isinstance(key, str) for key in payload_kwargs):
         raise InvalidSchedule("kwargs keys must be strings")
+    _check_json_tree([payload_args, payload_kwargs])
     try:
         encoded = json.dumps([payload_args, payload_kwargs], allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
@@ -262,33 +356,78 @@ def _check_payload(
     return tuple(decoded_args), decoded_kwargs
 
 
-def _check_options(options: Mapping[str, Any] | None, queue: str | None) -> dict[str, Any]:
-    merged = dict(options or {})
-    if queue is not None:
-        merged["queue"] = queue
-    unknown = sorted(set(merged) - ALLOWED_OPTIONS)
-    if unknown:
+def _check_json_tree(payload: list[Any]) -> None:
+    """At most ``MAX_JSON_DEPTH`` levels (``json`` would raise RecursionError on a deep
+    one, and a self-containing list has no end), and text that PostgreSQL stores: UTF-8
+    without NUL. Walked without recursion."""
+    pending: list[tuple[object, int]] = [(part, 1) for part in payload]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, str):
+            _check_text(value)
+            continue
+        if isinstance(value, Mapping):
+            children: list[object] = [*value.keys(), *value.values()]
+        elif isinstance(value, list | tuple):
+            children = list(value)
+        else:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidSchedule(
+                f"args and kwargs are nested more than {MAX_JSON_DEPTH} levels deep:"
+                " pass flatter data, or a reference (an ID) to it"
+            )
+        pending.extend((child, depth + 1) for child in children)
+
+
+def _check_text(value: str) -> None:
+    if "\x00" in value:
         raise InvalidSchedule(
-            f"unsupported publish option(s) {', '.join(unknown)}: allowed are"
-            f" {', '.join(sorted(ALLOWED_OPTIONS))} (never eta/countdown)"
+            f"args and kwargs hold a NUL character (in {value!r:.60}), which PostgreSQL"
+            " cannot store: remove it"
         )
     try:
-        json.dumps(merged, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidSchedule(f"options must be plain JSON: {exc}") from exc
-    headers = merged.get("headers")
-    if headers is not None and not isinstance(headers, Mapping):
+        value.encode()
+    except UnicodeEncodeError:
         raise InvalidSchedule(
-            f"options.headers must be a JSON object, got {type(headers).__name__}: {headers!r:.80}"
-        )
-    expires = merged.get("expires")
-    if expires is not None and (
-        not isinstance(expires, int | float) or not math.isfinite(expires) or expires <= 0
-    ):
-        raise InvalidSchedule(
-            f"options.expires must be a positive number of seconds, got {expires!r}"
-        )
-    return merged
+            f"args and kwargs hold text that is not UTF-8 (a lone surrogate, in {value!r:.60}):"
+            " fix its encoding"
+        ) from None
+
+
+def _check_options(options: Mapping[str, Any] | None, queue: str | None) -> dict[str, Any]:
+    """The publish options, with ``queue`` (the CLI's --queue) among them."""
+    checked = check_publish_options({} if options is None else options)
+    return checked if queue is None else check_publish_options(checked | {"queue": queue})
+
+
+def arguments_problem(task: Any, definition: ScheduleDefinition) -> str | None:
+    """Why ``task`` (a Celery task object, or None if unknown) cannot be called with the
+    args and kwargs of ``definition``; None if it can, or if that cannot be told.
+
+    ``task.run`` is what a worker calls: for a ``bind=True`` task it is bound already,
+    so its signature leaves ``self`` out."""
+    if task is None:
+        return None
+    try:
+        signature = inspect.signature(task.run)
+    except (AttributeError, TypeError, ValueError):
+        return None  # no signature to read (a C function, an odd task class)
+    try:
+        signature.bind(*definition.args, **definition.kwargs)
+    except TypeError as exc:
+        shown = f"{definition.task}{_parameters_only(signature)}"
+        return f"task {shown:.200} cannot take these arguments ({exc})"
+    return None
+
+
+def _parameters_only(signature: inspect.Signature) -> str:
+    """``(x, y=1, *, z)``: the names a call binds to, without the annotations."""
+    bare = [
+        parameter.replace(annotation=inspect.Parameter.empty)
+        for parameter in signature.parameters.values()
+    ]
+    return str(signature.replace(parameters=bare, return_annotation=inspect.Signature.empty))
 
 
 def _misfire_policy(value: MisfirePolicy | str) -> MisfirePolicy:
@@ -340,9 +479,11 @@ class Schedules:
         """Validate and store a new schedule; see :func:`define` for the fields."""
         fields = {**self.defaults, **fields}
         fields.setdefault("default_tz", self.default_tz)
-        define(name, task, **fields)  # bad input is refused before the task lookup
+        # Bad input is refused before the task lookup; the past is the database's, below.
+        checked = define(name, task, **(fields | {"allow_past": True}))
         if not allow_unregistered:
             self.check_task_registered(task)
+            self.check_arguments(checked)
 
         def build(now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
             definition = define(name, task, now=now, **fields)
@@ -352,21 +493,32 @@ class Schedules:
 
     def update(self, name: str, *, allow_unregistered: bool = False, **changes: Any) -> Schedule:
         """Change some fields of a schedule; a changed timing recomputes the next fire time."""
-        if "task" in changes and not allow_unregistered:
-            self.check_task_registered(changes["task"])
+        if "task" in changes:
+            _check_task_name(changes["task"])  # before it is looked up
+            if not allow_unregistered:
+                self.check_task_registered(changes["task"])
+        check_call = not allow_unregistered and bool({"task", "args", "kwargs"} & set(changes))
+        if check_call:
+            self._import_tasks()
 
         def build(current: Schedule, now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
-            definition = _redefine(current.definition, changes, self.default_tz, now)
+            definition = _redefine(current.definition, changes, now)
+            if check_call:
+                self.check_arguments(definition)
             timing_changed = (definition.trigger, definition.timezone) != (
                 current.definition.trigger,
                 current.definition.timezone,
             )
-            if timing_changed:
-                recomputed = first_fire_at(definition, now)
-                return definition, next_fire_after_retiming(
-                    current.next_fire_at, recomputed, definition, now
-                )
-            return definition, current.next_fire_at
+            if not timing_changed:
+                return definition, current.next_fire_at
+            recomputed = first_fire_at(definition, now)
+            if isinstance(definition.trigger, timing.Every):
+                # A new interval counts from the change (or its start_at), as a new
+                # schedule's does: nothing of the old timing is due under it.
+                return definition, recomputed
+            return definition, next_fire_after_retiming(
+                current.next_fire_at, recomputed, definition, now
+            )
 
         return self.store.replace_schedule(name, build)
 
@@ -392,6 +544,8 @@ class Schedules:
         return self.store.replace_schedule(name, build)
 
     def delete(self, name: str) -> None:
+        """Delete a schedule made at runtime; one defined in code is refused (the next
+        sync would bring it back)."""
         self.store.delete_schedule(name)
 
     def get(self, name: str) -> Schedule:
@@ -400,23 +554,39 @@ class Schedules:
     def list(self) -> list[Schedule]:
         return self.store.list_schedules()
 
+    def _import_tasks(self) -> None:
+        if self.app is not None:
+            self.app.loader.import_default_modules()
+
     def check_task_registered(self, task: str) -> None:
         if self.app is None:
             return
-        self.app.loader.import_default_modules()
+        self._import_tasks()
         if task not in self.app.tasks:
             raise UnknownTask(
-                f"task '{task}' is not registered with the Celery app '{self.app.main}':"
+                f"task {task!r:.200} is not registered with the Celery app '{self.app.main}':"
                 " check the name, or allow it explicitly (--allow-unregistered)"
                 " if only the workers import it"
+            )
+
+    def check_arguments(self, definition: ScheduleDefinition) -> None:
+        """Refuse args and kwargs that the task, if this app knows it, cannot be called
+        with: every run would fail the same way."""
+        registered = None if self.app is None else self.app.tasks.get(definition.task)
+        problem = arguments_problem(registered, definition)
+        if problem is not None:
+            raise InvalidSchedule(
+                f"{problem}: give matching --args/--kwargs, or --allow-unregistered if the"
+                " workers run another version of the task"
             )
 
     def backfill(
         self, name: str, *, start: datetime, end: datetime, limit: int = 100
     ) -> Sequence[RunRecord]:
         """Create the runs of schedule ``name`` for its fire times in ``start`` .. ``end``
-        (oldest first, at most ``limit``: like the misfire policy fire_all). Fire times
-        that already have a run are left alone. Returns the runs created.
+        (oldest first, at most ``limit``, itself at most ``MAX_BACKFILL_RUNS``: like the
+        misfire policy fire_all). Fire times that already have a run are left alone.
+        Returns the runs created.
 
         The window must have passed (``end`` not after the database's now: fire times
         to come run on schedule) and lie within the history retention (older runs may
@@ -425,6 +595,7 @@ class Schedules:
 
         if start.utcoffset() is None or end.utcoffset() is None or end < start:
             raise InvalidSchedule("backfill needs aware start and end times, end not before start")
+        _check_count(limit, "backfill limit", maximum=MAX_BACKFILL_RUNS)
         schedule = self.get(name)
 
         def fire_times(now: datetime) -> list[datetime]:
@@ -483,12 +654,11 @@ def _fire_times_between(
 
 
 def _redefine(
-    current: ScheduleDefinition, changes: Mapping[str, Any], default_tz: str, now: datetime
+    current: ScheduleDefinition, changes: Mapping[str, Any], now: datetime
 ) -> ScheduleDefinition:
     """The definition with ``changes`` applied, validated as a whole by :func:`define`
     (relative times count from the database's ``now``)."""
     fields: dict[str, Any] = {
-        "tz": current.timezone,
         "args": current.args,
         "kwargs": current.kwargs,
         "options": current.options,
@@ -504,9 +674,25 @@ def _redefine(
     timing_keys = {"cron", "every", "at", "in_seconds", "start_at"}
     if not timing_keys & set(changes):
         fields |= _trigger_fields(current)
+    elif _window_start_stays(current, changes, now):
+        fields["start_at"] = current.start_at
     fields |= dict(changes)
+    if "at" not in changes:
+        fields["allow_past"] = True  # a one-off's own time is not checked again
     task = fields.pop("task", current.task)
-    return define(current.name, task, default_tz=default_tz, now=now, **fields)
+    # The zone stays unless changed; only a zone given anew is checked against the timing.
+    return define(current.name, task, default_tz=current.timezone, now=now, **fields)
+
+
+def _window_start_stays(
+    current: ScheduleDefinition, changes: Mapping[str, Any], now: datetime
+) -> bool:
+    """Whether a new timing keeps the window's start_at: always when it is not given
+    anew, except for an interval once the window has started (start_at is also where
+    an interval counts from, and a changed one counts from the change)."""
+    if "start_at" in changes or current.start_at is None:
+        return False
+    return "every" not in changes or current.start_at > now
 
 
 def _trigger_fields(current: ScheduleDefinition) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
+from zoneinfo import ZoneInfo
 
 import click
 import redis
@@ -29,7 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 # Celery imports this module in every ``celery`` command (it is the ``schedules``
 # entry point), which is how a worker gets run tracking without a setting.
 from beat import code_schedules, timing, worker  # noqa: F401
-from beat.api import Schedules, first_fire_at
+from beat.api import MAX_BACKFILL_RUNS, Schedules, first_fire_at
 from beat.config import BeatConfig
 from beat.errors import (
     ConfigError,
@@ -38,8 +39,10 @@ from beat.errors import (
     LeaseUnavailable,
     ScheduleExists,
     ScheduleNotFound,
+    one_line,
 )
 from beat.leader import lock_key
+from beat.limits import MAX_DURATION
 from beat.models import Schedule
 from beat.ops_store import FINISHED_STATES, LastRun, OpsStore, RunRecord
 from beat.store import LeaderInfo, first_line
@@ -54,17 +57,20 @@ UPCOMING = 5
 RECENT_RUNS = 10
 #: Longest error text in a table cell (``--json`` gives it whole).
 ERROR_WIDTH = 60
+#: Most runs ``runs`` lists at once: what one call reads and prints stays small.
+MAX_LISTED_RUNS = 10_000
 #: Seconds a Redis call of the CLI may take.
 REDIS_TIMEOUT = 3.0
 
 _MISFIRE_POLICIES = [policy.value for policy in MisfirePolicy]
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"^(?:\d+(?:\.\d+)?[smhdw])+$")
+_PLAIN_SECONDS = re.compile(r"^\d+(?:\.\d+)?$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"Error: {message}", err=True)
+    click.echo(f"Error: {one_line(message)}", err=True)
     sys.exit(code)
 
 
@@ -118,6 +124,10 @@ def _json_argument(
             parsed = json.loads(value)
         except json.JSONDecodeError as exc:
             raise click.BadParameter(f"not JSON ({exc.msg}): give {what}") from None
+        except RecursionError:
+            raise click.BadParameter(f"nested too deeply to read: give {what}") from None
+        except ValueError as exc:  # e.g. an integer of more than 4300 digits
+            raise click.BadParameter(f"not usable JSON ({exc}): give {what}") from None
         if not isinstance(parsed, kind):
             raise click.BadParameter(f"must be {what}, got {type(parsed).__name__}")
         return parsed
@@ -125,30 +135,108 @@ def _json_argument(
     return parse
 
 
-def _parse_at(_ctx: click.Context, _param: click.Parameter, value: str | None) -> datetime | None:
+def _parse_time(_ctx: click.Context, _param: click.Parameter, value: str | None) -> datetime | None:
+    """An ISO 8601 time; without an offset it is a wall time, read later in the zone of
+    the schedule (``with_wall_times_read``)."""
     if value is None:
         return None
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
         raise click.BadParameter(
-            f"{value!r} is not an ISO 8601 time such as 2027-01-31T09:00:00+01:00"
+            f"{value!r} is not an ISO 8601 time such as 2027-01-31T09:00"
+            " or 2027-01-31T09:00:00+01:00"
         ) from None
+    if moment.utcoffset() is not None:
+        try:
+            moment.astimezone(UTC)
+        except OverflowError:
+            raise click.BadParameter(
+                f"{value!r} lies outside the years 1 to 9999 once in UTC: give a time within them"
+            ) from None
+    return moment
+
+
+def _parse_aware_time(_ctx: click.Context, param: click.Parameter, value: str) -> datetime:
+    """An ISO 8601 time with its UTC offset (backfill windows are instants)."""
+    moment = _parse_time(_ctx, param, value)
+    assert moment is not None
     if moment.utcoffset() is None:
         raise click.BadParameter(f"{value!r} has no UTC offset: add one, e.g. {value}+00:00")
     return moment
 
 
-def parse_duration(text: str) -> timedelta:
-    """``30d``, ``12h``, ``1h30m``, ``90s``, ``2w``; ValueError for anything else or zero."""
+#: The options whose time may be a wall time, read in the schedule's zone.
+_WALL_TIME_OPTIONS = {"at": "--at", "start_at": "--start-at", "end_at": "--end-at"}
+
+
+def with_wall_times_read(fields: dict[str, Any], zone_name: Callable[[], str]) -> dict[str, Any]:
+    """``fields`` with the times given without an offset read as wall times in the zone
+    ``zone_name()`` names (asked only if there is one)."""
+    wall = [
+        key
+        for key in _WALL_TIME_OPTIONS
+        if isinstance(fields.get(key), datetime) and fields[key].utcoffset() is None
+    ]
+    if not wall:
+        return fields
+    zone = timing.parse_zone(zone_name())
+    return fields | {key: wall_time_in(fields[key], zone, _WALL_TIME_OPTIONS[key]) for key in wall}
+
+
+def wall_time_in(wall: datetime, zone: ZoneInfo, what: str) -> datetime:
+    """The instant of wall time ``wall`` in ``zone``. InvalidSchedule if the clocks skip
+    it or show it twice (daylight saving time): which instant was meant is not known."""
+    first, second = wall.replace(tzinfo=zone, fold=0), wall.replace(tzinfo=zone, fold=1)
+    try:
+        first_in_utc = first.astimezone(UTC)
+        second.astimezone(UTC)
+    except OverflowError:
+        raise InvalidSchedule(
+            f"{what} {wall.isoformat()} in {zone.key} lies outside the years 1 to 9999 once"
+            " in UTC: give a time within them"
+        ) from None
+    if first.utcoffset() == second.utcoffset():
+        return first
+    if first_in_utc.astimezone(zone).replace(tzinfo=None) != wall:
+        raise InvalidSchedule(
+            f"{what} {wall.isoformat()} does not exist in {zone.key}: the clocks skip it"
+            " (daylight saving time); give another time, or one with a UTC offset"
+        )
+    raise InvalidSchedule(
+        f"{what} {wall.isoformat()} happens twice in {zone.key} (the clocks go back):"
+        f" give it with its UTC offset, {first.isoformat()} or {second.isoformat()}"
+    )
+
+
+def duration_seconds(text: str, *, plain_seconds: bool = True) -> float:
+    """Seconds in ``90s``, ``10m``, ``1h30m``, ``2d``, ``1w`` (units add up) and, with
+    ``plain_seconds``, in a bare number (``90``, ``1.5``); ValueError for anything else.
+
+    Not bounded: a huge amount gives a huge (or infinite) number for the API to refuse."""
     compact = text.strip().lower()
+    if plain_seconds and _PLAIN_SECONDS.match(compact):
+        return float(compact)
     if not _DURATION.match(compact):
-        raise ValueError(f"{text!r} is not a duration such as 30d, 12h, 1h30m or 90s")
-    seconds = sum(
+        forms = "90, 90s, 10m, 1h30m or 2d" if plain_seconds else "90s, 10m, 12h, 1h30m or 30d"
+        raise ValueError(f"{text!r} is not a duration such as {forms}")
+    return sum(
         float(amount) * _DURATION_UNITS[unit] for amount, unit in _DURATION_PART.findall(compact)
     )
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30d``, ``12h``, ``1h30m``, ``90s``, ``2w`` (a unit is required: ``--older-than 30``
+    could mean seconds or days, and prune deletes); ValueError for anything else, zero,
+    or more than ``MAX_DURATION``."""
+    seconds = duration_seconds(text, plain_seconds=False)
     if seconds <= 0:
         raise ValueError(f"{text!r} is zero: give a positive duration")
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValueError(
+            f"{text!r} is longer than {MAX_DURATION.days} days, the longest duration:"
+            " give a shorter one"
+        )
     return timedelta(seconds=seconds)
 
 
@@ -159,16 +247,14 @@ def _parse_duration(_ctx: click.Context, _param: click.Parameter, value: str) ->
         raise click.BadParameter(str(exc)) from None
 
 
-def _parse_optional_seconds(
-    ctx: click.Context, param: click.Parameter, value: str | None
-) -> float | None:
-    return None if value is None else _parse_duration(ctx, param, value).total_seconds()
-
-
-def _parse_required_at(ctx: click.Context, param: click.Parameter, value: str) -> datetime:
-    moment = _parse_at(ctx, param, value)
-    assert moment is not None
-    return moment
+def _parse_seconds(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
+    """--every, --in, --jitter: seconds, bare or with units; bounds are the API's."""
+    if value is None:
+        return None
+    try:
+        return duration_seconds(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _parse_since(
@@ -189,6 +275,20 @@ def _parse_since(
     return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
 
 
+def _limit_option(
+    default: int, maximum: int, what: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--limit``, bounded: what one command reads and writes stays small, and a number
+    past PostgreSQL's bigint never reaches it."""
+    return click.option(
+        "--limit",
+        type=click.IntRange(min=1, max=maximum),
+        default=default,
+        show_default=True,
+        help=f"{what} (at most {maximum})",
+    )
+
+
 def _json_option(function: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--json", "as_json", is_flag=True, help="one JSON document on stdout, for scripts"
@@ -198,7 +298,47 @@ def _json_option(function: Callable[..., Any]) -> Callable[..., Any]:
 # -- the command group ------------------------------------------------------------------
 
 
-@click.group(cls=click.Group)
+class OneLineUsageError(click.ClickException):
+    """A usage error printed as the one ``Error:`` line the README promises (click's own
+    takes four: usage, a hint, a blank line, the error)."""
+
+    exit_code = 2
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"Error: {one_line(self.format_message())}", file=file, err=True)
+
+
+@contextmanager
+def _usage_errors_on_one_line() -> Iterator[None]:
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise  # `schedules` alone: the help is what was asked for
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "schedules"
+        raise OneLineUsageError(f"{exc.format_message()} (see `{where} --help`)") from None
+
+
+class SchedulesGroup(click.Group):
+    """The ``schedules`` group: its usage errors, and those of every sub-command (their
+    arguments are parsed while the group is invoked), are one line with exit code 2."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        with _usage_errors_on_one_line():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _usage_errors_on_one_line():
+            return super().invoke(ctx)
+
+
+@click.group(cls=SchedulesGroup)
 @click.pass_context
 def schedules(ctx: click.Context) -> None:
     """Operate the highly-available beat: schedules (in PostgreSQL), runs, leader, health."""
@@ -223,31 +363,80 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 
 
 _DEFINITION_OPTIONS = (
-    click.option("--cron", help="cron expression: 5 fields, or 6 with seconds first"),
-    click.option("--every", type=float, help="interval in seconds (>= 1)"),
-    click.option("--at", "at", callback=_parse_at, help="one-off time, ISO 8601 with offset"),
-    click.option("--tz", help="IANA time zone of the cron fields, e.g. Europe/Berlin"),
     click.option(
-        "--args", "args", callback=_json_argument(list, "a JSON array"), help="JSON array"
+        "--cron",
+        help="cron expression: 5 fields 'minute hour day month weekday', or 6 read seconds"
+        " first, 'second minute hour day month weekday' (croniter puts seconds last)",
     ),
     click.option(
-        "--kwargs", "kwargs", callback=_json_argument(dict, "a JSON object"), help="JSON object"
+        "--every",
+        callback=_parse_seconds,
+        help="interval: seconds (90) or with units (90s, 10m, 1h30m, 2d, 1w); 1s to 3650 days,"
+        " counted from now (or --start-at)",
+    ),
+    click.option(
+        "--at",
+        "at",
+        callback=_parse_time,
+        help="one-off time, ISO 8601: 2027-01-31T09:00 in --tz (else in the default zone, or"
+        " on update the schedule's), or with an offset, 2027-01-31T09:00:00+01:00",
+    ),
+    click.option(
+        "--tz",
+        help="IANA time zone of the cron fields and of times without an offset, e.g."
+        " Europe/Berlin (not for --every: an interval has no zone)",
+    ),
+    click.option(
+        "--args",
+        "args",
+        callback=_json_argument(list, "a JSON array"),
+        help="JSON array (checked against the task's signature)",
+    ),
+    click.option(
+        "--kwargs",
+        "kwargs",
+        callback=_json_argument(dict, "a JSON object"),
+        help="JSON object (checked against the task's signature)",
     ),
     click.option("--queue", help="queue to publish to"),
     click.option(
-        "--in", "in_seconds", callback=_parse_optional_seconds, help="one-off in a while: 90s, 10m"
+        "--in",
+        "in_seconds",
+        callback=_parse_seconds,
+        help="one-off in a while: seconds (90) or with units (90s, 10m, 1h30m)",
     ),
-    click.option("--start-at", callback=_parse_at, help="no fire time before this (ISO 8601)"),
-    click.option("--end-at", callback=_parse_at, help="no fire time after this; then it disables"),
-    click.option("--max-runs", type=click.IntRange(min=1), help="at most this many runs"),
-    click.option("--jitter", type=click.FloatRange(min=0), help="random delay up to N seconds"),
+    click.option(
+        "--start-at", callback=_parse_time, help="no fire time before this (ISO 8601, as --at)"
+    ),
+    click.option(
+        "--end-at",
+        callback=_parse_time,
+        help="no fire time after this; then it disables (ISO 8601, as --at)",
+    ),
+    click.option(
+        "--allow-past",
+        is_flag=True,
+        help="accept an --at more than a minute in the past: it runs once, at once",
+    ),
+    click.option(
+        "--max-runs", type=click.IntRange(min=1), help="at most this many runs (up to 2147483647)"
+    ),
+    click.option(
+        "--jitter",
+        callback=_parse_seconds,
+        help="delay each run by a stable random time up to this: seconds (30) or 5m; at most"
+        " 1d, and at most the interval",
+    ),
     click.option(
         "--overlap-policy",
         type=click.Choice([policy.value for policy in OverlapPolicy]),
         help="while the previous run is active (default allow)",
     ),
     click.option(
-        "--allow-unregistered", is_flag=True, help="accept a task name this app does not know"
+        "--allow-unregistered",
+        is_flag=True,
+        help="accept a task this app does not know, or arguments its signature does not take"
+        " (workers that run other code)",
     ),
 )
 
@@ -278,6 +467,7 @@ def add(ctx: click.Context, /, name: str, task: str, as_json: bool, **options: A
     fields["enabled"] = not fields.pop("paused", False)
     allow = fields.pop("allow_unregistered", False)
     with _errors_as_exit_codes():
+        fields = with_wall_times_read(fields, lambda: fields.get("tz") or manager.default_tz)
         created = manager.create(name, task, allow_unregistered=allow, **fields)
     if as_json:
         _echo_json(schedule_document(created))
@@ -296,12 +486,16 @@ def add(ctx: click.Context, /, name: str, task: str, as_json: bool, **options: A
 def update(ctx: click.Context, /, name: str, as_json: bool, **options: Any) -> None:
     """Change schedule NAME: only the options given change; new timing recomputes the next fire."""
     allow = options.pop("allow_unregistered")
+    allow_past = options.pop("allow_past")
     changes = {key: value for key, value in options.items() if value is not None}
     if not changes:
         _fail("nothing to change: give at least one option, e.g. --cron '0 * * * *'", 2)
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
-        updated = manager.update(name, allow_unregistered=allow, **changes)
+        changes = with_wall_times_read(
+            changes, lambda: changes.get("tz") or manager.get(name).definition.timezone
+        )
+        updated = manager.update(name, allow_unregistered=allow, allow_past=allow_past, **changes)
     if as_json:
         _echo_json(schedule_document(updated))
         return
@@ -440,9 +634,11 @@ def trigger(ctx: click.Context, name: str, as_json: bool) -> None:
 
 @_command()
 @click.argument("name")
-@click.option("--from", "start", required=True, callback=_parse_required_at, help="ISO 8601")
-@click.option("--to", "end", required=True, callback=_parse_required_at, help="ISO 8601")
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--from", "start", required=True, callback=_parse_aware_time, help="ISO 8601 with offset"
+)
+@click.option("--to", "end", required=True, callback=_parse_aware_time, help="ISO 8601 with offset")
+@_limit_option(100, MAX_BACKFILL_RUNS, "most runs to create; a window with more is refused")
 @_json_option
 @click.pass_context
 def backfill(
@@ -466,7 +662,7 @@ def backfill(
     callback=_parse_since,
     help="only runs since: a duration back from now (2h, 30m, 7d) or an ISO 8601 time (UTC)",
 )
-@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@_limit_option(20, MAX_LISTED_RUNS, "most runs to list; narrow with --since for more")
 @_json_option
 @click.pass_context
 def runs(
@@ -486,6 +682,9 @@ def runs(
             since=since,
             limit=limit,
         )
+    if not found and name is not None:
+        with _errors_as_exit_codes():
+            _check_known_name(manager, name)
     if as_json:
         _echo_json([run_document(run) for run in found])
         return
@@ -493,6 +692,21 @@ def runs(
         click.echo("no runs match")
         return
     click.echo(_runs_table(found))
+
+
+def _check_known_name(manager: Schedules, name: str) -> None:
+    """A name that is neither a schedule nor in the run history (of removed schedules)
+    is a typo: ScheduleNotFound, rather than an empty list that looks like no runs."""
+    try:
+        manager.get(name)
+        return
+    except ScheduleNotFound:
+        if _ops(manager).runs(schedule_name=name, limit=1):
+            return
+    raise ScheduleNotFound(
+        f"no schedule or run history named {name!r:.200}: `celery -A app schedules list` shows"
+        " the schedules"
+    )
 
 
 @_command()
@@ -549,6 +763,8 @@ def sync(ctx: click.Context, as_json: bool) -> None:
             " has that name (rename one of them)",
             err=True,
         )
+    for warning in code_schedules.task_warnings(app, definitions):
+        click.echo(f"Warning: {warning}", err=True)
 
 
 @_command()

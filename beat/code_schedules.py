@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from beat.api import define
+from beat.api import arguments_problem, define
 from beat.errors import ConfigError, InvalidSchedule
 from beat.models import ScheduleDefinition
 from beat.store import definition_values
@@ -106,9 +106,32 @@ def collect(
             fields = {
                 key: value for key, value in entry.items() if key != "name" and value is not None
             }
-            fields = {"tz": app_tz, **base, **fields}
+            fields = {"default_tz": app_tz, **base, **fields}
             _add(found, _define(schedule_name, task_name, fields), f"@periodic on {task_name}")
     return [(definition, definition_hash(definition)) for definition in found.values()]
+
+
+def task_warnings(app: Any, definitions: Iterable[tuple[ScheduleDefinition, str]]) -> list[str]:
+    """One line for each code schedule whose task ``app`` does not know, or knows with a
+    signature its arguments do not fit. Warned, not refused: beat publishes by name and
+    need not import the workers' code, which may be right where this app is not (and
+    refusing would stop beat, and every schedule, at a deploy)."""
+    warnings = []
+    for definition, _ in definitions:
+        task = app.tasks.get(definition.task)
+        if task is None:
+            warnings.append(
+                f"code schedule {definition.name}: task {definition.task!r} is not registered"
+                f" with the Celery app '{app.main}': its runs fail unless the workers know it"
+                " (check the name, or import its module: HABEAT_IMPORTS)"
+            )
+            continue
+        problem = arguments_problem(task, definition)
+        if problem is not None:
+            warnings.append(
+                f"code schedule {definition.name}: {problem}: its runs fail; fix its args/kwargs"
+            )
+    return warnings
 
 
 def definition_hash(definition: ScheduleDefinition) -> str:
@@ -142,20 +165,22 @@ def _from_beat_schedule(
         raise ConfigError(f"{where} needs 'task' and 'schedule'")
     fields: dict[str, Any] = {
         **defaults,
-        "args": list(entry.get("args") or ()),
-        "kwargs": dict(entry.get("kwargs") or {}),
-        "options": {k: v for k, v in (entry.get("options") or {}).items()},
-        "tz": app_tz,
+        # As given: define refuses a string for args ("12" is not [1, 2]) or pairs for kwargs.
+        "args": entry.get("args"),
+        "kwargs": entry.get("kwargs"),
+        "options": entry.get("options"),  # checked by define, whatever its type
+        "default_tz": app_tz,  # tz only when the entry gives one: an interval has none
     }
     fields |= _timing_of(entry["schedule"], bool(entry.get("relative")), where)
     fields |= {key: entry[key] for key in SCHEDULE_ENTRY_EXTRAS if entry.get(key) is not None}
     unknown = sorted(
         set(entry)
         - {"task", "schedule", "args", "kwargs", "options", "relative"}
-        - SCHEDULE_ENTRY_EXTRAS
+        - SCHEDULE_ENTRY_EXTRAS,
+        key=str,  # keys of any type: an int key must not make sorting raise
     )
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(str, unknown)):.200}")
     return _define(name, entry["task"], fields, where)
 
 

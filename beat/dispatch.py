@@ -36,8 +36,9 @@ from typing import Any
 from kombu.exceptions import EncodeError
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from beat.errors import HABeatError, error_text
+from beat.errors import HABeatError, InvalidSchedule, error_text
 from beat.models import RunToPublish, UnpublishableRun
+from beat.options import check_publish_options
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +223,14 @@ def _send(app: Any, producer: Any, run: RunToPublish, declared: set[tuple[Any, .
 def publish_options(run: RunToPublish) -> dict[str, Any]:
     """``send_task`` options of a run: its schedule's options plus our headers.
 
-    Raises TypeError for options that are not a JSON object (rows written with psql)."""
+    Raises ValueError for options a schedule may not carry (rows written with psql, or
+    before these checks): see ``beat.options``. An ad hoc run (no schedule) carries the
+    options Celery itself sent it with, which are not a schedule's."""
+    if run.schedule_name is not None:
+        try:
+            check_publish_options(run.options)
+        except InvalidSchedule as exc:
+            raise ValueError(str(exc)) from None
     if not isinstance(run.options, Mapping):
         raise TypeError(f"options must be a JSON object, got {type(run.options).__name__}")
     options = dict(run.options)

@@ -7,12 +7,23 @@ class's docstring is its default message.
 
 from __future__ import annotations
 
+#: Characters that end a line in a terminal or in ``str.splitlines``.
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks escaped (``\\n``): a message that quotes what
+    someone typed stays one line, whatever they typed."""
+    if not any(char in _LINE_BREAKS for char in text):
+        return text
+    return "".join(repr(char)[1:-1] if char in _LINE_BREAKS else char for char in text)
+
 
 class HABeatError(Exception):
     """The highly-available scheduler failed."""
 
     def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
+        super().__init__(one_line(message or (self.__doc__ or "").strip()))
 
 
 class ConfigError(HABeatError):

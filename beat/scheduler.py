@@ -162,6 +162,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             )
         except ConfigError as exc:
             _refuse_to_start(exc)
+        for warning in code_schedules.task_warnings(self.app, self._code):
+            logger.warning(warning)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass of the loop; returns 0 (it waited itself) or a back-off delay."""

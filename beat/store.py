@@ -62,6 +62,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, Operationa
 
 from beat import schema
 from beat.errors import (
+    InvalidSchedule,
     ScheduleExists,
     ScheduleNotFound,
     StaleEpoch,
@@ -79,6 +80,7 @@ from beat.models import (
     ScheduleDefinition,
     UnpublishableRun,
 )
+from beat.options import check_publish_options
 from beat.policies import jitter_delay
 from beat.tables import (
     SCHEDULES_CHANNEL,
@@ -350,11 +352,22 @@ class Store(StoreConnection):
         return _schedule_from_row(updated)
 
     def delete_schedule(self, name: str) -> None:
-        """Delete a schedule; its run history stays (``schedule_id`` becomes NULL)."""
+        """Delete a schedule made at runtime; its run history stays (``schedule_id``
+        becomes NULL). One defined in code is refused: the next sync would create it
+        again, so it is removed from the code, or paused."""
         with self._transaction() as conn:
-            deleted = conn.execute(delete(schedules).where(schedules.c.name == name)).rowcount
-        if not deleted:
-            raise schedule_not_found(name)
+            origin = conn.execute(
+                select(schedules.c.origin).where(schedules.c.name == name).with_for_update()
+            ).scalar_one_or_none()
+            if origin is None:
+                raise schedule_not_found(name)
+            if origin == Origin.CODE.value:
+                raise InvalidSchedule(
+                    f"schedule '{name}' is defined in code (beat_schedule or @periodic) and the"
+                    f" next sync would bring it back: remove it from the code (then `celery -A"
+                    f" app schedules sync`), or pause it (`celery -A app schedules pause {name}`)"
+                )
+            conn.execute(delete(schedules).where(schedules.c.name == name))
 
     def sync_code_schedules(
         self,
@@ -1345,7 +1358,8 @@ def _due_from_row(row: Row[Any]) -> DueSchedule:
         zone=ZoneInfo(row.timezone),
         args=row.args,
         kwargs=row.kwargs,
-        options=row.options,
+        # A row written with psql may carry options a schedule may not: it is quarantined.
+        options=check_publish_options(row.options),
         misfire_policy=MisfirePolicy(row.misfire_policy),
         max_attempts=row.max_attempts,
         next_fire_at=row.next_fire_at,
@@ -1509,7 +1523,7 @@ def _last_fire(plan: FirePlan, schedule: DueSchedule) -> datetime:
 def schedule_not_found(name: str) -> ScheduleNotFound:
     """The error for a schedule name that is not stored, with where to look."""
     return ScheduleNotFound(
-        f"no schedule named '{name}': `celery -A app schedules list` shows them"
+        f"no schedule named {name!r:.200}: `celery -A app schedules list` shows them"
     )
 
 

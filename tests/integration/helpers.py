@@ -8,6 +8,9 @@ from typing import Any
 
 import pytest
 import redis
+from celery import Celery
+from celery.bin.celery import celery as celery_main
+from click.testing import CliRunner, Result
 from sqlalchemy import text
 
 from beat.api import Schedules
@@ -57,6 +60,13 @@ def run_rows(store: Store, **where: Any) -> list[Any]:
         )
 
 
+def schedule_row(store: Store, name: str) -> Any:
+    with store.engine.connect() as conn:
+        return conn.execute(
+            text("SELECT * FROM beat_schedules WHERE name = :name"), {"name": name}
+        ).one()
+
+
 def broker_messages(
     client: redis.Redis, broker_prefix: str, queue: str = "celery"
 ) -> list[dict[str, Any]]:
@@ -82,3 +92,29 @@ def slow_client_clock(monkeypatch: pytest.MonkeyPatch, behind: timedelta) -> Non
             return datetime.now(tz) - behind
 
     monkeypatch.setattr("beat.api.datetime", SlowClock)
+
+
+# -- the schedules command, in-process ------------------------------------------------------
+
+
+def invoke(app: Celery, *args: str) -> Result:
+    """``celery -A <app> schedules <args>`` in-process; exceptions other than exits propagate."""
+    return CliRunner().invoke(celery_main, ["-A", app, "schedules", *args], catch_exceptions=False)
+
+
+def as_json(result: Result) -> Any:
+    assert result.exit_code == 0, f"exit {result.exit_code}: {result.stderr}"
+    return json.loads(result.stdout)
+
+
+def error_lines(result: Result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+
+
+def table_rows(store: Store) -> list[tuple[Any, ...]]:
+    """Everything the CLI could write, to compare before and after a refused command."""
+    with store.engine.connect() as conn:
+        schedules = conn.execute(text("SELECT * FROM beat_schedules ORDER BY id")).all()
+        runs = conn.execute(text("SELECT * FROM beat_runs ORDER BY id")).all()
+        leader = conn.execute(text("SELECT * FROM beat_leader ORDER BY name")).all()
+    return [tuple(row) for row in [*schedules, *runs, *leader]]

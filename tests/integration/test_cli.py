@@ -23,9 +23,8 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery.bin.celery import celery as celery_main
 from celery.schedules import crontab
-from click.testing import CliRunner, Result
+from click.testing import Result
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
@@ -39,7 +38,18 @@ from beat.scheduler import HAScheduler
 from beat.store import Store
 from beat.tables import RunState
 from tests.conftest import SessionEnv
-from tests.integration.helpers import broker_messages, run_rows, slow_client_clock, task_ids
+from tests.integration.helpers import (
+    as_json,
+    broker_messages,
+    error_lines,
+    invoke,
+    make_due,
+    run_rows,
+    schedule_row,
+    slow_client_clock,
+    table_rows,
+    task_ids,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -50,29 +60,6 @@ Cli = Callable[..., Result]
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def invoke(app: Celery, *args: str) -> Result:
-    """``celery -A <app> schedules <args>`` in-process; exceptions other than exits propagate."""
-    return CliRunner().invoke(celery_main, ["-A", app, "schedules", *args], catch_exceptions=False)
-
-
-def as_json(result: Result) -> Any:
-    assert result.exit_code == 0, f"exit {result.exit_code}: {result.stderr}"
-    return json.loads(result.stdout)
-
-
-def error_lines(result: Result) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.startswith("Error:")]
-
-
-def table_rows(store: Store) -> list[tuple[Any, ...]]:
-    """Everything the CLI could write, to compare before and after a refused command."""
-    with store.engine.connect() as conn:
-        schedules = conn.execute(text("SELECT * FROM beat_schedules ORDER BY id")).all()
-        runs = conn.execute(text("SELECT * FROM beat_runs ORDER BY id")).all()
-        leader = conn.execute(text("SELECT * FROM beat_leader ORDER BY name")).all()
-    return [tuple(row) for row in [*schedules, *runs, *leader]]
 
 
 def insert_run(store: Store, **fields: Any) -> uuid.UUID:
@@ -115,13 +102,6 @@ def insert_run(store: Store, **fields: Any) -> uuid.UUID:
             params,
         )
     return run_id
-
-
-def schedule_row(store: Store, name: str) -> Any:
-    with store.engine.connect() as conn:
-        return conn.execute(
-            text("SELECT * FROM beat_schedules WHERE name = :name"), {"name": name}
-        ).one()
 
 
 # -- fixtures ----------------------------------------------------------------------------------
@@ -202,7 +182,7 @@ def test_a_schedule_round_trips_through_every_command_as_json(cli: Cli) -> None:
 
 def test_human_output_is_aligned_tables(cli: Cli) -> None:
     assert cli("add", "nightly", "tasks.demo.report", "--cron", "30 2 * * *").exit_code == 0
-    assert cli("add", "often", "tasks.demo.add", "--every", "60", "--paused").exit_code == 0
+    assert cli("add", "often", "tasks.demo.heartbeat", "--every", "60", "--paused").exit_code == 0
 
     listing = cli("list")
     assert listing.exit_code == 0
@@ -246,7 +226,7 @@ BAD_INPUT = [
     pytest.param(["add", "x", "tasks.demo.add", "--every", "5", "--args", '{"a": 1}'],
                  id="add-args-not-a-list"),
     pytest.param(["add", "x", "no.such.task", "--every", "5"], id="add-unknown-task"),
-    pytest.param(["add", "existing", "tasks.demo.add", "--every", "5"], id="add-existing"),
+    pytest.param(["add", "existing", "tasks.demo.heartbeat", "--every", "5"], id="add-existing"),
     pytest.param(["update", "nope", "--cron", "* * * * *"], id="update-unknown"),
     pytest.param(["update", "existing"], id="update-nothing"),
     pytest.param(["update", "existing", "--cron", "61 * * * *"], id="update-bad-cron"),
@@ -270,7 +250,7 @@ BAD_INPUT = [
 def test_bad_input_exits_2_with_one_error_line_and_writes_nothing(
     cli: Cli, store: Store, args: list[str]
 ) -> None:
-    assert cli("add", "existing", "tasks.demo.add", "--every", "60").exit_code == 0
+    assert cli("add", "existing", "tasks.demo.heartbeat", "--every", "60").exit_code == 0
     insert_run(store, schedule_name="existing", fire_ago=86400 * 40, finished_ago=86400 * 40)
     before = table_rows(store)
 
@@ -353,7 +333,7 @@ def test_trigger_queues_a_run_that_the_leader_publishes_with_the_run_id_as_task_
 
 
 def test_trigger_json_api_and_paused_schedules(cli: Cli, store: Store, app: Celery) -> None:
-    cli("add", "paused-one", "tasks.demo.add", "--every", "60", "--paused")
+    cli("add", "paused-one", "tasks.demo.heartbeat", "--every", "60", "--paused")
 
     document = as_json(cli("trigger", "paused-one", "--json"))
     api_run_id = Schedules(store, app=app).trigger("paused-one")
@@ -369,7 +349,7 @@ def test_trigger_json_api_and_paused_schedules(cli: Cli, store: Store, app: Cele
 def test_trigger_wakes_a_waiting_leader_at_once(
     cli: Cli, store: Store, make_scheduler: Callable[..., HAScheduler]
 ) -> None:
-    cli("add", "later", "tasks.demo.add", "--every", "3600")
+    cli("add", "later", "tasks.demo.heartbeat", "--every", "3600")
     scheduler = make_scheduler(max_wait=30.0)  # without NOTIFY, it would sleep 30 s
     stop = threading.Event()
 
@@ -443,6 +423,7 @@ def test_runs_lists_history_newest_first_with_filters(cli: Cli, store: Store) ->
         str(other),
     ]
     assert len(as_json(cli("runs", "--limit", "1", "--json"))) == 1
+    cli("add", "nothing-ran", "tasks.demo.heartbeat", "--every", "60")
     assert as_json(cli("runs", "nothing-ran", "--json")) == []
 
     table = cli("runs", "history")
@@ -461,7 +442,7 @@ def test_runs_lists_history_newest_first_with_filters(cli: Cli, store: Store) ->
 
 
 def test_show_and_list_report_the_latest_runs(cli: Cli, store: Store) -> None:
-    cli("add", "history", "tasks.demo.add", "--every", "60")
+    cli("add", "history", "tasks.demo.heartbeat", "--every", "60")
     insert_run(store, fire_ago=120, finished_ago=100)
     newest = insert_run(store, state=RunState.FAILED.value, fire_ago=60, finished_ago=50)
 
@@ -659,7 +640,7 @@ def test_sync_pushes_the_schedules_defined_in_code(app: Celery, cli: Cli, store:
         },
         "code-often": {"task": "tasks.demo.add", "schedule": 30.0},
     }
-    cli("add", "code-often", "tasks.demo.add", "--every", "60")  # made at runtime: left alone
+    cli("add", "code-often", "tasks.demo.heartbeat", "--every", "60")  # made at runtime: left alone
 
     first = as_json(cli("sync", "--json"))
     assert first == {
@@ -705,7 +686,7 @@ def test_the_real_command_line(
     assert refused.stderr.startswith("Error: invalid cron expression 'banana'")
     assert table_rows(store) == []
 
-    added = celery_cli(test_env, "add", "cli", "tasks.demo.add", "--every", "60", "--json")
+    added = celery_cli(test_env, "add", "cli", "tasks.demo.heartbeat", "--every", "60", "--json")
     assert added.returncode == 0, added.stderr
     assert json.loads(added.stdout)["name"] == "cli"
 
@@ -727,7 +708,7 @@ def test_overlap_jitter_window_and_one_off_options(cli: Cli) -> None:
         cli(
             "add",
             "trial",
-            "tasks.demo.add",
+            "tasks.demo.heartbeat",
             "--cron",
             "0 9 * * *",
             "--overlap-policy",
@@ -753,9 +734,9 @@ def test_overlap_jitter_window_and_one_off_options(cli: Cli) -> None:
     updated = as_json(cli("update", "trial", "--overlap-policy", "cancel_previous", "--json"))
     assert updated["overlap_policy"] == "cancel_previous"
     assert updated["max_runs"] == 14, "unchanged fields stay"
-    soon = as_json(cli("add", "soon", "tasks.demo.add", "--in", "90s", "--json"))
+    soon = as_json(cli("add", "soon", "tasks.demo.heartbeat", "--in", "90s", "--json"))
     assert soon["schedule"].startswith("at ")
-    bad = cli("add", "bad", "tasks.demo.add", "--every", "5", "--overlap-policy", "sometimes")
+    bad = cli("add", "bad", "tasks.demo.heartbeat", "--every", "5", "--overlap-policy", "sometimes")
     assert bad.exit_code == 2
 
 
@@ -764,7 +745,7 @@ def test_finding_9_in_counts_from_the_database_clock(
 ) -> None:
     slow_client_clock(monkeypatch, timedelta(seconds=120))
 
-    as_json(cli("add", "soon", "tasks.demo.add", "--in", "90s", "--json"))
+    as_json(cli("add", "soon", "tasks.demo.heartbeat", "--in", "90s", "--json"))
     added = schedule_row(store, "soon")
     as_json(cli("update", "soon", "--in", "10m", "--json"))
     updated = schedule_row(store, "soon")
@@ -774,7 +755,7 @@ def test_finding_9_in_counts_from_the_database_clock(
 
 
 def test_backfill_creates_the_missing_runs_of_a_past_window(cli: Cli, store: Store) -> None:
-    as_json(cli("add", "hourly", "tasks.demo.add", "--cron", "0 * * * *", "--json"))
+    as_json(cli("add", "hourly", "tasks.demo.heartbeat", "--cron", "0 * * * *", "--json"))
     hour = store.now().replace(minute=0, second=0, microsecond=0)
     window = ("--from", (hour - timedelta(hours=6)).isoformat(), "--to", hour.isoformat())
     created = as_json(cli("backfill", "hourly", *window, "--json"))
@@ -809,7 +790,7 @@ def assert_refused(cli: Cli, store: Store, args: list[str], *says: str) -> None:
 
 
 def test_finding_5_backfill_refuses_fire_times_still_to_come(cli: Cli, store: Store) -> None:
-    as_json(cli("add", "minutely", "tasks.demo.add", "--cron", "* * * * *", "--json"))
+    as_json(cli("add", "minutely", "tasks.demo.heartbeat", "--cron", "* * * * *", "--json"))
     now = store.now()
     window = ["--from", (now - timedelta(minutes=30)).isoformat()]
     future = [*window, "--to", (now + timedelta(minutes=30)).isoformat()]
@@ -823,7 +804,7 @@ def test_finding_11_backfill_refuses_a_window_older_than_the_history_retention(
     cli: Cli, store: Store
 ) -> None:
     """After retention deleted the runs of a window, backfill cannot tell they ran."""
-    as_json(cli("add", "hourly", "tasks.demo.add", "--cron", "0 * * * *", "--json"))
+    as_json(cli("add", "hourly", "tasks.demo.heartbeat", "--cron", "0 * * * *", "--json"))
     hour = store.now().replace(minute=0, second=0, microsecond=0) - timedelta(days=31)
     for ago in range(3):
         fire_at = hour + timedelta(hours=ago)
@@ -836,3 +817,29 @@ def test_finding_11_backfill_refuses_a_window_older_than_the_history_retention(
     now = store.now()
     recent = ["--from", (now - timedelta(days=29)).isoformat(), "--to", now.isoformat()]
     assert len(as_json(cli("backfill", "hourly", *recent, "--limit", "1000", "--json"))) > 600
+
+
+def test_a_changed_interval_first_fires_one_period_after_the_change_as_a_new_one_does(
+    cli: Cli, store: Store
+) -> None:
+    as_json(cli("add", "tick", "tasks.demo.add", "--args", "[1, 2]", "--every", "60", "--json"))
+    make_due(store, seconds_ago=120)  # no beat ran: its fire time has passed
+
+    as_json(cli("update", "tick", "--every", "5m", "--json"))
+    updated = schedule_row(store, "tick")
+    as_json(cli("add", "new", "tasks.demo.add", "--args", "[1, 2]", "--every", "5m", "--json"))
+    added = schedule_row(store, "new")
+
+    assert updated.next_fire_at == updated.updated_at + timedelta(minutes=5)
+    assert added.next_fire_at == added.created_at + timedelta(minutes=5)
+
+
+def test_a_changed_interval_keeps_a_window_that_has_not_started(cli: Cli, store: Store) -> None:
+    start = (store.now() + timedelta(days=2)).replace(microsecond=0)
+    window = ["--start-at", start.isoformat(), "--every", "60", "--json"]
+    as_json(cli("add", "later", "tasks.demo.add", "--args", "[1, 2]", *window))
+
+    updated = as_json(cli("update", "later", "--every", "120", "--json"))
+
+    assert updated["start_at"] == start.isoformat()
+    assert updated["next_fire_at"] == start.isoformat(), "no fire time before start_at"

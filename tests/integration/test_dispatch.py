@@ -118,7 +118,7 @@ def test_finding_14_a_run_whose_message_cannot_be_built_is_rejected_alone(
     app = create_app(test_env.settings())
     good = runs(4)
     bad = replace(good[1], options={"headers": "oops"})
-    expired = replace(good[2], options={"expires": "soon"})  # Celery parses it as a date
+    expired = replace(good[2], options={"expires": "soon"})  # not a time
     batch = [good[0], bad, expired, good[3]]
 
     for result in (
@@ -128,7 +128,7 @@ def test_finding_14_a_run_whose_message_cannot_be_built_is_rejected_alone(
         assert result.error is None
         assert result.published == [good[0].id, good[3].id]
         assert [(entry.run.id, entry.error.split(":")[0]) for entry in result.rejected] == [
-            (bad.id, "TypeError"),
+            (bad.id, "ValueError"),  # refused by beat.options before Celery sees them
             (expired.id, "ValueError"),
         ]
     messages = broker_messages(redis_client, test_env.broker_key_prefix)

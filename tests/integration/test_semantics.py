@@ -125,7 +125,7 @@ def test_start_at_holds_the_first_fire_time(store: Store) -> None:
 
 
 def test_jittered_runs_wait_in_the_outbox_until_their_time(store: Store, leader: int) -> None:
-    Schedules(store).create("s", "t", every=1, jitter=3600, allow_unregistered=True)
+    Schedules(store).create("s", "t", every=3600, jitter=3600, allow_unregistered=True)
     make_due(store, seconds_ago=0.5)
     claim = store.claim_due(leader, batch=10, plan=planner)
     assert (claim.runs, claim.deferred) == ([], 1)

@@ -186,7 +186,9 @@ def test_unique_fire_time_holds_even_if_next_fire_at_is_moved_back(store: Store)
 def test_first_fire_of_a_past_one_off_is_its_own_time(store: Store) -> None:
     schedules = Schedules(store)
     past = datetime.now(UTC) - timedelta(hours=3)
-    created = schedules.create("once", "tasks.demo.add", at=past, allow_unregistered=True)
+    created = schedules.create(
+        "once", "tasks.demo.add", at=past, allow_past=True, allow_unregistered=True
+    )
     assert created.next_fire_at == past
     assert store.take_leadership(1, "me")
     claim = store.claim_due(1, batch=10, plan=planner)

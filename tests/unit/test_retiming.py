@@ -35,5 +35,5 @@ def test_finding_6_retiming_keeps_only_a_missed_fire_time_the_new_window_allows(
 
 def test_finding_6_retiming_never_delays_an_earlier_new_fire_time() -> None:
     earlier = MISSED - timedelta(minutes=1)  # e.g. a one-off moved into the past
-    definition = define("job", "t", at=earlier)
+    definition = define("job", "t", at=earlier, allow_past=True)
     assert next_fire_after_retiming(MISSED, earlier, definition, NOW) == earlier

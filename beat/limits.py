@@ -1,0 +1,15 @@
+"""Bounds on what a schedule may hold, shared by the API, the CLI and the checks made
+again where stored rows are read. Each is far above any real need and low enough that
+a value past it is a mistake (a unit off, a runaway loop) or an attack."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Final
+
+#: Longest duration anywhere (an interval, a one-off's delay, a relative expiry): an
+#: interval longer than ten years would in effect never fire.
+MAX_DURATION: Final = timedelta(days=3650)
+
+#: Largest value of an ``integer`` column (max_runs, max_attempts): PostgreSQL refuses more.
+MAX_INT4: Final = 2**31 - 1
