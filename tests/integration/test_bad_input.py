@@ -23,7 +23,7 @@ from sqlalchemy import text
 
 from app.factory import create_app
 from beat.api import Schedules
-from beat.errors import ConfigError, InvalidSchedule
+from beat.errors import InvalidSchedule
 from beat.scheduler import HAScheduler
 from beat.store import Store
 from beat.tables import RunState
@@ -486,6 +486,7 @@ def test_bad_input_in_code_stops_sync_and_beat_with_one_line_and_writes_nothing(
     make_scheduler: Callable[..., HAScheduler],
     entry: dict[str, Any],
     says: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     app.conf.beat_schedule = {"bad": {"task": "tasks.demo.add", "args": [1, 2], **entry}}
 
@@ -493,10 +494,15 @@ def test_bad_input_in_code_stops_sync_and_beat_with_one_line_and_writes_nothing(
 
     assert line.startswith("Error: beat_schedule['bad']: ")
     assert says in line
-    with pytest.raises(ConfigError) as caught:
+    with (
+        caplog.at_level(logging.CRITICAL, logger="beat.scheduler"),
+        pytest.raises(SystemExit) as stopped,
+    ):
         make_scheduler({"beat_schedule": app.conf.beat_schedule})
-    assert says in str(caught.value)
-    assert "\n" not in str(caught.value)
+    assert stopped.value.code == 2
+    (record,) = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert says in record.getMessage()
+    assert "\n" not in record.getMessage()
 
 
 def test_an_interval_in_code_is_stored_with_the_app_zone_without_being_refused(
