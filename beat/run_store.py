@@ -74,9 +74,10 @@ def _lease_until(seconds: float) -> Any:
     return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
 
 
-def _startable(retries: Any) -> ColumnElement[bool]:
-    """May a delivery carrying ``retries`` (Celery's retry count) start the run?"""
-    return or_(
+def _startable(retries: Any, expires: datetime | None = None) -> ColumnElement[bool]:
+    """May a delivery carrying ``retries`` (Celery's retry count) start the run, before
+    its ``expires`` (by the database's clock, in the statement that starts it)?"""
+    startable = or_(
         runs.c.state.in_([RunState.PENDING.value, RunState.QUEUED.value]),
         and_(runs.c.state == RunState.RETRYING.value, retries >= runs.c.retries),
         and_(
@@ -84,6 +85,9 @@ def _startable(retries: Any) -> ColumnElement[bool]:
             or_(runs.c.lease_expires_at < func.now(), retries > runs.c.retries),
         ),
     )
+    if expires is None:
+        return startable
+    return and_(startable, func.now() <= expires)
 
 
 def run_id_for(task_id: str) -> uuid.UUID:
@@ -135,6 +139,7 @@ class RunStore(StoreConnection):
         max_attempts: int,
         may_create: bool = True,
         task_id: str | None = None,
+        expires: datetime | None = None,
     ) -> Started | Refused:
         """Take the run's lease if this delivery may run it (one statement), else record a refusal.
 
@@ -152,7 +157,7 @@ class RunStore(StoreConnection):
             "worker": worker,
         }
         if not may_create:
-            return self._take(run_id, retries, lease)
+            return self._take(run_id, retries, lease, expires)
         insert = pg_insert(runs).values(
             id=run_id,
             task_id=task_id,
@@ -176,7 +181,7 @@ class RunStore(StoreConnection):
                 "finished_at": None,
                 "error": None,
             },
-            where=_startable(insert.excluded.retries),
+            where=_startable(insert.excluded.retries, expires),
         ).returning(runs.c.attempt)
         with self._transaction() as conn:
             attempt = conn.execute(statement).scalar_one_or_none()
@@ -203,11 +208,17 @@ class RunStore(StoreConnection):
             },
         )
 
-    def _take(self, run_id: uuid.UUID, retries: int, values: dict[str, Any]) -> Started | Refused:
+    def _take(
+        self,
+        run_id: uuid.UUID,
+        retries: int,
+        values: dict[str, Any],
+        expires: datetime | None = None,
+    ) -> Started | Refused:
         """Start the stored run if a delivery carrying ``retries`` may (one statement)."""
         statement = (
             update(runs)
-            .where(runs.c.id == run_id, _startable(literal_int(retries)))
+            .where(runs.c.id == run_id, _startable(literal_int(retries), expires))
             .values(
                 **values,
                 attempt=runs.c.attempt + 1,

@@ -172,6 +172,10 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             if self._expired(store, run_id):
                 raise Ignore
             outcome = self._start(store, run_id, owner, config, args, kwargs)
+            # The start refuses a run whose expiry passed after the check above: the
+            # check, then the start, are two statements some milliseconds apart.
+            if isinstance(outcome, Refused) and self._expired(store, run_id):
+                raise Ignore
         except StoreUnavailable as exc:
             # Without the guard the run must not start, nor be acknowledged as done:
             # hand the message back so a worker that reaches PostgreSQL takes it.
@@ -214,16 +218,21 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         )
         return self._execute(execution, args, kwargs)
 
+    def _expires(self) -> datetime | None:
+        """The delivery's ``expires``, as an aware time (None: it has none)."""
+        expires = self.request.expires
+        if not expires:
+            return None
+        moment = datetime.fromisoformat(expires) if isinstance(expires, str) else expires
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
     def _expired(self, store: RunStore, run_id: uuid.UUID) -> bool:
         """Celery discards an expired message by this worker's clock, before the task
         code; this is the same check by the database's clock, which the expiry was
         computed from, just before the run would start."""
-        expires = self.request.expires
-        if not expires:
+        moment = self._expires()
+        if moment is None:
             return False
-        moment = datetime.fromisoformat(expires) if isinstance(expires, str) else expires
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)
         if not store.expire_if_past(run_id, moment):
             return False
         logger.warning(
@@ -260,6 +269,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             # deleted by retention after the run ended, and must not run again.
             may_create=not published_by_beat(request),
             task_id=None if str(run_id) == request.id else request.id,
+            expires=self._expires(),
         )
 
     def _execute(self, execution: _Execution, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

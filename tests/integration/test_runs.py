@@ -6,7 +6,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -259,6 +259,32 @@ def test_finding_2c_a_retry_delivered_before_its_attempt_ended_is_taken(
         "the first attempt's late record does not overwrite the retry that runs"
     )
     assert run_store.finish(run_id, owner="retry", state=RunState.SUCCEEDED)
+
+
+def test_chaos_seed_87395_a_delivery_whose_expiry_passes_after_the_check_does_not_start(
+    run_store: RunStore, store: Store
+) -> None:
+    """The guard checks the expiry, then starts the run: two statements. An expiry that
+    passes between them (seen: a run started 23 ms after it) is refused by the start
+    itself, by the database's clock; a delivery before its expiry starts."""
+    from tests.integration.test_store import planner
+
+    Schedules(store).create("expiring", "t", at=datetime.now(UTC), allow_unregistered=True)
+    assert store.take_leadership(1, "leader")
+    [run] = store.claim_due(1, batch=10, plan=planner).runs
+    assert store.mark_published([run.id]) == 1
+    passed = store.now() - timedelta(milliseconds=1)
+
+    refused = start(run_store, run.id, "late", may_create=False, expires=passed)
+    assert isinstance(refused, Refused)
+    [row] = run_rows(store)
+    assert (row.state, row.started_at) == (RunState.QUEUED.value, None)
+    assert run_store.expire_if_past(run.id, passed), "then ends expired"
+
+    Schedules(store).create("in-time", "t", at=datetime.now(UTC), allow_unregistered=True)
+    [other] = store.claim_due(1, batch=10, plan=planner).runs
+    soon = store.now() + timedelta(seconds=30)
+    assert isinstance(start(run_store, other.id, "w", may_create=False, expires=soon), Started)
 
 
 def _retry_held_by_a_dead_worker(run_store: RunStore, store: Store) -> uuid.UUID:
