@@ -83,12 +83,17 @@ class Expectation:
     def may_skip(self, fire_at: datetime) -> bool:
         return any(start <= fire_at <= end for start, end in self.skippable)
 
-    def definition_certain(self, fire_at: datetime) -> bool:
+    def definition_certain(self, fire_at: datetime, claimed_at: datetime | None) -> bool:
         """False near a deploy: a fire time claimed only after the new definition was
-        synced (late, or missed while beats were down) may run with either one."""
-        return not any(
-            start - DEPLOY_CLAIM_SLACK <= fire_at <= end for start, end in self.skippable
-        )
+        synced (late, or missed while beats were down) may run with either one. A
+        fire time that stayed due through a deploy (no leader claimed it before, e.g.
+        every beat was killed) is claimed with the definition in force at the claim."""
+        for start, synced in self.skippable:
+            if start - DEPLOY_CLAIM_SLACK <= fire_at <= synced:
+                return False
+            if claimed_at is not None and fire_at <= synced <= claimed_at:
+                return False
+        return True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -321,7 +326,8 @@ def _check_definition_in_force(
     """A run carries the kwargs of the definition in force at its fire time."""
     if expectation.kwargs is None or row.state == RunState.SKIPPED:
         return
-    if expectation.definition_certain(fire_at) and row.kwargs != expectation.kwargs:
+    certain = expectation.definition_certain(fire_at, row.claimed_at)
+    if certain and row.kwargs != expectation.kwargs:
         verdict.unexpected.append(
             f"{where}: ran with kwargs {row.kwargs}, the definition in force has"
             f" {expectation.kwargs}"

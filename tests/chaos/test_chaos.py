@@ -304,8 +304,12 @@ def test_a_deploy_switches_the_expected_definition_at_its_sync(tmp_path: Path) -
     assert not new.may_skip(start + timedelta(seconds=22))
     assert code.deploys[0].synced_at == synced
     assert (old.kwargs, new.kwargs) == ({"version": 1}, {"version": 2})
-    assert old.definition_certain(start + timedelta(seconds=4))
-    assert not old.definition_certain(start + timedelta(seconds=6)), "claimed late, maybe"
+    on_time = start + timedelta(seconds=4, milliseconds=10)
+    assert old.definition_certain(start + timedelta(seconds=4), on_time)
+    assert not old.definition_certain(start + timedelta(seconds=6), None), "claimed late, maybe"
+    # Seed 20261205: every beat killed, no claim until after the sync: the new kwargs.
+    after_the_sync = synced + timedelta(seconds=7)
+    assert not old.definition_certain(start + timedelta(seconds=1), after_the_sync)
 
 
 def test_a_new_timing_follows_the_fire_time_missed_under_the_old_one(tmp_path: Path) -> None:
