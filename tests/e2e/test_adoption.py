@@ -136,7 +136,7 @@ def _project(venv: FreshVenv, example: str, name: str, tmp_path: Path) -> Iterat
 def _delete_broker_keys(lease_prefix: str) -> None:
     """The example projects use the broker's default keys on the tests' Redis DB."""
     client = redis.Redis.from_url(REDIS_TEST_URL)
-    patterns = (f"{lease_prefix}*", "celery", "_kombu.binding.*", "unacked*", "habeat.dead*")
+    patterns = (f"{lease_prefix}*", "celery", "_kombu.binding*", "unacked*", "habeat.dead*")
     for pattern in patterns:
         keys = list(client.scan_iter(match=pattern, count=1000))
         if keys:
