@@ -5,6 +5,7 @@ Datetimes are always aware (UTC from the store); constructors reject naive ones.
 
 from __future__ import annotations
 
+import enum
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -108,10 +109,21 @@ class DueSchedule:
         require_aware(self.end_at, "end_at")
 
 
+class SkipKind(enum.Enum):
+    """Why a fire time did not run, as counted (``habeat_runs_skipped_total{reason}``)."""
+
+    #: No leader claimed it within the misfire grace (the misfire policy decided).
+    MISFIRE = "misfire"
+    #: A run of the schedule was active, or a newer fire time won (the overlap policy).
+    OVERLAP = "overlap"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SkippedFire:
     fire_at: datetime
+    #: The skip record's text, for people.
     reason: str
+    kind: SkipKind = SkipKind.MISFIRE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

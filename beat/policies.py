@@ -36,7 +36,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from beat.models import DueSchedule, FirePlan, SkippedFire
+from beat.models import DueSchedule, FirePlan, SkipKind, SkippedFire
 from beat.tables import MisfirePolicy, OverlapPolicy
 from beat.timing import Every, Trigger, fire_times, next_fire_after
 
@@ -105,7 +105,9 @@ def _apply_overlap(due: DueSchedule, plan: FirePlan) -> FirePlan:
         return plan
     latest, earlier = plan.fire[-1], plan.fire[:-1]
     superseded = tuple(
-        SkippedFire(fire_at=t, reason="overlap: a newer fire time in the same claim")
+        SkippedFire(
+            fire_at=t, reason="overlap: a newer fire time in the same claim", kind=SkipKind.OVERLAP
+        )
         for t in earlier
     )
     blocked_by = {
@@ -114,7 +116,9 @@ def _apply_overlap(due: DueSchedule, plan: FirePlan) -> FirePlan:
     }.get(policy, 0)
     if blocked_by:
         reason = f"overlap ({policy.value}): the previous run is still active"
-        skipped = tuple(SkippedFire(fire_at=t, reason=reason) for t in plan.fire)
+        skipped = tuple(
+            SkippedFire(fire_at=t, reason=reason, kind=SkipKind.OVERLAP) for t in plan.fire
+        )
         return replace(plan, fire=(), skipped=_merged(plan.skipped, skipped))
     cancel = policy is OverlapPolicy.CANCEL_PREVIOUS and due.waiting + due.running > 0
     return replace(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
@@ -35,9 +34,9 @@ from beat.dispatch import publish_at, publish_runs
 from beat.errors import ConfigError, HABeatError, LeaseUnavailable, StaleEpoch
 from beat.leader import DRIFT_MARGIN, LeaderLease
 from beat.lost_messages import LostMessages
-from beat.models import DueSchedule, FirePlan, Quarantine, RunToPublish, UnpublishableRun
+from beat.models import Quarantine, RunToPublish, UnpublishableRun
 from beat.ops_store import OpsStore
-from beat.policies import plan_fires
+from beat.planning import PlanningRules
 from beat.store import Claim, ScheduleChangeListener, Store, masked_url
 
 logger = logging.getLogger(__name__)
@@ -135,8 +134,9 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._code: list[Any] = []
         self._metrics_started = False
         self._next_retention = 0.0  # time.monotonic() of the next history prune
-        #: Skip records planned by the claim in progress, by reason (counted once it commits).
-        self._planned_skips: Counter[str] = Counter()
+        self._rules = PlanningRules(
+            misfire_grace=self.config.misfire_grace, max_catchup=self.config.max_catchup
+        )
         #: The last claim was a full batch: more are due (see _maintenance_due).
         self._in_burst = False
         self._next_maintenance = 0.0
@@ -504,12 +504,11 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
 
     def _claim(self, epoch: int) -> tuple[Claim, float]:
         """One claim transaction, counted; returns the claim and its duration in seconds."""
-        self._planned_skips.clear()
         started = time.monotonic()
         claim = self.store.claim_due(
             epoch,
             batch=self.config.claim_batch,
-            plan=self._plan,
+            plan=self._rules.plan_schedule,
             idle_timeout=self.config.claim_idle_timeout,
             ahead=self.config.claim_ahead,
         )
@@ -518,9 +517,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if claim.schedules_claimed:
             metrics.CLAIMS.inc()
         metrics.RUNS_CLAIMED.inc(len(claim.runs) + len(claim.armed) + claim.deferred)
-        for reason, count in self._planned_skips.items():
-            metrics.RUNS_SKIPPED.labels(reason=reason).inc(count)
-        self._planned_skips.clear()
+        for kind, count in claim.skips.items():
+            metrics.RUNS_SKIPPED.labels(reason=kind.value).inc(count)
         metrics.RUNS_CANCELLED.inc(len(claim.cancelled))
         return claim, duration
 
@@ -603,19 +601,6 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 "" if report.caught_up else "; more at the next pass",
                 extra={"deleted": report.deleted},
             )
-
-    def _plan(self, due: DueSchedule, now: datetime, until: datetime) -> FirePlan:
-        plan = plan_fires(
-            due,
-            now,
-            until=until,
-            misfire_grace=self.config.misfire_grace,
-            max_catchup=self.config.max_catchup,
-        )
-        for skip in plan.skipped:  # every reason starts with "misfire" or "overlap"
-            reason = "overlap" if skip.reason.startswith("overlap") else "misfire"
-            self._planned_skips[reason] += 1
-        return plan
 
     def _publish(
         self, runs: list[RunToPublish], *, source: str, deadline: float | None = None

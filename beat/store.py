@@ -25,9 +25,10 @@ import logging
 import re
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -78,10 +79,19 @@ from beat.models import (
     RunToPublish,
     Schedule,
     ScheduleDefinition,
+    SkipKind,
     UnpublishableRun,
 )
 from beat.options import check_publish_options
-from beat.policies import jitter_delay
+from beat.planning import (
+    Advance,
+    NewRun,
+    Release,
+    SchedulePlanner,
+    claim_horizon,
+    plan_claim,
+    release_of,
+)
 from beat.tables import (
     SCHEDULES_CHANNEL,
     TZ,
@@ -109,11 +119,6 @@ MAX_INTERRUPTIONS = 10
 #: Serialises the sync of code-defined schedules between beat processes starting together.
 SYNC_LOCK_ID = 0x6861_6265_6174_01
 
-#: Plans a due schedule's fire times: ``plan(schedule, now, until)``, up to ``until``.
-Planner = Callable[[DueSchedule, datetime, datetime], FirePlan]
-#: A run a claim inserts: (run ID, schedule, fire time, not before).
-_Fire = tuple[uuid.UUID, DueSchedule, datetime, datetime | None]
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Claim:
@@ -125,6 +130,8 @@ class Claim:
     #: Schedules claimed; equal to the batch size when more may be due.
     schedules_claimed: int
     skipped: int
+    #: Skip records written, by kind (misfire or overlap policy).
+    skips: Counter[SkipKind] = field(default_factory=Counter)
     #: Runs cancelled by the overlap policy cancel_previous (to revoke).
     cancelled: list[uuid.UUID] = field(default_factory=list)
     #: Runs claimed ahead of their fire time (``not_before == fire_at``): the claiming
@@ -136,7 +143,7 @@ class Claim:
     #: Runs left in the outbox until their jittered time.
     deferred: int = 0
     #: Schedules disabled because their window ended, with the reason.
-    disabled: list[tuple[str, str | None]] = field(default_factory=list)
+    disabled: list[tuple[str, str]] = field(default_factory=list)
     #: Schedules quarantined because they could not be read or planned.
     quarantined: list[Quarantine] = field(default_factory=list)
 
@@ -512,11 +519,12 @@ class Store(StoreConnection):
         epoch: int,
         *,
         batch: int,
-        plan: Planner,
+        plan: SchedulePlanner,
         idle_timeout: float = 10.0,
         ahead: float = 0.0,
     ) -> Claim:
-        """Claim due schedules as leader ``epoch`` (see the module docstring).
+        """Claim due schedules as leader ``epoch`` (see the module docstring), planned
+        by :func:`beat.planning.plan_claim` with ``plan`` for each schedule.
 
         With ``ahead`` > 0, schedules of the ``allow`` overlap policy due within
         ``ahead`` seconds are claimed too, planned as of their fire time, and returned
@@ -534,29 +542,28 @@ class Store(StoreConnection):
                 return Claim(runs=[], now=now, clock=clock, schedules_claimed=0, skipped=0)
             due, unreadable = _due_schedules(rows)
             due = self._with_active_runs(conn, due)
-            horizon = now + timedelta(seconds=ahead)
-            plans, fires, unplannable = _plan_each(due, plan, now, horizon)
-            # A schedule that cannot be planned is set aside; the rest of the batch goes on.
-            quarantined = [*unreadable, *unplannable]
+            claim_plan = plan_claim(due, now, claim_horizon(now, ahead), plan)
+            # A schedule that cannot be read or planned is set aside; the batch goes on.
+            quarantined = [*unreadable, *claim_plan.quarantined]
             _quarantine(conn, quarantined)
-            cancelled = self._cancel_active(conn, plans)
-            inserted = self._insert_runs(conn, epoch, fires)
-            skipped = self._insert_skipped(conn, epoch, plans, now)
-            self._advance(conn, plans)
-        # Runs claimed ahead are published by this leader at their fire time; jittered
-        # runs stay in the outbox until their time; the rest are published now.
-        to_publish = [run for run in inserted if run.not_before is None or run.not_before <= now]
-        armed = [run for run in inserted if run.not_before is not None and _is_armed(run, now)]
+            cancelled = self._cancel_active(conn, claim_plan.cancel_active_of)
+            inserted = self._insert_runs(conn, epoch, claim_plan.new_runs)
+            skipped = self._insert_skipped(conn, epoch, claim_plan.plans, now)
+            self._advance(conn, claim_plan.advances)
+        released: dict[Release, list[RunToPublish]] = {release: [] for release in Release}
+        for run in inserted:
+            released[release_of(run, now)].append(run)
         return Claim(
-            runs=to_publish,
-            armed=armed,
+            runs=released[Release.NOW],
+            armed=released[Release.ARMED],
             now=now,
             clock=clock,
             schedules_claimed=len(rows),
             skipped=skipped,
+            skips=claim_plan.skip_counts,
             cancelled=cancelled,
-            deferred=len(inserted) - len(to_publish) - len(armed),
-            disabled=[(s.name, p.disable_reason) for s, p in plans if p.disable_reason],
+            deferred=len(released[Release.DEFERRED]),
+            disabled=claim_plan.disabled,
             quarantined=quarantined,
         )
 
@@ -585,11 +592,8 @@ class Store(StoreConnection):
         ]
 
     @staticmethod
-    def _cancel_active(
-        conn: Connection, plans: list[tuple[DueSchedule, FirePlan]]
-    ) -> list[uuid.UUID]:
-        """Cancel the active runs of schedules whose overlap policy is cancel_previous."""
-        ids = [schedule.id for schedule, plan in plans if plan.cancel_active]
+    def _cancel_active(conn: Connection, ids: list[int]) -> list[uuid.UUID]:
+        """Cancel the active runs of schedules ``ids`` (overlap policy cancel_previous)."""
         if not ids:
             return []
         return list(
@@ -630,7 +634,7 @@ class Store(StoreConnection):
             )
 
     @staticmethod
-    def _insert_runs(conn: Connection, epoch: int, fires: list[_Fire]) -> list[RunToPublish]:
+    def _insert_runs(conn: Connection, epoch: int, fires: list[NewRun]) -> list[RunToPublish]:
         """Insert a ``pending`` run per planned fire time in one statement.
 
         Only the fire times travel as arrays; each run's payload is copied from its
@@ -642,10 +646,10 @@ class Store(StoreConnection):
             conn.scalars(
                 _INSERT_RUNS,
                 {
-                    "ids": [run_id for run_id, _, _, _ in fires],
-                    "schedule_ids": [schedule.id for _, schedule, _, _ in fires],
-                    "fire_ats": [fire_at for _, _, fire_at, _ in fires],
-                    "not_befores": [not_before for _, _, _, not_before in fires],
+                    "ids": [fire.id for fire in fires],
+                    "schedule_ids": [fire.schedule.id for fire in fires],
+                    "fire_ats": [fire.fire_at for fire in fires],
+                    "not_befores": [fire.not_before for fire in fires],
                     "epoch": epoch,
                 },
             )
@@ -655,11 +659,7 @@ class Store(StoreConnection):
                 "%d fire times were claimed before and were not claimed again",
                 len(fires) - len(inserted),
             )
-        return [
-            _new_run(run_id, schedule, fire_at, not_before)
-            for run_id, schedule, fire_at, not_before in fires
-            if run_id in inserted
-        ]
+        return [fire.to_publish() for fire in fires if fire.id in inserted]
 
     @staticmethod
     def _insert_skipped(
@@ -690,16 +690,16 @@ class Store(StoreConnection):
         return len(rows)
 
     @staticmethod
-    def _advance(conn: Connection, plans: list[tuple[DueSchedule, FirePlan]]) -> None:
+    def _advance(conn: Connection, advances: list[Advance]) -> None:
         """Advance every claimed schedule in one statement (``UPDATE ... FROM unnest(...)``)."""
         conn.execute(
             _ADVANCE,
             {
-                "ids": [schedule.id for schedule, _ in plans],
-                "next_fire_ats": [plan.next_fire_at for _, plan in plans],
-                "last_fire_ats": [_last_fire(plan, schedule) for schedule, plan in plans],
-                "fired": [len(plan.fire) for _, plan in plans],
-                "reasons": [plan.disable_reason for _, plan in plans],
+                "ids": [advance.schedule_id for advance in advances],
+                "next_fire_ats": [advance.next_fire_at for advance in advances],
+                "last_fire_ats": [advance.last_fire_at for advance in advances],
+                "fired": [advance.fired for advance in advances],
+                "reasons": [advance.disable_reason for advance in advances],
             },
         )
 
@@ -1391,22 +1391,6 @@ def new_run_values(
     }
 
 
-def _new_run(
-    run_id: uuid.UUID, schedule: DueSchedule, fire_at: datetime, not_before: datetime | None
-) -> RunToPublish:
-    return RunToPublish(
-        id=run_id,
-        task=schedule.task,
-        args=schedule.args,
-        kwargs=schedule.kwargs,
-        options=schedule.options,
-        schedule_name=schedule.name,
-        fire_at=fire_at,
-        attempt=0,
-        not_before=not_before,
-    )
-
-
 def _run_from_row(row: Row[Any]) -> RunToPublish:
     return RunToPublish(
         id=row.id,
@@ -1423,16 +1407,6 @@ def _run_from_row(row: Row[Any]) -> RunToPublish:
     )
 
 
-def _not_before(
-    run_id: uuid.UUID, fire_at: datetime, jitter_seconds: float, now: datetime
-) -> datetime | None:
-    """When a new run may be published: after its jitter; at its fire time if it was
-    claimed ahead; else (None) at once."""
-    if jitter_seconds > 0:
-        return fire_at + jitter_delay(run_id, jitter_seconds)
-    return fire_at if fire_at > now else None
-
-
 def _due_schedules(rows: Sequence[Row[Any]]) -> tuple[list[DueSchedule], list[Quarantine]]:
     """The due rows as schedules, and those whose stored definition cannot be read
     (e.g. a zone or cron written with psql): each alone is quarantined."""
@@ -1445,34 +1419,6 @@ def _due_schedules(rows: Sequence[Row[Any]]) -> tuple[list[DueSchedule], list[Qu
             reason = f"its stored definition cannot be read: {error_text(exc)}"
             unreadable.append(Quarantine(schedule_id=row.id, name=row.name, reason=reason))
     return due, unreadable
-
-
-def _plan_each(
-    due: list[DueSchedule], plan: Planner, now: datetime, horizon: datetime
-) -> tuple[list[tuple[DueSchedule, FirePlan]], list[_Fire], list[Quarantine]]:
-    """Plan every due schedule and its new runs; a schedule whose planning raises is
-    returned apart, to be quarantined, and the others go on."""
-    plans: list[tuple[DueSchedule, FirePlan]] = []
-    fires: list[_Fire] = []
-    unplannable: list[Quarantine] = []
-    for schedule in due:
-        try:
-            fire_plan = plan(schedule, now, _until(schedule, now, horizon))
-            new = [_new_fire(schedule, fire_at, now) for fire_at in fire_plan.fire]
-        except Exception as exc:  # pure computation: the schedule's data is at fault
-            reason = f"its fire times cannot be planned: {error_text(exc)}"
-            unplannable.append(
-                Quarantine(schedule_id=schedule.id, name=schedule.name, reason=reason)
-            )
-            continue
-        plans.append((schedule, fire_plan))
-        fires.extend(new)
-    return plans, fires, unplannable
-
-
-def _new_fire(schedule: DueSchedule, fire_at: datetime, now: datetime) -> _Fire:
-    run_id = uuid.uuid4()
-    return run_id, schedule, fire_at, _not_before(run_id, fire_at, schedule.jitter_seconds, now)
 
 
 def _quarantine(conn: Connection, quarantined: Sequence[Quarantine]) -> None:
@@ -1502,22 +1448,6 @@ def _quarantine(conn: Connection, quarantined: Sequence[Quarantine]) -> None:
                 finished_at=func.now(),
             )
         )
-
-
-def _until(schedule: DueSchedule, now: datetime, horizon: datetime) -> datetime:
-    """How far to plan a claimed schedule: to the claim-ahead horizon if it may be
-    claimed ahead (overlap policy ``allow``), else to now."""
-    return horizon if schedule.overlap_policy is OverlapPolicy.ALLOW else now
-
-
-def _is_armed(run: RunToPublish, now: datetime) -> bool:
-    """Claimed ahead, without jitter: published by the claiming leader at its fire time."""
-    return run.fire_at is not None and run.not_before == run.fire_at > now
-
-
-def _last_fire(plan: FirePlan, schedule: DueSchedule) -> datetime:
-    times = [*plan.fire, *(skip.fire_at for skip in plan.skipped)]
-    return max(times) if times else schedule.next_fire_at
 
 
 def schedule_not_found(name: str) -> ScheduleNotFound:
