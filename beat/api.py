@@ -30,7 +30,8 @@ from beat.limits import MAX_DURATION, MAX_INT4
 from beat.models import Schedule, ScheduleDefinition
 from beat.options import check_publish_options
 from beat.policies import MAX_JITTER_SECONDS
-from beat.store import Store, next_fire_after_retiming
+from beat.schedule_store import next_fire_after_retiming
+from beat.store import Store
 from beat.tables import MisfirePolicy, Origin, OverlapPolicy
 from beat.timing import Trigger
 

@@ -32,6 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from beat import code_schedules, timing, worker  # noqa: F401
 from beat.api import MAX_BACKFILL_RUNS, Schedules, first_fire_at
 from beat.config import BeatConfig
+from beat.db import first_line
 from beat.errors import (
     ConfigError,
     HABeatError,
@@ -42,10 +43,10 @@ from beat.errors import (
     one_line,
 )
 from beat.leader import lock_key
+from beat.leader_store import LeaderInfo
 from beat.limits import MAX_DURATION
 from beat.models import Schedule
 from beat.ops_store import FINISHED_STATES, LastRun, OpsStore, RunRecord
-from beat.store import LeaderInfo, first_line
 from beat.tables import MisfirePolicy, OverlapPolicy, RunState
 from beat.timing import Cron, Every, Once
 

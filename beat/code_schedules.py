@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from beat.api import arguments_problem, define
 from beat.errors import ConfigError, InvalidSchedule
 from beat.models import ScheduleDefinition
-from beat.store import definition_values
+from beat.schedule_store import definition_values
 from beat.tables import Origin
 from beat.timing import Cron
 

@@ -37,8 +37,8 @@ from typing import Any
 
 from beat.broker_inventory import held_task_ids, queue_of
 from beat.dispatch import expiry_of
+from beat.leader_store import LeaderStore
 from beat.models import RunToPublish
-from beat.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class LostMessages:
         """Drop what earlier looks saw (this process no longer leads)."""
         self._missing_since.clear()
 
-    def look(self, store: Store, epoch: int, *, limit: int, idle_timeout: float) -> Recovery:
+    def look(self, store: LeaderStore, epoch: int, *, limit: int, idle_timeout: float) -> Recovery:
         self._next_look = self._clock() + CHECK_INTERVAL
         unconfirmed = store.unconfirmed_runs(older_than=UNTAKEN_AFTER, limit=limit)
         if not unconfirmed.runs:

@@ -22,13 +22,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, Row, delete, func, insert, literal, select, text, true
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from beat.store import (
-    StoreConnection,
-    create_store_engine,
-    new_run_values,
-    run_copy_columns,
-    schedule_not_found,
-)
+from beat.db import StoreConnection, create_store_engine
+from beat.leader_store import new_run_values, run_copy_columns
+from beat.schedule_store import schedule_not_found
 from beat.tables import FINISHED_SQL, FINISHED_STATES, SCHEDULES_CHANNEL, RunState, runs, schedules
 
 #: ``reason`` of a run made by :meth:`OpsStore.trigger`, to tell it from scheduled ones.

@@ -40,7 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from beat.store import StoreConnection, create_store_engine
+from beat.db import StoreConnection, create_store_engine
 from beat.tables import RunState, runs, workers
 
 

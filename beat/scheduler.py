@@ -30,14 +30,16 @@ from celery.beat import Scheduler
 from beat import code_schedules, metrics
 from beat.api import first_fire_at
 from beat.config import BeatConfig
+from beat.db import masked_url
 from beat.dispatch import publish_at, publish_runs
 from beat.errors import ConfigError, HABeatError, LeaseUnavailable, StaleEpoch
 from beat.leader import DRIFT_MARGIN, LeaderLease
+from beat.leader_store import Claim, ScheduleChangeListener
 from beat.lost_messages import LostMessages
 from beat.models import Quarantine, RunToPublish, UnpublishableRun
 from beat.ops_store import OpsStore
 from beat.planning import PlanningRules
-from beat.store import Claim, ScheduleChangeListener, Store, masked_url
+from beat.store import Store
 
 logger = logging.getLogger(__name__)
 

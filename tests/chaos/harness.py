@@ -36,8 +36,9 @@ from sqlalchemy import text
 
 from beat.api import Schedules
 from beat.errors import HABeatError
+from beat.leader_store import MAX_INTERRUPTIONS
 from beat.run_store import run_id_for
-from beat.store import MAX_INTERRUPTIONS, Store
+from beat.store import Store
 from tests.chaos.broker import delete_messages
 from tests.chaos.checks import (
     DeletedMessage,

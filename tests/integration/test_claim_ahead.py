@@ -21,10 +21,11 @@ from beat.api import Schedules
 from beat.config import BeatConfig
 from beat.errors import ConfigError
 from beat.leader import lock_key
+from beat.leader_store import Claim
 from beat.models import DueSchedule, FirePlan
 from beat.policies import plan_fires
 from beat.scheduler import HAScheduler
-from beat.store import Claim, Store
+from beat.store import Store
 from beat.tables import RunState
 from tests.conftest import SessionEnv
 from tests.e2e.proxy import CuttableProxy

@@ -27,8 +27,9 @@ from beat.api import Schedules
 from beat.config import BeatConfig
 from beat.errors import ConfigError
 from beat.leader import LeaderLease, lock_key
+from beat.leader_store import Claim
 from beat.scheduler import HAScheduler
-from beat.store import Claim, Store
+from beat.store import Store
 from tests.conftest import SessionEnv
 from tests.integration.helpers import add_interval_schedules, make_due
 

@@ -200,7 +200,7 @@ def test_finding_966478_a_run_whose_worker_was_killed_does_not_use_up_its_attemp
     """A run interrupted because its worker died (not seen since the run's last
     heartbeat) is sent again however often that happens, up to MAX_INTERRUPTIONS; a
     run whose worker lives on (its process crashed or hung under it) uses an attempt."""
-    from beat.store import MAX_INTERRUPTIONS
+    from beat.leader_store import MAX_INTERRUPTIONS
 
     assert store.take_leadership(1, "leader")
     killed, poison, unknown = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()

@@ -19,9 +19,10 @@ from sqlalchemy.engine import make_url
 from beat.api import Schedules
 from beat.code_schedules import periodic
 from beat.leader import lock_key
+from beat.leader_store import Claim
 from beat.ops_store import FINISHED_STATES, OpsStore
 from beat.scheduler import HAScheduler
-from beat.store import Claim, Store
+from beat.store import Store
 from beat.tables import Origin, RunState
 from tests.conftest import SessionEnv
 from tests.e2e.proxy import CuttableProxy

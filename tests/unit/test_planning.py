@@ -137,4 +137,5 @@ def test_advance_moves_each_schedule_past_what_it_handled() -> None:
     [advance] = plan.advances
     assert advance.fired == 3
     assert advance.last_fire_at == max(new.fire_at for new in plan.new_runs)
-    assert advance.next_fire_at is not None and advance.next_fire_at > NOW
+    assert advance.next_fire_at is not None
+    assert advance.next_fire_at > NOW

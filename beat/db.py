@@ -1,0 +1,113 @@
+"""Connections to the schedule database: the engine, transactions, and the
+translation of driver errors into domain errors that say what to do."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+
+import psycopg
+from sqlalchemy import (
+    Connection,
+    Engine,
+    create_engine,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
+
+from beat.errors import (
+    StoreUnavailable,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def masked_url(url: str) -> str:
+    """The URL with its password hidden, for messages and logs (never raises: a URL
+    that does not parse is shown from its host on)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url.split("@")[-1]
+    if "password" in parsed.query:  # redis-py also reads the password from the query
+        parsed = parsed.update_query_dict({"password": "***"})
+    return parsed.render_as_string(hide_password=True)
+
+
+def create_store_engine(url: str, *, pool_size: int = 5, connect_timeout: int = 5) -> Engine:
+    """An engine on ``url``; no connection is made until first use."""
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": connect_timeout, "application_name": "habeat"},
+    )
+
+
+class StoreConnection:
+    """An engine plus the translation of driver errors into domain errors."""
+
+    def __init__(self, engine: Engine, *, setting: str = "habeat_database_url") -> None:
+        self.engine = engine
+        #: The setting that names this database, for hints (``BeatConfig.database_setting``).
+        self.setting = setting
+
+    @property
+    def url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        with self._translated_errors(), self.engine.begin() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _translated_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except OperationalError as exc:
+            raise StoreUnavailable(unreachable(self.url, exc.orig, self.setting)) from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise StoreUnavailable(
+                    f"lost the connection to PostgreSQL at {self.url} ({first_line(exc.orig)})"
+                ) from exc
+            raise
+
+
+def is_unique_violation(exc: IntegrityError, constraint: str) -> bool:
+    diag = getattr(exc.orig, "diag", None)
+    return getattr(diag, "constraint_name", None) == constraint
+
+
+#: What PostgreSQL says when the server answered but the login was refused.
+_AUTHENTICATION_FAILED = re.compile(
+    r"password authentication failed|no password supplied|role \"[^\"]*\" does not exist"
+    r"|no pg_hba\.conf entry"
+)
+
+
+def unreachable(url: str, exc: BaseException | None, setting: str) -> str:
+    """Why PostgreSQL at ``url`` (masked) cannot be used, and the fix: wrong credentials
+    are not fixed by starting a server."""
+    reason = first_line(exc)
+    if isinstance(exc, psycopg.OperationalError) and _AUTHENTICATION_FAILED.search(str(exc)):
+        return (
+            f"PostgreSQL at {url} refused the login ({reason}):"
+            f" authentication failed, check the user and password in {setting}"
+        )
+    return (
+        f"PostgreSQL at {url} is unreachable ({reason}):"
+        f" start it (`docker compose up -d postgres`) or check {setting}"
+    )
+
+
+def first_line(exc: BaseException | None) -> str:
+    """The first line of an error's message (driver errors run over several lines)."""
+    text = str(exc).strip() if exc is not None else ""
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,1047 @@
+"""What the leader writes, each statement fenced by its epoch: the leader row,
+the claim, the outbox, the reaper, and what wakes the leader. Callers get
+domain objects and domain errors (``beat.errors``), never rows or driver
+exceptions; time is the database's ``now()``: one clock for all nodes.
+
+The contract of the claim (``claim_due``), which the leader loop relies on:
+
+- eligible rows are enabled schedules whose ``next_fire_at <= now()``, oldest
+  first, at most ``batch``, skipping rows another transaction has locked;
+- the claim holds a share lock on the leader row for its whole transaction and
+  aborts with :class:`StaleEpoch` unless the row's epoch is the caller's, so a
+  takeover (which needs the row exclusively) waits for claims in flight and
+  every claim after it fails for the old leader;
+- what to write is decided by :func:`beat.planning.plan_claim`; in the same
+  transaction it inserts one ``pending`` run per planned fire time (unique per
+  schedule and fire time: a fire time is never claimed twice), records skipped
+  fire times, and advances ``next_fire_at``;
+- it returns only the runs it inserted, to be published after commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import psycopg
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Double,
+    Engine,
+    Integer,
+    Row,
+    Text,
+    and_,
+    any_,
+    bindparam,
+    case,
+    column,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+from beat.db import (
+    StoreConnection,
+    create_store_engine,
+    masked_url,
+    unreachable,
+)
+from beat.errors import (
+    StaleEpoch,
+    StoreUnavailable,
+    error_text,
+)
+from beat.models import (
+    PLAIN_RUN_INTERRUPTED,
+    DueSchedule,
+    FirePlan,
+    Quarantine,
+    RunToPublish,
+    SkipKind,
+    UnpublishableRun,
+)
+from beat.options import check_publish_options
+from beat.planning import (
+    Advance,
+    NewRun,
+    Release,
+    SchedulePlanner,
+    claim_horizon,
+    plan_claim,
+    release_of,
+)
+from beat.schedule_store import trigger_from_row
+from beat.tables import (
+    SCHEDULES_CHANNEL,
+    TZ,
+    MisfirePolicy,
+    OverlapPolicy,
+    RunState,
+    leader,
+    runs,
+    schedules,
+    workers,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Channel a leader notifies when it hands over cleanly, so standbys take over at once.
+LEADER_RELEASED_CHANNEL = "beat_leader_released"
+#: States of a run that has not finished: what overlap policies look at.
+ACTIVE_STATES = ("pending", "queued", "running", "retrying")
+#: Attempts ended by their worker's death that a run may have before it is given up
+#: (a job that kills the whole worker process every time must not loop for ever).
+MAX_INTERRUPTIONS = 10
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Claim:
+    """The outcome of one claim transaction."""
+
+    runs: list[RunToPublish]
+    #: Database time of the claim.
+    now: datetime
+    #: Schedules claimed; equal to the batch size when more may be due.
+    schedules_claimed: int
+    skipped: int
+    #: Skip records written, by kind (misfire or overlap policy).
+    skips: Counter[SkipKind] = field(default_factory=Counter)
+    #: Runs cancelled by the overlap policy cancel_previous (to revoke).
+    cancelled: list[uuid.UUID] = field(default_factory=list)
+    #: Runs claimed ahead of their fire time (``not_before == fire_at``): the claiming
+    #: leader publishes them at that time; another leader, from the outbox.
+    armed: list[RunToPublish] = field(default_factory=list)
+    #: ``time.monotonic()`` just after ``now`` was read: turns a database time into a
+    #: local deadline without trusting this host's wall clock.
+    clock: float = 0.0
+    #: Runs left in the outbox until their jittered time.
+    deferred: int = 0
+    #: Schedules disabled because their window ended, with the reason.
+    disabled: list[tuple[str, str]] = field(default_factory=list)
+    #: Schedules quarantined because they could not be read or planned.
+    quarantined: list[Quarantine] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LostRun:
+    id: uuid.UUID
+    schedule_name: str | None
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reclaim:
+    """What one pass of the reaper did."""
+
+    #: Runs put back in the outbox, to publish again under the same task ID.
+    runs: list[RunToPublish]
+    #: Runs whose attempts are exhausted.
+    lost: list[LostRun]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Unconfirmed:
+    """Runs no worker has taken although their message should have reached one."""
+
+    runs: list[RunToPublish]
+    #: Database time of the query.
+    now: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LeaderInfo:
+    name: str
+    epoch: int
+    holder: str
+    acquired_at: datetime
+
+
+class LeaderStore(StoreConnection):
+    """PostgreSQL access for the leader of cluster ``leader_name``: every write fenced."""
+
+    def __init__(
+        self, engine: Engine, *, leader_name: str = "habeat", setting: str = "habeat_database_url"
+    ) -> None:
+        super().__init__(engine, setting=setting)
+        self.leader_name = leader_name
+
+    @classmethod
+    def connect(
+        cls,
+        url: str,
+        *,
+        leader_name: str = "habeat",
+        pool_size: int = 5,
+        setting: str = "habeat_database_url",
+    ) -> LeaderStore:
+        """A store on ``url``; no connection is made until first use."""
+        engine = create_store_engine(url, pool_size=pool_size)
+        return cls(engine, leader_name=leader_name, setting=setting)
+
+    # -- leadership ---------------------------------------------------------------
+
+    def current_epoch(self) -> int:
+        """The newest epoch recorded by any leader (0 before the first)."""
+        with self._transaction() as conn:
+            epoch = conn.execute(
+                select(leader.c.epoch).where(leader.c.name == self.leader_name)
+            ).scalar_one_or_none()
+        return epoch or 0
+
+    def take_leadership(self, epoch: int, holder: str, *, lock_timeout: float = 2.0) -> bool:
+        """Record ``epoch`` as the newest; False if an equal or newer one is recorded.
+
+        Waits for claims in flight (they hold the row in share mode), at most
+        ``lock_timeout`` seconds, so a stalled old leader cannot block a takeover
+        for long: its idle transaction is aborted by PostgreSQL anyway.
+        """
+        statement = (
+            pg_insert(leader)
+            .values(name=self.leader_name, epoch=epoch, holder=holder)
+            .on_conflict_do_update(
+                index_elements=[leader.c.name],
+                set_={"epoch": epoch, "holder": holder, "acquired_at": func.now()},
+                where=leader.c.epoch < epoch,
+            )
+            .returning(leader.c.epoch)
+        )
+        try:
+            with self._transaction() as conn:
+                conn.execute(text(f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'"))
+                return conn.execute(statement).scalar_one_or_none() == epoch
+        except StoreUnavailable as exc:
+            if isinstance(exc.__cause__, DBAPIError) and isinstance(
+                exc.__cause__.orig, psycopg.errors.LockNotAvailable
+            ):
+                logger.warning(
+                    "takeover waited %.1fs for a claim in flight; will retry", lock_timeout
+                )
+                return False
+            raise
+
+    def leader_info(self) -> LeaderInfo | None:
+        with self._transaction() as conn:
+            row = conn.execute(
+                select(leader).where(leader.c.name == self.leader_name)
+            ).one_or_none()
+        if row is None:
+            return None
+        return LeaderInfo(
+            name=row.name, epoch=row.epoch, holder=row.holder, acquired_at=row.acquired_at
+        )
+
+    def notify_leader_released(self) -> None:
+        with self._transaction() as conn:
+            conn.execute(select(func.pg_notify(LEADER_RELEASED_CHANNEL, self.leader_name)))
+
+    # -- claim and outbox ---------------------------------------------------------
+
+    def claim_due(
+        self,
+        epoch: int,
+        *,
+        batch: int,
+        plan: SchedulePlanner,
+        idle_timeout: float = 10.0,
+        ahead: float = 0.0,
+    ) -> Claim:
+        """Claim due schedules as leader ``epoch`` (see the module docstring), planned
+        by :func:`beat.planning.plan_claim` with ``plan`` for each schedule.
+
+        With ``ahead`` > 0, schedules of the ``allow`` overlap policy due within
+        ``ahead`` seconds are claimed too, planned as of their fire time, and returned
+        as ``armed`` runs whose ``not_before`` is their fire time. (Overlap policies
+        look at the runs active when a fire time comes: those schedules wait for it.)
+        """
+        with self._transaction() as conn:
+            # The claim's own updates must not wake the leader through the NOTIFY trigger.
+            conn.execute(text("SET LOCAL beat.claiming = 'on'"))
+            self._fence(conn, epoch, idle_timeout)
+            now = conn.execute(select(func.now())).scalar_one()
+            clock = time.monotonic()
+            rows = conn.execute(_due_query(batch), {"ahead": ahead}).all()
+            if not rows:
+                return Claim(runs=[], now=now, clock=clock, schedules_claimed=0, skipped=0)
+            due, unreadable = _due_schedules(rows)
+            due = self._with_active_runs(conn, due)
+            claim_plan = plan_claim(due, now, claim_horizon(now, ahead), plan)
+            # A schedule that cannot be read or planned is set aside; the batch goes on.
+            quarantined = [*unreadable, *claim_plan.quarantined]
+            _quarantine(conn, quarantined)
+            cancelled = self._cancel_active(conn, claim_plan.cancel_active_of)
+            inserted = self._insert_runs(conn, epoch, claim_plan.new_runs)
+            skipped = self._insert_skipped(conn, epoch, claim_plan.plans, now)
+            self._advance(conn, claim_plan.advances)
+        released: dict[Release, list[RunToPublish]] = {release: [] for release in Release}
+        for run in inserted:
+            released[release_of(run, now)].append(run)
+        return Claim(
+            runs=released[Release.NOW],
+            armed=released[Release.ARMED],
+            now=now,
+            clock=clock,
+            schedules_claimed=len(rows),
+            skipped=skipped,
+            skips=claim_plan.skip_counts,
+            cancelled=cancelled,
+            deferred=len(released[Release.DEFERRED]),
+            disabled=claim_plan.disabled,
+            quarantined=quarantined,
+        )
+
+    @staticmethod
+    def _with_active_runs(conn: Connection, due: list[DueSchedule]) -> list[DueSchedule]:
+        """Add each schedule's waiting and running runs (where an overlap policy needs them)."""
+        ids = [s.id for s in due if s.overlap_policy is not OverlapPolicy.ALLOW]
+        if not ids:
+            return due
+        waiting_states = [RunState.PENDING.value, RunState.QUEUED.value, RunState.RETRYING.value]
+        counts = {
+            row.schedule_id: (row.waiting, row.running)
+            for row in conn.execute(
+                select(
+                    runs.c.schedule_id,
+                    func.count().filter(runs.c.state.in_(waiting_states)).label("waiting"),
+                    func.count().filter(runs.c.state == RunState.RUNNING.value).label("running"),
+                )
+                .where(runs.c.schedule_id.in_(ids), runs.c.state.in_(ACTIVE_STATES))
+                .group_by(runs.c.schedule_id)
+            )
+        }
+        return [
+            replace(s, waiting=counts[s.id][0], running=counts[s.id][1]) if s.id in counts else s
+            for s in due
+        ]
+
+    @staticmethod
+    def _cancel_active(conn: Connection, ids: list[int]) -> list[uuid.UUID]:
+        """Cancel the active runs of schedules ``ids`` (overlap policy cancel_previous)."""
+        if not ids:
+            return []
+        return list(
+            conn.scalars(
+                update(runs)
+                .where(runs.c.schedule_id.in_(ids), runs.c.state.in_(ACTIVE_STATES))
+                .values(
+                    state=RunState.CANCELLED.value,
+                    finished_at=func.now(),
+                    reason="overlap (cancel_previous): a newer run of the schedule started",
+                    lease_owner=None,
+                    lease_expires_at=None,
+                )
+                .returning(runs.c.id)
+            )
+        )
+
+    def _fence(self, conn: Connection, epoch: int, idle_timeout: float) -> None:
+        """Hold the leader row (shared) for this transaction, as leader ``epoch``.
+
+        A leader paused inside the transaction (SIGSTOP, a VM pause) would keep the
+        row and block every takeover: PostgreSQL ends the transaction once it has
+        been idle for ``idle_timeout`` seconds."""
+        conn.execute(
+            text(f"SET LOCAL idle_in_transaction_session_timeout = '{int(idle_timeout * 1000)}ms'")
+        )
+        self._verify_epoch(conn, epoch)
+
+    def _verify_epoch(self, conn: Connection, epoch: int) -> None:
+        current = conn.execute(
+            select(leader.c.epoch)
+            .where(leader.c.name == self.leader_name)
+            .with_for_update(read=True)
+        ).scalar_one_or_none()
+        if current != epoch:
+            raise StaleEpoch(
+                f"claim refused: this process leads with epoch {epoch}, the newest is {current}"
+            )
+
+    @staticmethod
+    def _insert_runs(conn: Connection, epoch: int, fires: list[NewRun]) -> list[RunToPublish]:
+        """Insert a ``pending`` run per planned fire time in one statement.
+
+        Only the fire times travel as arrays; each run's payload is copied from its
+        schedule row (locked by this claim) inside PostgreSQL.
+        """
+        if not fires:
+            return []
+        inserted = set(
+            conn.scalars(
+                _INSERT_RUNS,
+                {
+                    "ids": [fire.id for fire in fires],
+                    "schedule_ids": [fire.schedule.id for fire in fires],
+                    "fire_ats": [fire.fire_at for fire in fires],
+                    "not_befores": [fire.not_before for fire in fires],
+                    "epoch": epoch,
+                },
+            )
+        )
+        if len(inserted) < len(fires):
+            logger.warning(
+                "%d fire times were claimed before and were not claimed again",
+                len(fires) - len(inserted),
+            )
+        return [fire.to_publish() for fire in fires if fire.id in inserted]
+
+    @staticmethod
+    def _insert_skipped(
+        conn: Connection, epoch: int, plans: list[tuple[DueSchedule, FirePlan]], now: datetime
+    ) -> int:
+        rows = [
+            new_run_values(
+                schedule,
+                fire_at=skip.fire_at,
+                state=RunState.SKIPPED,
+                reason=skip.reason,
+                epoch=epoch,
+                finished_at=now,
+            )
+            for schedule, plan in plans
+            for skip in plan.skipped
+        ]
+        if rows:
+            conn.execute(
+                pg_insert(runs).on_conflict_do_nothing(constraint="uq_beat_runs_schedule_fire_at"),
+                rows,
+            )
+            logger.warning(
+                "recorded %d skipped fire times (misfire or overlap policy)",
+                len(rows),
+                extra={"skipped": len(rows)},
+            )
+        return len(rows)
+
+    @staticmethod
+    def _advance(conn: Connection, advances: list[Advance]) -> None:
+        """Advance every claimed schedule in one statement (``UPDATE ... FROM unnest(...)``)."""
+        conn.execute(
+            _ADVANCE,
+            {
+                "ids": [advance.schedule_id for advance in advances],
+                "next_fire_ats": [advance.next_fire_at for advance in advances],
+                "last_fire_ats": [advance.last_fire_at for advance in advances],
+                "fired": [advance.fired for advance in advances],
+                "reasons": [advance.disable_reason for advance in advances],
+            },
+        )
+
+    def reclaim(
+        self,
+        epoch: int,
+        *,
+        stale_queued_after: float,
+        limit: int,
+        idle_timeout: float = 10.0,
+        lease_seconds: float = 30.0,
+    ) -> Reclaim:
+        """The reaper, as leader ``epoch`` (fenced like a claim), in one transaction:
+
+        - a ``running`` run whose lease expired (its worker died or was cut off)
+          goes back to the outbox (``pending``, attempt kept) to be published
+          again under the same task ID, unless it has had ``max_attempts``
+          attempts (Celery retries not counted): then it is ``lost``. An attempt
+          whose worker process is known to have died (``beat_workers``: not seen
+          since, or started again) is an interruption, not the run's fault: it
+          does not count, up to ``MAX_INTERRUPTIONS``;
+        - a ``queued`` or ``retrying`` run whose message a worker took (receipt
+          lease, see ``beat.run_tracking``) but which that worker never started,
+          the lease having expired, goes back to the outbox (a retry at its time,
+          the times of the deliveries before it cleared);
+        - a ``queued`` run published more than ``stale_queued_after`` seconds
+          ago (its message is presumed gone from the broker) goes back to the
+          outbox too; a duplicate message is refused by the worker's guard.
+        """
+        expired = (
+            select(runs.c.id)
+            .where(runs.c.state == RunState.RUNNING.value, runs.c.lease_expires_at < func.now())
+            .order_by(runs.c.lease_expires_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .cte("expired")
+        )
+        # A plain task is never started twice: once its worker is gone after it started,
+        # the run is over. (Taken but not started, it is published again like any run.)
+        interrupted_plain = and_(runs.c.plain, runs.c.started_at.is_not(None))
+        interruptions = runs.c.interruptions + case((_worker_died(lease_seconds), 1), else_=0)
+        exhausted = or_(
+            interrupted_plain,
+            runs.c.attempt - runs.c.retries - interruptions >= runs.c.max_attempts,
+            interruptions > MAX_INTERRUPTIONS,
+        )
+        lost_error = case(
+            (
+                interrupted_plain,
+                func.concat(PLAIN_RUN_INTERRUPTED, " (worker ", runs.c.worker, ")"),
+            ),
+            (
+                interruptions > MAX_INTERRUPTIONS,
+                func.concat(
+                    "its worker died ",
+                    interruptions,
+                    " times while running it (last ",
+                    func.coalesce(runs.c.worker, "?"),
+                    "): given up",
+                ),
+            ),
+            else_=func.concat(
+                "lease expired on attempt ",
+                runs.c.attempt,
+                " of ",
+                runs.c.max_attempts,
+                " (worker ",
+                func.coalesce(runs.c.worker, "?"),
+                "): attempts exhausted",
+            ),
+        )
+        reap = (
+            update(runs)
+            .where(runs.c.id == expired.c.id)
+            .values(
+                state=case((exhausted, RunState.LOST.value), else_=RunState.PENDING.value),
+                error=case((exhausted, lost_error), else_=runs.c.error),
+                interruptions=interruptions,
+                finished_at=case((exhausted, func.now()), else_=None),
+                epoch=epoch,
+                claimed_at=func.now(),
+                lease_owner=None,
+                lease_expires_at=None,
+            )
+            .returning(*runs.c)
+        )
+        stale = (
+            update(runs)
+            .where(
+                runs.c.state == RunState.QUEUED.value,
+                runs.c.published_at
+                < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_queued_after),
+            )
+            .values(state=RunState.PENDING.value, epoch=epoch, claimed_at=func.now())
+            .returning(*runs.c)
+        )
+        # A worker took the message but died before starting it (a reserved message, a
+        # retry waiting for its countdown): kombu would restore it only after the
+        # visibility timeout. Back to the outbox, at its retry time if that is later.
+        held_by_dead = (
+            update(runs)
+            .where(
+                runs.c.state.in_([RunState.QUEUED.value, RunState.RETRYING.value]),
+                runs.c.lease_expires_at < func.now(),
+            )
+            .values(
+                state=RunState.PENDING.value,
+                epoch=epoch,
+                claimed_at=func.now(),
+                lease_owner=None,
+                lease_expires_at=None,
+                # A retry is not published before it is due (the outbox waits for it).
+                not_before=func.greatest(runs.c.not_before, runs.c.retry_due_at),
+                # The run waits for a new delivery, due at that later time: the times of
+                # the deliveries before it (a publication and an attempt on time for the
+                # fire time, the receipt of a retry's message held for its countdown) are
+                # cleared, else the row pairs them with the retry's due time and reads as
+                # sent early. They are written again by this delivery: published_at by
+                # mark_published, or, if that is lost (PostgreSQL down just after the
+                # send), by the worker that takes the message (coalesce), never before it.
+                published_at=None,
+                received_at=None,
+                started_at=None,
+            )
+            .returning(*runs.c, func.now().label("now"))
+        )
+        with self._transaction() as conn:
+            self._fence(conn, epoch, idle_timeout)
+            rows = [*conn.execute(reap), *conn.execute(stale)]
+            rows += [
+                row
+                for row in conn.execute(held_by_dead)
+                if row.not_before is None or row.not_before <= row.now
+            ]
+        republish = [_run_from_row(row) for row in rows if row.state == RunState.PENDING.value]
+        lost = [
+            LostRun(id=row.id, schedule_name=row.schedule_name, error=row.error)
+            for row in rows
+            if row.state == RunState.LOST.value
+        ]
+        return Reclaim(runs=republish, lost=lost)
+
+    def unconfirmed_runs(self, *, older_than: float, limit: int) -> Unconfirmed:
+        """Runs whose message a worker should have taken by now but no worker has: ``queued``
+        for more than ``older_than`` seconds, or ``retrying`` for that long past the time
+        their retry was due. Their message may be lost (the caller asks the broker)."""
+        overdue = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than)
+        query = (
+            select(runs, func.now().label("now"))
+            .where(
+                or_(
+                    and_(runs.c.state == RunState.QUEUED.value, runs.c.published_at < overdue),
+                    and_(runs.c.state == RunState.RETRYING.value, runs.c.retry_due_at < overdue),
+                ),
+                # A worker holds it (receipt lease): if that worker dies, the reaper acts.
+                runs.c.lease_owner.is_(None),
+            )
+            .order_by(runs.c.published_at)
+            .limit(limit)
+        )
+        with self._transaction() as conn:
+            rows = list(conn.execute(query))
+            now = rows[0].now if rows else conn.execute(select(func.now())).scalar_one()
+        return Unconfirmed(runs=[_run_from_row(row) for row in rows], now=now)
+
+    def requeue_missing(
+        self, epoch: int, run_ids: Sequence[uuid.UUID], *, idle_timeout: float = 10.0
+    ) -> list[RunToPublish]:
+        """Put runs whose message the broker lost back in the outbox, as leader ``epoch``
+        (fenced), unless a worker took them meanwhile; returns those to publish again."""
+        if not run_ids:
+            return []
+        statement = (
+            update(runs)
+            .where(
+                runs.c.id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))),
+                runs.c.state.in_([RunState.QUEUED.value, RunState.RETRYING.value]),
+            )
+            .values(state=RunState.PENDING.value, epoch=epoch, claimed_at=func.now())
+            .returning(*runs.c)
+        )
+        with self._transaction() as conn:
+            self._fence(conn, epoch, idle_timeout)
+            rows = list(conn.execute(statement, {"ids": list(run_ids)}))
+        return [_run_from_row(row) for row in rows]
+
+    def expire_runs(
+        self, epoch: int, run_ids: Sequence[uuid.UUID], *, idle_timeout: float = 10.0
+    ) -> int:
+        """End runs whose ``expires`` passed before any worker started them (fenced)."""
+        if not run_ids:
+            return 0
+        statement = (
+            update(runs)
+            .where(
+                runs.c.id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))),
+                runs.c.state.in_(
+                    [RunState.PENDING.value, RunState.QUEUED.value, RunState.RETRYING.value]
+                ),
+            )
+            .values(
+                state=RunState.EXPIRED.value,
+                reason="expired before a worker started it (the leader found no message for it)",
+                finished_at=func.now(),
+                epoch=epoch,
+            )
+        )
+        with self._transaction() as conn:
+            self._fence(conn, epoch, idle_timeout)
+            return conn.execute(statement, {"ids": list(run_ids)}).rowcount
+
+    def pending_runs(self, epoch: int, *, grace: float, limit: int) -> list[RunToPublish]:
+        """The outbox: runs claimed but not published, by an earlier leader (any age)
+        or by this one (older than ``grace`` seconds, i.e. its publish failed), and
+        jittered runs whose time has come; none before its ``not_before``."""
+        query = (
+            select(runs)
+            .where(runs.c.state == RunState.PENDING.value)
+            .where(or_(runs.c.not_before.is_(None), runs.c.not_before <= func.now()))
+            .where(
+                or_(
+                    runs.c.epoch.is_distinct_from(epoch),
+                    runs.c.claimed_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, grace),
+                    # A jittered run whose time has come. (A run claimed ahead, whose
+                    # not_before is its fire time, is this leader's to send from memory.)
+                    runs.c.not_before > runs.c.fire_at,
+                )
+            )
+            .order_by(runs.c.claimed_at)
+            .limit(limit)
+        )
+        with self._transaction() as conn:
+            return [_run_from_row(row) for row in conn.execute(query)]
+
+    def mark_published(self, run_ids: Sequence[uuid.UUID]) -> int:
+        """``pending`` -> ``queued`` for the runs published, in one statement."""
+        if not run_ids:
+            return 0
+        with self._transaction() as conn:
+            return conn.execute(
+                update(runs)
+                .where(runs.c.id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))))
+                .where(runs.c.state == RunState.PENDING.value)
+                .values(state=RunState.QUEUED.value, published_at=func.now()),
+                {"ids": list(run_ids)},
+            ).rowcount
+
+    def fail_unpublishable(self, rejected: Sequence[UnpublishableRun]) -> list[Quarantine]:
+        """Mark ``failed``, with their error, the runs whose message cannot be built, and
+        quarantine their schedules (see ``_quarantine``); returns the quarantines."""
+        quarantined: dict[int, Quarantine] = {}
+        with self._transaction() as conn:
+            for entry in rejected:
+                row = conn.execute(
+                    update(runs)
+                    .where(runs.c.id == entry.run.id, runs.c.state == RunState.PENDING.value)
+                    .values(
+                        state=RunState.FAILED.value,
+                        error=f"cannot be published: {entry.error}",
+                        finished_at=func.now(),
+                    )
+                    .returning(runs.c.schedule_id)
+                ).one_or_none()
+                if row is None or row.schedule_id is None or row.schedule_id in quarantined:
+                    continue
+                quarantined[row.schedule_id] = Quarantine(
+                    schedule_id=row.schedule_id,
+                    name=entry.run.schedule_name or "?",
+                    reason=f"run {entry.run.id} cannot be published: {entry.error}",
+                )
+            _quarantine(conn, list(quarantined.values()))
+        return list(quarantined.values())
+
+    def seconds_until_lease_expiry(self) -> float | None:
+        """Seconds until the earliest lease of a running run expires (negative if it
+        has), or None: the leader wakes then to reclaim the run of a dead worker."""
+        query = select(func.extract("epoch", func.min(runs.c.lease_expires_at) - func.now())).where(
+            runs.c.state == RunState.RUNNING.value
+        )
+        with self._transaction() as conn:
+            seconds = conn.execute(query).scalar_one_or_none()
+        return None if seconds is None else float(seconds)
+
+    def seconds_until_next_fire(self, epoch: int | None = None) -> float | None:
+        """Seconds until the earliest enabled fire time or run waiting for its
+        ``not_before`` (negative if overdue), or None. Runs that leader ``epoch``
+        claimed ahead (``not_before = fire_at``) are left out: it keeps them in memory."""
+        next_fire = (
+            select(func.min(schedules.c.next_fire_at))
+            .where(schedules.c.enabled, schedules.c.next_fire_at.is_not(None))
+            .scalar_subquery()
+        )
+        next_jittered = (
+            select(func.min(runs.c.not_before))
+            .where(
+                runs.c.state == RunState.PENDING.value,
+                runs.c.not_before.is_not(None),
+                or_(runs.c.not_before > runs.c.fire_at, runs.c.epoch.is_distinct_from(epoch)),
+            )
+            .scalar_subquery()
+        )
+        query = select(func.extract("epoch", func.least(next_fire, next_jittered) - func.now()))
+        with self._transaction() as conn:
+            seconds = conn.execute(query).scalar_one_or_none()
+        return None if seconds is None else float(seconds)
+
+
+class ScheduleChangeListener:
+    """A dedicated autocommit connection that LISTENs for schedule changes and hand-overs.
+
+    ``wait`` returns early when a schedule was changed outside a claim or a
+    leader released its lease; the beat loop waits here instead of sleeping.
+    """
+
+    CHANNELS = (SCHEDULES_CHANNEL, LEADER_RELEASED_CHANNEL)
+
+    def __init__(self, url: str, *, setting: str = "habeat_database_url") -> None:
+        self._conninfo = (
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        self._masked = masked_url(url)
+        self._setting = setting
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a notification; True if one came."""
+        conn = self._connection()
+        try:
+            woken = any(True for _ in conn.notifies(timeout=max(timeout, 0.0), stop_after=1))
+            if woken:  # drain the rest, one wake-up is enough
+                for _ in conn.notifies(timeout=0.0):
+                    pass
+            return woken
+        except psycopg.Error as exc:
+            self.close()
+            raise StoreUnavailable(
+                f"lost the LISTEN connection to PostgreSQL at {self._masked}: {exc}"
+            ) from exc
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            try:
+                self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
+            except psycopg.Error as exc:
+                raise StoreUnavailable(unreachable(self._masked, exc, self._setting)) from exc
+            for channel in self.CHANNELS:
+                self._conn.execute(f"LISTEN {channel}")
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+
+
+# -- row mapping --------------------------------------------------------------------
+
+
+def _worker_died(lease_seconds: float) -> Any:
+    """Is the worker process that held a run whose lease expired known to be dead?
+
+    Its worker renews ``beat_workers`` every third of the lease, from its main
+    process: alive, it was seen less than a third of the lease before now, so
+    after the run's lease expired, or just before. Dead, it was last seen about
+    when the run's last heartbeat was, a whole lease before the expiry. Half a
+    lease tells the two apart. A worker started again since the run started is
+    another process: the one that ran it died. A worker with no row (it does not
+    import ``beat.run_tracking``) cannot be judged: the attempt counts."""
+    half_lease = func.make_interval(0, 0, 0, 0, 0, 0, lease_seconds / 2)
+    return (
+        select(literal(1))
+        .where(
+            workers.c.name == runs.c.worker,
+            or_(
+                workers.c.seen_at < runs.c.lease_expires_at - half_lease,
+                workers.c.booted_at > runs.c.started_at,
+            ),
+        )
+        .exists()
+    )
+
+
+def _due_query(batch: int) -> Any:
+    """Due schedules (and, with ``:ahead`` seconds, those due that soon whose overlap
+    policy is ``allow``), oldest first, locked, skipping rows locked elsewhere."""
+    ahead = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, bindparam("ahead", type_=Double))
+    return (
+        select(
+            schedules.c.id,
+            schedules.c.name,
+            schedules.c.task,
+            schedules.c.trigger_kind,
+            schedules.c.cron,
+            schedules.c.cron_both_days,
+            schedules.c.every_seconds,
+            schedules.c.anchor_at,
+            schedules.c.run_at,
+            schedules.c.timezone,
+            schedules.c.args,
+            schedules.c.kwargs,
+            schedules.c.options,
+            schedules.c.misfire_policy,
+            schedules.c.max_attempts,
+            schedules.c.next_fire_at,
+            schedules.c.overlap_policy,
+            schedules.c.jitter_seconds,
+            schedules.c.end_at,
+            schedules.c.max_runs,
+            schedules.c.runs_count,
+        )
+        .where(
+            schedules.c.enabled,
+            schedules.c.next_fire_at <= ahead,
+            or_(
+                schedules.c.next_fire_at <= func.now(),
+                schedules.c.overlap_policy == OverlapPolicy.ALLOW.value,
+            ),
+        )
+        .order_by(schedules.c.next_fire_at)
+        .limit(batch)
+        .with_for_update(skip_locked=True)
+    )
+
+
+def _array(name: str, item: Any) -> Any:
+    """A bound array parameter: one parameter for a whole batch, whatever its size."""
+    return bindparam(name, type_=ARRAY(item))
+
+
+def _unnest(name: str, **arrays: Any) -> Any:
+    """``unnest(:a, :b, ...) AS name(a, b, ...)``: parallel arrays as a table."""
+    return (
+        func.unnest(*(_array(key, item) for key, item in arrays.items()))
+        .table_valued(*(column(key, item) for key, item in arrays.items()))
+        .render_derived(name=name)
+    )
+
+
+#: New runs of a claim: only ids and fire times are sent, the payload is copied
+#: from the (locked) schedule rows.
+_FIRES = _unnest(
+    "fires",
+    ids=UUID(as_uuid=True),
+    schedule_ids=BigInteger,
+    fire_ats=TZ,
+    not_befores=TZ,
+)
+
+
+def run_copy_columns(**columns: Any) -> dict[str, Any]:
+    """Columns of ``INSERT INTO beat_runs (...) SELECT ...`` for a run whose payload is
+    copied from its schedule row (``beat_schedules`` in the FROM), plus ``columns``."""
+    return {
+        "schedule_id": schedules.c.id,
+        "schedule_name": schedules.c.name,
+        "task": schedules.c.task,
+        "args": schedules.c.args,
+        "kwargs": schedules.c.kwargs,
+        "options": schedules.c.options,
+        "max_attempts": schedules.c.max_attempts,
+        **columns,
+    }
+
+
+_NEW_RUN = run_copy_columns(
+    id=_FIRES.c.ids,
+    fire_at=_FIRES.c.fire_ats,
+    state=literal(RunState.PENDING.value),
+    epoch=bindparam("epoch", type_=BigInteger),
+    attempt=literal(0),
+    not_before=_FIRES.c.not_befores,
+)
+_INSERT_RUNS = (
+    pg_insert(runs)
+    .from_select(
+        list(_NEW_RUN),
+        select(*_NEW_RUN.values()).join_from(
+            _FIRES, schedules, schedules.c.id == _FIRES.c.schedule_ids
+        ),
+    )
+    .on_conflict_do_nothing(constraint="uq_beat_runs_schedule_fire_at")
+    .returning(runs.c.id)
+)
+
+_ADVANCED = _unnest(
+    "advanced",
+    ids=BigInteger,
+    next_fire_ats=TZ,
+    last_fire_ats=TZ,
+    fired=Integer,
+    reasons=Text,
+)
+#: Advances every schedule of a claim; a reason (its window ended) disables it.
+_ADVANCE = (
+    update(schedules)
+    .where(schedules.c.id == _ADVANCED.c.ids)
+    .values(
+        next_fire_at=_ADVANCED.c.next_fire_ats,
+        last_fire_at=_ADVANCED.c.last_fire_ats,
+        runs_count=schedules.c.runs_count + _ADVANCED.c.fired,
+        enabled=and_(schedules.c.enabled, _ADVANCED.c.reasons.is_(None)),
+        disabled_reason=func.coalesce(_ADVANCED.c.reasons, schedules.c.disabled_reason),
+    )
+)
+
+
+def _due_from_row(row: Row[Any]) -> DueSchedule:
+    return DueSchedule(
+        id=row.id,
+        name=row.name,
+        task=row.task,
+        trigger=trigger_from_row(row),
+        zone=ZoneInfo(row.timezone),
+        args=row.args,
+        kwargs=row.kwargs,
+        # A row written with psql may carry options a schedule may not: it is quarantined.
+        options=check_publish_options(row.options),
+        misfire_policy=MisfirePolicy(row.misfire_policy),
+        max_attempts=row.max_attempts,
+        next_fire_at=row.next_fire_at,
+        overlap_policy=OverlapPolicy(row.overlap_policy),
+        jitter_seconds=row.jitter_seconds,
+        end_at=row.end_at,
+        max_runs=row.max_runs,
+        runs_count=row.runs_count,
+    )
+
+
+def new_run_values(
+    schedule: Any, *, fire_at: datetime | None, state: RunState, **columns: Any
+) -> dict[str, Any]:
+    """Columns of a new run of ``schedule`` (a stored or a due schedule), with a
+    snapshot of its payload, so the run can be published again whatever becomes
+    of the schedule."""
+    return {
+        "id": uuid.uuid4(),
+        "schedule_id": schedule.id,
+        "schedule_name": schedule.name,
+        "task": schedule.task,
+        "args": schedule.args,
+        "kwargs": schedule.kwargs,
+        "options": schedule.options,
+        "fire_at": fire_at,
+        "state": state.value,
+        **columns,
+    }
+
+
+def _run_from_row(row: Row[Any]) -> RunToPublish:
+    return RunToPublish(
+        id=row.id,
+        task=row.task,
+        args=row.args,
+        kwargs=row.kwargs,
+        options=row.options,
+        schedule_name=row.schedule_name,
+        fire_at=row.fire_at,
+        attempt=row.attempt,
+        not_before=row.not_before,
+        task_id=row.task_id,
+        retries=row.retries,
+    )
+
+
+def _due_schedules(rows: Sequence[Row[Any]]) -> tuple[list[DueSchedule], list[Quarantine]]:
+    """The due rows as schedules, and those whose stored definition cannot be read
+    (e.g. a zone or cron written with psql): each alone is quarantined."""
+    due: list[DueSchedule] = []
+    unreadable: list[Quarantine] = []
+    for row in rows:
+        try:
+            due.append(_due_from_row(row))
+        except Exception as exc:  # bad data in one row must not stop every claim
+            reason = f"its stored definition cannot be read: {error_text(exc)}"
+            unreadable.append(Quarantine(schedule_id=row.id, name=row.name, reason=reason))
+    return due, unreadable
+
+
+def _quarantine(conn: Connection, quarantined: Sequence[Quarantine]) -> None:
+    """Disable each schedule with its reason and fail its runs waiting in the outbox
+    (they would fail the same way). A schedule quarantined already keeps its first
+    reason and time: that is the cause to fix."""
+    first_time = schedules.c.quarantined_at.is_(None)
+    for entry in quarantined:
+        conn.execute(
+            update(schedules)
+            .where(schedules.c.id == entry.schedule_id)
+            .values(
+                enabled=False,
+                quarantined_at=func.coalesce(schedules.c.quarantined_at, func.now()),
+                disabled_reason=case(
+                    (first_time, literal(entry.reason)), else_=schedules.c.disabled_reason
+                ),
+                updated_at=func.now(),
+            )
+        )
+        conn.execute(
+            update(runs)
+            .where(runs.c.schedule_id == entry.schedule_id, runs.c.state == RunState.PENDING.value)
+            .values(
+                state=RunState.FAILED.value,
+                error=f"not published: its schedule was quarantined ({entry.reason})",
+                finished_at=func.now(),
+            )
+        )

@@ -1,0 +1,402 @@
+"""The schedules table: create, read, change and delete schedules, and sync those
+defined in code. Callers get domain objects and domain errors (``beat.errors``),
+never rows or driver exceptions; time is the database's ``now()``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Row,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+
+from beat import schema
+from beat.db import (
+    StoreConnection,
+    create_store_engine,
+    first_line,
+    is_unique_violation,
+)
+from beat.errors import (
+    InvalidSchedule,
+    ScheduleExists,
+    ScheduleNotFound,
+    StoreError,
+)
+from beat.models import (
+    Schedule,
+    ScheduleDefinition,
+)
+from beat.tables import (
+    MisfirePolicy,
+    Origin,
+    OverlapPolicy,
+    TriggerKind,
+    schedules,
+)
+from beat.timing import Cron, Every, Once, Trigger
+
+logger = logging.getLogger(__name__)
+
+#: Serialises the sync of code-defined schedules between beat processes starting together.
+SYNC_LOCK_ID = 0x6861_6265_6174_01
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SyncReport:
+    created: list[str]
+    updated: list[str]
+    unchanged: list[str]
+    removed: list[str]
+    #: Code schedules whose name is taken by a schedule created at runtime (left alone).
+    conflicts: list[str]
+
+
+class ScheduleStore(StoreConnection):
+    """PostgreSQL access to the schedules table (and the schema)."""
+
+    @classmethod
+    def connect(
+        cls, url: str, *, pool_size: int = 5, setting: str = "habeat_database_url"
+    ) -> ScheduleStore:
+        """A store on ``url``; no connection is made until first use."""
+        return cls(create_store_engine(url, pool_size=pool_size), setting=setting)
+
+    # -- schema -------------------------------------------------------------------
+
+    def migrate(self) -> str:
+        """Create the database if it is missing, then upgrade the schema to the newest revision."""
+        with self._translated_errors():
+            if schema.ensure_database(self.engine):
+                logger.warning("created database %s", self.engine.url.database)
+            return schema.migrate(self.engine)
+
+    def check_schema(self) -> None:
+        with self._translated_errors():
+            schema.check_schema(self.engine)
+
+    def now(self) -> datetime:
+        with self._transaction() as conn:
+            return conn.execute(select(func.now())).scalar_one()
+
+    # -- schedules ----------------------------------------------------------------
+
+    def insert_schedule(
+        self, build: Callable[[datetime], tuple[ScheduleDefinition, datetime | None]]
+    ) -> Schedule:
+        """Insert a new schedule: ``build(now)`` gives its definition and next fire time
+        from the database time of the inserting transaction."""
+        try:
+            with self._transaction() as conn:
+                now = conn.execute(select(func.now())).scalar_one()
+                definition, next_fire_at = build(now)
+                row = conn.execute(
+                    insert(schedules)
+                    .values(**definition_values(definition), next_fire_at=next_fire_at)
+                    .returning(schedules)
+                ).one()
+        except IntegrityError as exc:
+            if is_unique_violation(exc, "beat_schedules_name_key"):
+                raise ScheduleExists(
+                    f"a schedule named '{definition.name}' exists already:"
+                    " pick another name, or update or remove it"
+                ) from exc
+            raise StoreError(
+                f"the schedule was refused by PostgreSQL: {first_line(exc.orig)}"
+            ) from exc
+        return schedule_from_row(row)
+
+    def get_schedule(self, name: str) -> Schedule:
+        with self._transaction() as conn:
+            row = conn.execute(select(schedules).where(schedules.c.name == name)).one_or_none()
+        if row is None:
+            raise schedule_not_found(name)
+        return schedule_from_row(row)
+
+    def list_schedules(self) -> list[Schedule]:
+        with self._transaction() as conn:
+            rows = conn.execute(select(schedules).order_by(schedules.c.name)).all()
+        return [schedule_from_row(row) for row in rows]
+
+    def replace_schedule(
+        self,
+        name: str,
+        build: Callable[[Schedule, datetime], tuple[ScheduleDefinition, datetime | None]],
+    ) -> Schedule:
+        """Update one schedule under a row lock: ``build(current, now)`` gives the new
+        definition and next fire time (so concurrent updates cannot interleave)."""
+        with self._transaction() as conn:
+            now = conn.execute(select(func.now())).scalar_one()
+            row = conn.execute(
+                select(schedules).where(schedules.c.name == name).with_for_update()
+            ).one_or_none()
+            if row is None:
+                raise schedule_not_found(name)
+            definition, next_fire_at = build(schedule_from_row(row), now)
+            values_ = definition_values(definition)
+            values_.pop("origin")  # a schedule keeps its origin
+            values_.pop("code_hash")
+            updated = conn.execute(
+                update(schedules)
+                .where(schedules.c.id == row.id)
+                .values(**values_, next_fire_at=next_fire_at, updated_at=func.now())
+                .values(
+                    # A schedule enabled again starts afresh: its old disable reason goes,
+                    # and so does its quarantine.
+                    disabled_reason=None if definition.enabled else schedules.c.disabled_reason,
+                    quarantined_at=None if definition.enabled else schedules.c.quarantined_at,
+                )
+                .returning(schedules)
+            ).one()
+        return schedule_from_row(updated)
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete a schedule made at runtime; its run history stays (``schedule_id``
+        becomes NULL). One defined in code is refused: the next sync would create it
+        again, so it is removed from the code, or paused."""
+        with self._transaction() as conn:
+            origin = conn.execute(
+                select(schedules.c.origin).where(schedules.c.name == name).with_for_update()
+            ).scalar_one_or_none()
+            if origin is None:
+                raise schedule_not_found(name)
+            if origin == Origin.CODE.value:
+                raise InvalidSchedule(
+                    f"schedule '{name}' is defined in code (beat_schedule or @periodic) and the"
+                    f" next sync would bring it back: remove it from the code (then `celery -A"
+                    f" app schedules sync`), or pause it (`celery -A app schedules pause {name}`)"
+                )
+            conn.execute(delete(schedules).where(schedules.c.name == name))
+
+    def sync_code_schedules(
+        self,
+        definitions: Sequence[tuple[ScheduleDefinition, str]],
+        first_fire: Callable[[ScheduleDefinition, datetime], datetime | None],
+    ) -> SyncReport:
+        """Make the code-defined schedules in the database match ``definitions``.
+
+        Each comes with a hash of its code definition. A schedule whose hash is
+        unchanged is left as it is, so runtime changes (a pause, an edited
+        argument) survive restarts; one whose code changed takes the new
+        definition, but keeps its paused/enabled state; code schedules no longer
+        in code are removed (like celery beat); runtime-created schedules are
+        never touched.
+        """
+        report = SyncReport(created=[], updated=[], unchanged=[], removed=[], conflicts=[])
+        names = [definition.name for definition, _ in definitions]
+        with self._transaction() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": SYNC_LOCK_ID})
+            now = conn.execute(select(func.now())).scalar_one()
+            existing = {
+                row.name: row
+                for row in conn.execute(
+                    select(schedules)
+                    .where(
+                        or_(schedules.c.name.in_(names), schedules.c.origin == Origin.CODE.value)
+                    )
+                    # A claim in flight must not advance next_fire_at under the sync's feet.
+                    .with_for_update()
+                )
+            }
+            for definition, code_hash in definitions:
+                row = existing.get(definition.name)
+                self._sync_one(conn, row, definition, code_hash, now, first_fire, report)
+            stale = [
+                name
+                for name, row in existing.items()
+                if row.origin == Origin.CODE.value and name not in names
+            ]
+            if stale:
+                conn.execute(delete(schedules).where(schedules.c.name.in_(stale)))
+                report.removed.extend(sorted(stale))
+        return report
+
+    @staticmethod
+    def _sync_one(
+        conn: Connection,
+        row: Row[Any] | None,
+        definition: ScheduleDefinition,
+        code_hash: str,
+        now: datetime,
+        first_fire: Callable[[ScheduleDefinition, datetime], datetime | None],
+        report: SyncReport,
+    ) -> None:
+        values_ = definition_values(definition) | {"code_hash": code_hash}
+        if row is None:
+            conn.execute(
+                insert(schedules).values(**values_, next_fire_at=first_fire(definition, now))
+            )
+            report.created.append(definition.name)
+        elif row.origin != Origin.CODE.value:
+            report.conflicts.append(definition.name)
+        elif row.code_hash == code_hash:
+            report.unchanged.append(definition.name)
+        else:
+            definition = _with_stored_anchor(definition, row)
+            values_ = definition_values(definition) | {"code_hash": code_hash}
+            values_.pop("enabled")  # a pause made at runtime survives a code change
+            if any(values_[name] != row._mapping[name] for name in TIMING_COLUMNS):
+                values_["next_fire_at"] = next_fire_after_retiming(
+                    row.next_fire_at, first_fire(definition, now), definition, now
+                )
+            # Otherwise the next fire time stays: fire times missed while no beat ran
+            # (a deploy) are claimed late and go through the misfire policy.
+            conn.execute(
+                update(schedules)
+                .where(schedules.c.id == row.id)
+                .values(**values_, updated_at=func.now())
+            )
+            report.updated.append(definition.name)
+
+
+#: The columns that decide when a schedule fires; a change of any moves its next fire time.
+TIMING_COLUMNS = (
+    "trigger_kind",
+    "cron",
+    "cron_both_days",
+    "every_seconds",
+    "anchor_at",
+    "run_at",
+    "timezone",
+    "start_at",
+    "end_at",
+)
+
+
+def next_fire_after_retiming(
+    current: datetime | None,
+    recomputed: datetime | None,
+    definition: ScheduleDefinition,
+    now: datetime,
+) -> datetime | None:
+    """The next fire time of a schedule whose timing changed at database time ``now``.
+
+    The new timing applies from now on (``recomputed``), except for a fire time the
+    old timing made due that no beat claimed (``current <= now``: every beat was down
+    during a deploy, say). That one stays the next fire time, so the claim runs or
+    records it, and the new timing's fire times since, under the misfire policy
+    rather than losing them silently; unless the new window (start_at, end_at)
+    leaves it out, which says those times are no longer wanted.
+    """
+    if current is None or current > now or (recomputed is not None and recomputed <= current):
+        return recomputed
+    if definition.start_at is not None and current < definition.start_at:
+        return recomputed
+    if definition.end_at is not None and current > definition.end_at:
+        return recomputed
+    return current
+
+
+def _with_stored_anchor(definition: ScheduleDefinition, row: Row[Any]) -> ScheduleDefinition:
+    """An interval without start_at keeps the anchor it got when first synced (code
+    gives it the time of collection): its phase does not move at every deploy."""
+    trigger = definition.trigger
+    if not isinstance(trigger, Every) or definition.start_at is not None or row.anchor_at is None:
+        return definition
+    return replace(definition, trigger=Every(seconds=trigger.seconds, anchor=row.anchor_at))
+
+
+def trigger_from_row(row: Row[Any]) -> Trigger:
+    kind = TriggerKind(row.trigger_kind)
+    if kind is TriggerKind.CRON:
+        return Cron(expression=row.cron, both_days=row.cron_both_days)
+    if kind is TriggerKind.EVERY:
+        return Every(seconds=row.every_seconds, anchor=row.anchor_at)
+    return Once(at=row.run_at)
+
+
+def _trigger_values(trigger: Trigger) -> dict[str, Any]:
+    blank: dict[str, Any] = {
+        "cron": None,
+        "cron_both_days": False,
+        "every_seconds": None,
+        "anchor_at": None,
+        "run_at": None,
+    }
+    if isinstance(trigger, Cron):
+        return blank | {
+            "trigger_kind": TriggerKind.CRON.value,
+            "cron": trigger.expression,
+            "cron_both_days": trigger.both_days,
+        }
+    if isinstance(trigger, Every):
+        return blank | {
+            "trigger_kind": TriggerKind.EVERY.value,
+            "every_seconds": trigger.seconds,
+            "anchor_at": trigger.anchor,
+        }
+    return blank | {"trigger_kind": TriggerKind.ONCE.value, "run_at": trigger.at}
+
+
+def definition_values(definition: ScheduleDefinition) -> dict[str, Any]:
+    """The ``beat_schedules`` columns that a definition sets."""
+    return _trigger_values(definition.trigger) | {
+        "name": definition.name,
+        "task": definition.task,
+        "timezone": definition.timezone,
+        "args": list(definition.args),
+        "kwargs": definition.kwargs,
+        "options": definition.options,
+        "enabled": definition.enabled,
+        "misfire_policy": definition.misfire_policy.value,
+        "max_attempts": definition.max_attempts,
+        "origin": definition.origin.value,
+        "code_hash": None,
+        "overlap_policy": definition.overlap_policy.value,
+        "jitter_seconds": definition.jitter_seconds,
+        "start_at": definition.start_at,
+        "end_at": definition.end_at,
+        "max_runs": definition.max_runs,
+    }
+
+
+def schedule_from_row(row: Row[Any]) -> Schedule:
+    definition = ScheduleDefinition(
+        name=row.name,
+        task=row.task,
+        trigger=trigger_from_row(row),
+        timezone=row.timezone,
+        args=tuple(row.args),
+        kwargs=row.kwargs,
+        options=row.options,
+        enabled=row.enabled,
+        misfire_policy=MisfirePolicy(row.misfire_policy),
+        max_attempts=row.max_attempts,
+        origin=Origin(row.origin),
+        overlap_policy=OverlapPolicy(row.overlap_policy),
+        jitter_seconds=row.jitter_seconds,
+        start_at=row.start_at,
+        end_at=row.end_at,
+        max_runs=row.max_runs,
+    )
+    return Schedule(
+        id=row.id,
+        definition=definition,
+        next_fire_at=row.next_fire_at,
+        last_fire_at=row.last_fire_at,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        runs_count=row.runs_count,
+        disabled_reason=row.disabled_reason,
+        quarantined_at=row.quarantined_at,
+    )
+
+
+def schedule_not_found(name: str) -> ScheduleNotFound:
+    """The error for a schedule name that is not stored, with where to look."""
+    return ScheduleNotFound(
+        f"no schedule named {name!r:.200}: `celery -A app schedules list` shows them"
+    )
