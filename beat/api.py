@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from beat import timing
 from beat.config import BeatConfig
 from beat.errors import InvalidSchedule, UnknownTask
+from beat.leader_store import PruneReport
 from beat.limits import MAX_DURATION, MAX_INT4
 from beat.models import Schedule, ScheduleDefinition
 from beat.options import check_publish_options
@@ -623,6 +624,10 @@ class Schedules:
                 " unknown; start the window later, or keep more history"
                 " (habeat_history_retention_days) before it is needed"
             )
+
+    def prune(self, older_than: timedelta, *, batch: int = 1000) -> PruneReport:
+        """Delete finished runs older than ``older_than``, ``batch`` rows per transaction."""
+        return self.store.prune(older_than, batch=batch)
 
     def trigger(self, name: str) -> str:
         """Run schedule ``name`` once, now, besides its timing (paused or not); the run ID.

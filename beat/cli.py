@@ -793,7 +793,7 @@ def prune(ctx: click.Context, older_than: timedelta, batch: int, as_json: bool) 
     """
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
-        report = _ops(manager).prune(older_than, batch=batch)
+        report = manager.prune(older_than, batch=batch)
     if as_json:
         _echo_json(
             {

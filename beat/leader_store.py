@@ -25,9 +25,9 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -45,6 +45,7 @@ from sqlalchemy import (
     bindparam,
     case,
     column,
+    delete,
     func,
     literal,
     or_,
@@ -89,6 +90,7 @@ from beat.planning import (
 )
 from beat.schedule_store import trigger_from_row
 from beat.tables import (
+    FINISHED_SQL,
     SCHEDULES_CHANNEL,
     TZ,
     MisfirePolicy,
@@ -171,6 +173,17 @@ class LeaderInfo:
     epoch: int
     holder: str
     acquired_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PruneReport:
+    deleted: int
+    #: Transactions that deleted at least one row.
+    batches: int
+    #: Finished runs older than this were deleted (database time).
+    cutoff: datetime
+    #: False when the time budget ran out before the last old run was deleted.
+    caught_up: bool
 
 
 class LeaderStore(StoreConnection):
@@ -744,6 +757,58 @@ class LeaderStore(StoreConnection):
         with self._transaction() as conn:
             seconds = conn.execute(query).scalar_one_or_none()
         return None if seconds is None else float(seconds)
+
+    # -- retention ----------------------------------------------------------------
+
+    def prune(
+        self,
+        older_than: timedelta,
+        *,
+        batch: int = 1000,
+        on_batch: Callable[[int], None] | None = None,
+        budget: float | None = None,
+    ) -> PruneReport:
+        """Delete finished runs whose ``finished_at`` (else ``claimed_at``) is older
+        than ``older_than``, ``batch`` rows per transaction, so no lock is held long.
+
+        The cutoff is fixed once, at the start. Rows locked by someone else are
+        skipped (they are not finished business for long). ``on_batch`` gets the
+        row count of every transaction that deleted something. ``budget`` bounds
+        the seconds one call spends (the leader prunes on each maintenance pass):
+        no batch starts after it is spent, but one always runs; the report says
+        whether old runs are left.
+        """
+        if batch < 1:
+            raise ValueError(f"batch={batch!r}: must be at least 1")
+        with self._transaction() as conn:
+            cutoff: datetime = conn.execute(select(func.now() - older_than)).scalar_one()
+        deadline = None if budget is None else time.monotonic() + budget
+        deleted = batches = 0
+        while True:
+            count = self._prune_batch(cutoff, batch)
+            if count:
+                deleted, batches = deleted + count, batches + 1
+                if on_batch is not None:
+                    on_batch(count)
+            caught_up = count < batch
+            if caught_up or (deadline is not None and time.monotonic() >= deadline):
+                return PruneReport(
+                    deleted=deleted, batches=batches, cutoff=cutoff, caught_up=caught_up
+                )
+
+    def _prune_batch(self, cutoff: datetime, batch: int) -> int:
+        age = func.coalesce(runs.c.finished_at, runs.c.claimed_at)
+        doomed = (
+            select(runs.c.id)
+            # The predicate of the retention index, as literal SQL: a bound parameter
+            # would keep a generic plan from using the index.
+            .where(text(FINISHED_SQL), age < cutoff)
+            .order_by(age)
+            .limit(batch)
+            .with_for_update(skip_locked=True)
+        )
+        with self._transaction() as conn:
+            return conn.execute(delete(runs).where(runs.c.id.in_(doomed))).rowcount
 
 
 class ScheduleChangeListener:

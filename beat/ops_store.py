@@ -12,20 +12,19 @@ it at once. The schedule's ``next_fire_at`` is not touched.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, delete, func, insert, literal, select, text, true
+from sqlalchemy import ColumnElement, Row, func, insert, literal, select, true
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.db import StoreConnection, create_store_engine
-from beat.leader_store import new_run_values, run_copy_columns
+from beat.leader_store import PruneReport, new_run_values, run_copy_columns
 from beat.schedule_store import schedule_not_found
-from beat.tables import FINISHED_SQL, FINISHED_STATES, SCHEDULES_CHANNEL, RunState, runs, schedules
+from beat.tables import FINISHED_STATES, SCHEDULES_CHANNEL, RunState, runs, schedules
 
 #: ``reason`` of a run made by :meth:`OpsStore.trigger`, to tell it from scheduled ones.
 TRIGGER_REASON = "triggered manually"
@@ -84,17 +83,6 @@ class QuarantinedSchedule:
     name: str
     reason: str | None
     quarantined_at: datetime
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PruneReport:
-    deleted: int
-    #: Transactions that deleted at least one row.
-    batches: int
-    #: Finished runs older than this were deleted (database time).
-    cutoff: datetime
-    #: False when the time budget ran out before the last old run was deleted.
-    caught_up: bool
 
 
 class OpsStore(StoreConnection):
@@ -237,56 +225,6 @@ class OpsStore(StoreConnection):
             )
             conn.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "backfill")))
         return sorted((_record_from_row(row) for row in inserted), key=lambda r: r.fire_at or 0)
-
-    def prune(
-        self,
-        older_than: timedelta,
-        *,
-        batch: int = 1000,
-        on_batch: Callable[[int], None] | None = None,
-        budget: float | None = None,
-    ) -> PruneReport:
-        """Delete finished runs whose ``finished_at`` (else ``claimed_at``) is older
-        than ``older_than``, ``batch`` rows per transaction, so no lock is held long.
-
-        The cutoff is fixed once, at the start. Rows locked by someone else are
-        skipped (they are not finished business for long). ``on_batch`` gets the
-        row count of every transaction that deleted something. ``budget`` bounds
-        the seconds one call spends (the leader prunes on each maintenance pass):
-        no batch starts after it is spent, but one always runs; the report says
-        whether old runs are left.
-        """
-        if batch < 1:
-            raise ValueError(f"batch={batch!r}: must be at least 1")
-        with self._transaction() as conn:
-            cutoff: datetime = conn.execute(select(func.now() - older_than)).scalar_one()
-        deadline = None if budget is None else time.monotonic() + budget
-        deleted = batches = 0
-        while True:
-            count = self._prune_batch(cutoff, batch)
-            if count:
-                deleted, batches = deleted + count, batches + 1
-                if on_batch is not None:
-                    on_batch(count)
-            caught_up = count < batch
-            if caught_up or (deadline is not None and time.monotonic() >= deadline):
-                return PruneReport(
-                    deleted=deleted, batches=batches, cutoff=cutoff, caught_up=caught_up
-                )
-
-    def _prune_batch(self, cutoff: datetime, batch: int) -> int:
-        age = func.coalesce(runs.c.finished_at, runs.c.claimed_at)
-        doomed = (
-            select(runs.c.id)
-            # The predicate of the retention index, as literal SQL: a bound parameter
-            # would keep a generic plan from using the index.
-            .where(text(FINISHED_SQL), age < cutoff)
-            .order_by(age)
-            .limit(batch)
-            .with_for_update(skip_locked=True)
-        )
-        with self._transaction() as conn:
-            return conn.execute(delete(runs).where(runs.c.id.in_(doomed))).rowcount
 
 
 def _run_time() -> ColumnElement[datetime]:

@@ -37,7 +37,6 @@ from beat.leader import DRIFT_MARGIN, LeaderLease
 from beat.leader_store import Claim, ScheduleChangeListener
 from beat.lost_messages import LostMessages
 from beat.models import Quarantine, RunToPublish, UnpublishableRun
-from beat.ops_store import OpsStore
 from beat.planning import PlanningRules
 from beat.store import Store
 
@@ -589,7 +588,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             return
         # Armed runs wait while this pass deletes: stop before the next one is due.
         budget = min(RETENTION_BUDGET, self._next_armed_deadline() - time.monotonic())
-        report = OpsStore(self.store.engine).prune(
+        report = self.store.prune(
             timedelta(days=days), batch=RETENTION_BATCH, budget=max(budget, 0.0)
         )
         if report.caught_up:

@@ -33,7 +33,6 @@ from beat import schema
 from beat.api import Schedules
 from beat.cli import parse_duration
 from beat.leader import lock_key
-from beat.ops_store import OpsStore
 from beat.scheduler import HAScheduler
 from beat.store import Store
 from beat.tables import RunState
@@ -519,7 +518,7 @@ def test_prune_commits_each_batch_on_its_own(store: Store) -> None:
         # Committed already: another connection sees the rows gone.
         assert len(run_rows(store)) == 5 - sum(seen)
 
-    report = OpsStore(store.engine).prune(timedelta(hours=1), batch=2, on_batch=after_batch)
+    report = store.prune(timedelta(hours=1), batch=2, on_batch=after_batch)
 
     assert seen == [2, 2, 1]
     assert (report.deleted, report.batches) == (5, 3)
@@ -810,7 +809,7 @@ def test_finding_11_backfill_refuses_a_window_older_than_the_history_retention(
         fire_at = hour + timedelta(hours=ago)
         age = (store.now() - fire_at).total_seconds()
         insert_run(store, schedule_name="hourly", fire_at=fire_at, finished_ago=age)
-    assert OpsStore(store.engine).prune(timedelta(days=30)).deleted == 3
+    assert store.prune(timedelta(days=30)).deleted == 3
     window = ["--from", hour.isoformat(), "--to", (hour + timedelta(hours=2)).isoformat()]
 
     assert_refused(cli, store, ["backfill", "hourly", *window], "--from", "history_retention_days")

@@ -20,7 +20,7 @@ from beat.api import Schedules
 from beat.code_schedules import periodic
 from beat.leader import lock_key
 from beat.leader_store import Claim
-from beat.ops_store import FINISHED_STATES, OpsStore
+from beat.ops_store import FINISHED_STATES
 from beat.scheduler import HAScheduler
 from beat.store import Store
 from beat.tables import Origin, RunState
@@ -334,11 +334,9 @@ def test_finding_15_retention_deletes_a_backlog_at_every_pass_until_it_is_gone(
 
 def test_finding_15_prune_deletes_batch_after_batch_within_its_budget(store: Store) -> None:
     insert_old_runs(store, 20_000, "succeeded")
-    ops = OpsStore(store.engine)
-
-    first = ops.prune(timedelta(days=30), batch=1000, budget=0.0)
+    first = store.prune(timedelta(days=30), batch=1000, budget=0.0)
     started = time.monotonic()
-    rest = ops.prune(timedelta(days=30), batch=1000)
+    rest = store.prune(timedelta(days=30), batch=1000)
     elapsed = time.monotonic() - started
     print(f"prune deleted {rest.deleted} runs in {elapsed:.2f}s: {rest.deleted / elapsed:,.0f}/s")
 
