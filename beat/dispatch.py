@@ -85,6 +85,28 @@ class PublishResult:
     rejected: list[UnpublishableRun] = field(default_factory=list)
 
 
+class CeleryPublisher:
+    """The leader loop's publisher: a Celery app's producer pool and its control channel."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def publish(self, runs: Sequence[RunToPublish]) -> PublishResult:
+        return publish_runs(self.app, runs)
+
+    def publish_at(
+        self,
+        runs: Sequence[RunToPublish],
+        deadline: float,
+        *,
+        before_send: Callable[[], None] | None = None,
+    ) -> PublishResult:
+        return publish_at(self.app, runs, deadline, before_send=before_send)
+
+    def revoke(self, run_ids: Sequence[uuid.UUID]) -> None:
+        self.app.control.revoke([str(run_id) for run_id in run_ids])
+
+
 def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
     """Publish ``runs`` in order, a chunk per producer batch; stop at the first broker error.
 

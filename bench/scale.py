@@ -96,7 +96,7 @@ def leader(run: Scratch) -> HAScheduler:
         claim_batch=DUE,
     )
     scheduler = HAScheduler(app=create_app(settings))
-    scheduler._wait = lambda seconds: None  # type: ignore[method-assign]  # time the work only
+    scheduler.loop.waiter = _NoWait()  # time the work only
     timed_tick(scheduler)  # takes the lease, syncs code schedules, warms the pools
     if scheduler.epoch is None:
         raise RuntimeError("the benchmark's scheduler did not become leader")
@@ -130,3 +130,10 @@ def report(costs: list[TickCost]) -> list[dict[str, Any]]:
 
 def vars_of(cost: TickCost) -> dict[str, Any]:
     return {name: getattr(cost, name) for name in cost.__slots__}
+
+
+class _NoWait:
+    """A waiter that returns at once: the benchmark times the work, not the waits."""
+
+    def wait(self, timeout: float) -> bool:
+        return False

@@ -16,7 +16,7 @@ from kombu import Exchange, Queue
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from beat import scheduler as scheduler_module
+from beat import dispatch
 from beat.api import Schedules
 from beat.config import BeatConfig
 from beat.errors import ConfigError
@@ -158,7 +158,7 @@ def test_finding_8_a_leader_paused_past_its_lease_sends_nothing_it_claimed_ahead
     created = Schedules(store).create("soon", "t", in_seconds=1.5, allow_unregistered=True)
     assert created.next_fire_at is not None
     paused = make_scheduler(claim_ahead=2.0)
-    send_at_fire_time = scheduler_module.publish_at
+    send_at_fire_time = dispatch.publish_at
     taken_over: list[int] = []
 
     def another_process_leads_meanwhile(*args: Any, **kwargs: Any) -> Any:
@@ -170,7 +170,7 @@ def test_finding_8_a_leader_paused_past_its_lease_sends_nothing_it_claimed_ahead
             taken_over.append(epoch + 1)
         return send_at_fire_time(*args, **kwargs)
 
-    monkeypatch.setattr(scheduler_module, "publish_at", another_process_leads_meanwhile)
+    monkeypatch.setattr(dispatch, "publish_at", another_process_leads_meanwhile)
     fire_at = created.next_fire_at
     tick_until(paused, store, lambda: False, until=fire_at + timedelta(seconds=0.5))
 
@@ -289,7 +289,7 @@ def test_finding_12_runs_claimed_ahead_the_broker_refuses_are_sent_once_it_is_ba
     soon = schedules.create("soon", "t", in_seconds=1.5, allow_unregistered=True)
     assert soon.next_fire_at is not None
     scheduler = make_scheduler(claim_ahead=2.0, broker_url=broker_url)
-    send_at_fire_time = scheduler_module.publish_at
+    send_at_fire_time = dispatch.publish_at
     failed: list[int] = []
 
     def broker_down_over_the_fire_time(*args: Any, **kwargs: Any) -> Any:
@@ -301,7 +301,7 @@ def test_finding_12_runs_claimed_ahead_the_broker_refuses_are_sent_once_it_is_ba
         proxy.heal()
         return result
 
-    monkeypatch.setattr(scheduler_module, "publish_at", broker_down_over_the_fire_time)
+    monkeypatch.setattr(dispatch, "publish_at", broker_down_over_the_fire_time)
     fire_at = soon.next_fire_at
     tick_until(
         scheduler, store, lambda: queued(store, "soon"), until=fire_at + timedelta(seconds=5)

@@ -22,23 +22,23 @@ def test_the_leader_waits_less_the_window_but_not_for_schedules_it_cannot_claim_
 ) -> None:
     scheduler = make_scheduler(claim_ahead=2.0, max_wait=60.0)
     Schedules(store).create("in-10s", "t", in_seconds=10, allow_unregistered=True)
-    assert 7.5 < scheduler._until_next_claim(claimed_any=False) <= 8.0, (
+    assert 7.5 < scheduler.loop.until_next_claim(claimed_any=False) <= 8.0, (
         "wakes claim_ahead before the fire time"
     )
     Schedules(store).create(
         "skip-in-1s", "t", in_seconds=1, overlap_policy="skip", allow_unregistered=True
     )
-    assert 0.5 < scheduler._until_next_claim(claimed_any=False) <= 1.0, (
+    assert 0.5 < scheduler.loop.until_next_claim(claimed_any=False) <= 1.0, (
         "the last claim did not take it: wait for the fire time itself"
     )
-    assert scheduler._until_next_claim(claimed_any=True) <= 0, "claim again at once"
+    assert scheduler.loop.until_next_claim(claimed_any=True) <= 0, "claim again at once"
 
 
 def test_the_leader_wakes_when_a_workers_lease_expires(
     store: Store, make_scheduler: SchedulerFactory
 ) -> None:
     scheduler = make_scheduler(max_wait=60.0)
-    assert scheduler._until_next_claim(claimed_any=False) == 60.0, "nothing to wait for"
+    assert scheduler.loop.until_next_claim(claimed_any=False) == 60.0, "nothing to wait for"
     with store.engine.begin() as conn:
         conn.execute(
             text(
@@ -47,7 +47,7 @@ def test_the_leader_wakes_when_a_workers_lease_expires(
             ),
             {"id": uuid.uuid4()},
         )
-    assert 2.5 < scheduler._until_next_claim(claimed_any=False) <= 3.1, (
+    assert 2.5 < scheduler.loop.until_next_claim(claimed_any=False) <= 3.1, (
         "the reaper runs just after the expiry"
     )
 

@@ -1,0 +1,69 @@
+"""Runs claimed ahead of their fire time, kept in memory until it comes.
+
+A claim that takes schedules due within ``claim_ahead`` seconds returns their
+runs as *armed*: the claiming leader builds their messages ahead and sends
+them at the fire time. The deadline of each is on this host's monotonic clock,
+measured from the database's ``now`` at the claim (``Claim.clock``), so a
+wrong wall clock cannot send a run early. Armed runs are also in the outbox:
+if this process stops leading they are dropped here, and whoever leads next
+publishes them from the outbox at their fire time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+
+from beat.leader_store import Claim
+from beat.models import RunToPublish
+
+#: Runs claimed ahead for one fire time: (monotonic deadline, runs).
+Armed = tuple[float, list[RunToPublish]]
+
+
+class ArmedRuns:
+    """Armed runs by fire time. ``drop`` may be called from the lease renewer's
+    thread: the dict is swapped, never changed under the loop's feet."""
+
+    def __init__(self) -> None:
+        self._armed: dict[datetime, Armed] = {}
+
+    def __len__(self) -> int:
+        return sum(len(runs) for _, runs in list(self._armed.values()))
+
+    def arm(self, claim: Claim) -> None:
+        """Keep ``claim``'s armed runs for their fire time (never early: the deadline
+        is the fire time's distance from the database's ``now`` at the claim)."""
+        for run in claim.armed:
+            if run.fire_at is None:  # armed runs have one; this narrows the type
+                continue
+            deadline = claim.clock + (run.fire_at - claim.now).total_seconds()
+            self.keep(run.fire_at, deadline, [run])
+
+    def keep(self, fire_at: datetime, deadline: float, runs: list[RunToPublish]) -> None:
+        earlier, kept = self._armed.get(fire_at, (deadline, []))
+        kept.extend(runs)
+        self._armed[fire_at] = (max(earlier, deadline), kept)
+
+    def drop(self) -> int:
+        """Forget every armed run (this process stops leading); how many there were."""
+        armed, self._armed = self._armed, {}
+        return sum(len(runs) for _, runs in list(armed.values()))
+
+    def next_deadline(self) -> float:
+        return min((deadline for deadline, _ in list(self._armed.values())), default=float("inf"))
+
+    def any_due(self, now: float) -> bool:
+        return self.next_deadline() <= now
+
+    def take_until(self, until: float) -> Iterator[tuple[datetime, float, list[RunToPublish]]]:
+        """Remove and yield, a fire time at a time in fire-time order, the armed runs
+        whose deadline is before ``until``; stops at the first later one. A caller
+        that fails to send what it took gives it back with :meth:`keep`."""
+        armed = self._armed  # drop() may swap in another dict meanwhile
+        for fire_at in sorted(armed):
+            deadline, runs = armed[fire_at]
+            if deadline > until:
+                return
+            del armed[fire_at]
+            yield fire_at, deadline, runs

@@ -1,0 +1,359 @@
+"""The leader loop: one pass of lead → maintenance → claim → publish → arm → wait.
+
+Written against small protocols (the claim store, the leadership, the
+publisher, the waiter, a monotonic clock), so every rule of the loop is
+unit-tested on in-memory fakes (``tests/fakes.py``) and the same pass runs on
+PostgreSQL, Redis and a Celery broker in production (``beat.scheduler``).
+
+A pass, as the design reads:
+
+1. **lead**: a standby tries to take the lease, then waits ``standby_poll``
+   (woken early by a clean hand-over) and drops what it held in memory;
+2. **maintenance** (every pass, once a second during a burst): publish the
+   outbox (runs an earlier leader or a failed publish left, jittered runs
+   whose time came), reclaim the runs of dead workers, send again the runs
+   whose message the broker lost, prune history past its retention;
+3. **claim**: one transaction fenced by the epoch, planned by
+   ``beat.planning``; runs due now, and those due within ``claim_ahead``;
+4. **publish** what is due now; **arm** what was claimed ahead, sent at its
+   fire time if the lease is still ours then; revoke what was cancelled;
+5. **wait** until the next fire time less ``claim_ahead``, a worker's lease
+   expiry, or ``max_wait``, woken early by LISTEN/NOTIFY.
+
+A full batch means a burst: the next claim follows at once.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, Protocol
+
+from beat.armed import ArmedRuns
+from beat.config import BeatConfig
+from beat.dispatch import PublishResult
+from beat.errors import HABeatError, StaleEpoch
+from beat.leader_store import Claim, PruneReport, Reclaim
+from beat.lost_messages import Recovery
+from beat.models import Quarantine, RunToPublish, UnpublishableRun
+from beat.planning import PlanningRules, SchedulePlanner
+from beat.reporting import CLAIM, OUTBOX, RECLAIM, Reporter
+
+#: The leader deletes run history past its retention on its maintenance passes: batches
+#: of RETENTION_BATCH rows for up to RETENTION_BUDGET seconds a pass, again at the next
+#: pass (about a second later) while old runs are left, else after RETENTION_INTERVAL.
+RETENTION_INTERVAL = 60.0
+RETENTION_BATCH = 1000
+RETENTION_BUDGET = 0.25
+#: The leader wakes this long after a worker's lease expires (seconds), so the reaper
+#: sees it expired.
+LEASE_EXPIRY_MARGIN = 0.05
+#: While a burst is claimed batch after batch, the outbox and the reaper run this often (s).
+BURST_MAINTENANCE_INTERVAL = 1.0
+
+
+class ClaimStore(Protocol):
+    """What the loop reads and writes as leader (``beat.leader_store.LeaderStore``)."""
+
+    def claim_due(
+        self,
+        epoch: int,
+        *,
+        batch: int,
+        plan: SchedulePlanner,
+        idle_timeout: float = ...,
+        ahead: float = ...,
+    ) -> Claim: ...
+    def pending_runs(self, epoch: int, *, grace: float, limit: int) -> list[RunToPublish]: ...
+    def mark_published(self, run_ids: Sequence[uuid.UUID]) -> int: ...
+    def fail_unpublishable(self, rejected: Sequence[UnpublishableRun]) -> list[Quarantine]: ...
+    def reclaim(
+        self,
+        epoch: int,
+        *,
+        stale_queued_after: float,
+        limit: int,
+        idle_timeout: float = ...,
+        lease_seconds: float = ...,
+    ) -> Reclaim: ...
+    def seconds_until_next_fire(self, epoch: int | None = ...) -> float | None: ...
+    def seconds_until_lease_expiry(self) -> float | None: ...
+    def prune(
+        self,
+        older_than: timedelta,
+        *,
+        batch: int = ...,
+        on_batch: Callable[[int], None] | None = ...,
+        budget: float | None = ...,
+    ) -> PruneReport: ...
+
+
+class Leader(Protocol):
+    """This process's leadership (``beat.leadership.Leadership``)."""
+
+    @property
+    def epoch(self) -> int | None: ...
+    def lead(self) -> int | None: ...
+    def made_progress(self) -> None: ...
+    def confirm_for_send(self) -> None: ...
+
+
+class Publisher(Protocol):
+    """Sends runs to the broker with the run ID as task ID (``beat.dispatch``)."""
+
+    def publish(self, runs: Sequence[RunToPublish]) -> PublishResult: ...
+    def publish_at(
+        self,
+        runs: Sequence[RunToPublish],
+        deadline: float,
+        *,
+        before_send: Callable[[], None] | None = ...,
+    ) -> PublishResult: ...
+    def revoke(self, run_ids: Sequence[uuid.UUID]) -> None: ...
+
+
+class Waiter(Protocol):
+    """Sleeps up to ``timeout`` seconds; returns early when woken (LISTEN/NOTIFY)."""
+
+    def wait(self, timeout: float) -> bool: ...
+
+
+class MessageRecovery(Protocol):
+    """Finds runs whose message the broker lost (``beat.lost_messages.LostMessages``)."""
+
+    def due(self) -> bool: ...
+    def forget(self) -> None: ...
+    def look(self, store: Any, epoch: int, *, limit: int, idle_timeout: float) -> Recovery: ...
+
+
+class LeaderLoop:
+    """One process's loop (see the module docstring); ``run_once`` is one pass."""
+
+    def __init__(
+        self,
+        *,
+        config: BeatConfig,
+        store: ClaimStore,
+        leadership: Leader,
+        publisher: Publisher,
+        waiter: Waiter,
+        lost_messages: MessageRecovery,
+        armed: ArmedRuns,
+        reporter: Reporter,
+        clock: Callable[[], float] = time.monotonic,
+        after_claim_commit: Callable[[Claim], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.leadership = leadership
+        self.publisher = publisher
+        self.waiter = waiter
+        self.lost_messages = lost_messages
+        self.armed = armed
+        self.report = reporter
+        self.clock = clock
+        #: Test hook: called after a claim commits and before its runs are published.
+        self.after_claim_commit = after_claim_commit
+        self.rules = PlanningRules(
+            misfire_grace=config.misfire_grace, max_catchup=config.max_catchup
+        )
+        #: The last claim was a full batch: more are due (see _maintenance_due).
+        self._in_burst = False
+        self._next_maintenance = 0.0
+        self._next_retention = 0.0  # clock() of the next history prune
+
+    def run_once(self) -> None:
+        """One pass; a fenced write refused raises StaleEpoch (the caller steps down)."""
+        epoch = self.leadership.lead()
+        if epoch is None:
+            self.stand_by()
+            return
+        # Armed runs whose time came while claiming go first, before the outbox sees them.
+        self._publish_armed(until=self.clock())
+        if self._maintenance_due():
+            self._maintain(epoch)
+        claim = self._claim(epoch)
+        self.leadership.made_progress()  # a fenced claim committed: this leader works
+        if self.after_claim_commit is not None:
+            self.after_claim_commit(claim)
+        self.armed.arm(claim)  # first: if the broker fails the publish below, these keep their time
+        self._publish(claim.runs, source=CLAIM)
+        self._revoke(claim.cancelled)
+        self._in_burst = claim.schedules_claimed >= self.config.claim_batch
+        if self._in_burst and not self.armed.any_due(self.clock()):
+            return  # more are due: claim again at once
+        # Armed runs due before the next claim are sent now, each at its time; later
+        # ones wait for a later pass, so that what is due meanwhile (schedules of the
+        # other overlap policies, triggers) is claimed on time too.
+        next_claim = self.clock() + self.until_next_claim(claimed_any=claim.schedules_claimed > 0)
+        self._publish_armed(until=next_claim)
+        self.leadership.made_progress()
+        self._wait(min(next_claim, self.armed.next_deadline()) - self.clock())
+        self.leadership.made_progress()
+
+    def stand_by(self) -> None:
+        """Not leading: hold nothing in memory, wait for the next attempt."""
+        self.drop_armed()
+        self.lost_messages.forget()
+        self._in_burst = False
+        self._wait(self.config.standby_poll)
+
+    def drop_armed(self) -> None:
+        """Forget the runs claimed ahead (this process stops leading): whoever leads
+        next publishes them from the outbox at their fire time."""
+        self.report.armed_dropped(self.armed.drop())
+
+    def until_next_claim(self, *, claimed_any: bool) -> float:
+        """Seconds to wait: until the next fire time less ``claim_ahead``, or until a
+        worker's lease expires (its run is reclaimed at once), or max_wait.
+
+        Something due within ``claim_ahead`` that the last claim did not take (``allow``
+        schedules are taken ahead; other overlap policies wait for their fire time,
+        jittered runs for theirs) is waited for until its own time."""
+        wait = self.config.max_wait
+        until_next = self.store.seconds_until_next_fire(self.leadership.epoch)
+        if until_next is not None:
+            ahead = self.config.claim_ahead
+            if until_next > ahead or claimed_any:
+                wait = min(wait, until_next - ahead)  # <= 0: claim again at once
+            else:
+                wait = min(wait, until_next)
+        until_expiry = self.store.seconds_until_lease_expiry()
+        if until_expiry is not None:
+            # The reaper compares with now(): wake just after the expiry, not before it.
+            wait = min(wait, until_expiry + LEASE_EXPIRY_MARGIN)
+        return wait
+
+    # -- maintenance ------------------------------------------------------------------
+
+    def _maintenance_due(self) -> bool:
+        """Outbox, reaper and retention run every pass, but only once a second while a
+        burst is claimed batch after batch: each is a query, and the outbox's would
+        walk the runs just claimed ahead."""
+        now = self.clock()
+        if self._in_burst and now < self._next_maintenance:
+            return False
+        self._next_maintenance = now + BURST_MAINTENANCE_INTERVAL
+        return True
+
+    def _maintain(self, epoch: int) -> None:
+        config = self.config
+        outbox = self.store.pending_runs(epoch, grace=config.outbox_grace, limit=config.claim_batch)
+        self._publish(outbox, source=OUTBOX)
+        self._reclaim(epoch)
+        self._recover_lost_messages(epoch)
+        self._enforce_retention()
+
+    def _reclaim(self, epoch: int) -> None:
+        """Publish again the runs of dead workers; mark lost those out of attempts."""
+        reclaim = self.store.reclaim(
+            epoch,
+            stale_queued_after=2 * self.config.visibility_timeout,
+            limit=self.config.claim_batch,
+            idle_timeout=self.config.claim_idle_timeout,
+            lease_seconds=self.config.lease_timeout,
+        )
+        self.report.reclaimed(reclaim)
+        self._publish(reclaim.runs, source=RECLAIM)
+
+    def _recover_lost_messages(self, epoch: int) -> None:
+        """Publish again the runs whose message the broker lost; end those that expired."""
+        if not self.lost_messages.due():
+            return
+        recovery = self.lost_messages.look(
+            self.store,
+            epoch,
+            limit=self.config.claim_batch,
+            idle_timeout=self.config.claim_idle_timeout,
+        )
+        self.report.recovered(recovery)
+        self._publish(recovery.republish, source=RECLAIM)
+
+    def _enforce_retention(self) -> None:
+        """Delete run history past its retention, as fast as the leader produces it:
+        batch after batch within a small time budget, and at the next maintenance
+        pass again while a backlog is left; once caught up, a minute later."""
+        days = self.config.history_retention_days
+        if days <= 0 or self.clock() < self._next_retention:
+            return
+        # Armed runs wait while this pass deletes: stop before the next one is due.
+        budget = min(RETENTION_BUDGET, self.armed.next_deadline() - self.clock())
+        report = self.store.prune(
+            timedelta(days=days), batch=RETENTION_BATCH, budget=max(budget, 0.0)
+        )
+        if report.caught_up:
+            self._next_retention = self.clock() + RETENTION_INTERVAL
+        self.report.pruned(report, days)
+
+    # -- claim and publish --------------------------------------------------------------
+
+    def _claim(self, epoch: int) -> Claim:
+        """One claim transaction, reported with its duration."""
+        started = self.clock()
+        claim = self.store.claim_due(
+            epoch,
+            batch=self.config.claim_batch,
+            plan=self.rules.plan_schedule,
+            idle_timeout=self.config.claim_idle_timeout,
+            ahead=self.config.claim_ahead,
+        )
+        self.report.claimed(claim, self.clock() - started)
+        return claim
+
+    def _publish_armed(self, *, until: float) -> None:
+        """Publish armed runs whose deadline is before ``until``, a fire time at a time,
+        each built ahead and sent when its time comes if the lease is still ours then.
+        Runs the broker fails to take are kept and sent again on the next pass (at once
+        if their time has come), not left to the outbox's grace of ``outbox_grace``."""
+        for fire_at, deadline, runs in self.armed.take_until(until):
+            try:
+                self._publish(runs, source=CLAIM, deadline=deadline)
+            except Exception as exc:
+                # Kept for the next pass if the broker failed, or for the step-down to
+                # drop if the lease is lost; not if PostgreSQL failed after the send.
+                if isinstance(exc, StaleEpoch) or not isinstance(exc, HABeatError):
+                    self.armed.keep(fire_at, deadline, runs)
+                raise
+
+    def _publish(
+        self, runs: list[RunToPublish], *, source: str, deadline: float | None = None
+    ) -> None:
+        """Publish ``runs`` (from the ``claim``, the ``outbox`` or the ``reclaim``er),
+        at once or, built ahead, at ``deadline`` (``clock()``)."""
+        if not runs:
+            return
+        if deadline is None:
+            result = self.publisher.publish(runs)
+        else:
+            result = self.publisher.publish_at(
+                runs, deadline, before_send=self.leadership.confirm_for_send
+            )
+        self.store.mark_published(result.published)
+        self.report.published(runs, result.published, source)
+        if result.rejected:
+            self._reject(result.rejected)
+        if result.error is not None:
+            self.report.publish_failed()
+            raise result.error
+
+    def _reject(self, rejected: list[UnpublishableRun]) -> None:
+        """Fail the runs whose message cannot be built and quarantine their schedules,
+        so that one bad schedule does not stop the others."""
+        self.report.rejected(rejected)
+        self.report.quarantined(self.store.fail_unpublishable(rejected))
+
+    def _revoke(self, run_ids: list[uuid.UUID]) -> None:
+        """Tell workers to drop cancelled runs still in the queue (best effort: the run
+        table already refuses them, and a running one loses its lease)."""
+        if not run_ids:
+            return
+        try:
+            self.publisher.revoke(run_ids)
+        except Exception as exc:  # the broadcast is an optimisation only
+            self.report.revoke_failed(len(run_ids), exc)
+
+    def _wait(self, seconds: float) -> None:
+        if seconds > 0:
+            self.waiter.wait(seconds)

@@ -1,0 +1,185 @@
+"""Who leads: the Redis lease, the epoch recorded in the leader row, and the
+health watchdog that lets the lease go when this process cannot do the work.
+
+- **Take**: a standby takes the lease when it is free (``beat.leader``) and
+  gets a new epoch; it leads once PostgreSQL's leader row records that epoch
+  (if the row already holds a newer one, Redis lost its counter: the epoch is
+  raised above it once). Every write of the leader is fenced by that row.
+- **Keep**: the lease is renewed from a thread of its own while the watchdog
+  says the loop makes progress; a loop that fails or hangs for longer than its
+  longest step lets the lease go, so a standby that can reach PostgreSQL leads.
+- **Lose**: whoever notices first (the renewer, a fenced write refused with
+  ``StaleEpoch``, the check before sending runs claimed ahead) ends this term;
+  the loop's ``on_lost`` drops what only this leader holds in memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from beat.errors import HABeatError, LeaseUnavailable, StaleEpoch
+from beat.leader import DRIFT_MARGIN
+from beat.reporting import Reporter
+
+
+class Lease(Protocol):
+    """The Redis lease (``beat.leader.LeaderLease``), as leadership uses it."""
+
+    holder: str
+    ttl: float
+
+    def is_held(self) -> bool: ...
+    def try_acquire(self, epoch_floor: int) -> int | None: ...
+    def bump_epoch(self, epoch_floor: int) -> int | None: ...
+    def time_left(self) -> float | None: ...
+    def release(self) -> bool: ...
+    def start_renewing(self, healthy: Callable[[], bool] | None = None) -> object: ...
+
+
+class LeaderRow(Protocol):
+    """The leader row in PostgreSQL (``beat.leader_store.LeaderStore``)."""
+
+    def current_epoch(self) -> int: ...
+    def take_leadership(self, epoch: int, holder: str) -> bool: ...
+    def notify_leader_released(self) -> None: ...
+
+
+class Leadership:
+    """This process's term as leader, if any (see the module docstring)."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        leader_row: LeaderRow,
+        reporter: Reporter,
+        *,
+        longest_step: float,
+        on_lost: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lease = lease
+        self._row = leader_row
+        self._report = reporter
+        #: The loop is unhealthy once it has made no progress for this long (seconds).
+        self._longest_step = longest_step
+        self._on_lost = on_lost
+        self._clock = clock
+        self._epoch: int | None = None
+        self._progress = clock()
+
+    @property
+    def epoch(self) -> int | None:
+        """This process's epoch while it leads, else None."""
+        return self._epoch if self._epoch is not None and self._lease.is_held() else None
+
+    @property
+    def holder(self) -> str:
+        return self._lease.holder
+
+    def lead(self) -> int | None:
+        """This process's epoch if it leads (taking the lease if it is free), else None."""
+        if self._epoch is not None:
+            if self._lease.is_held():
+                return self._epoch
+            self._epoch = None  # the renewer already said why
+            self._on_lost()
+            self._report.lost()
+        epoch = self._lease.try_acquire(self._row.current_epoch())
+        if epoch is None:
+            return None
+        try:
+            epoch = self._record_epoch(epoch)
+        except BaseException:
+            self._lease.release()
+            raise
+        if epoch is None:
+            self._lease.release()
+            return None
+        self._epoch = epoch
+        self.made_progress()
+        self._lease.start_renewing(healthy=self.healthy)
+        self._report.acquired(epoch, self._lease.holder)
+        return epoch
+
+    def _record_epoch(self, epoch: int) -> int | None:
+        """Record our epoch in PostgreSQL; if a newer one is there (Redis lost its
+        counter), raise ours above it once."""
+        if self._row.take_leadership(epoch, self._lease.holder):
+            return epoch
+        bumped = self._lease.bump_epoch(self._row.current_epoch())
+        if bumped is not None and self._row.take_leadership(bumped, self._lease.holder):
+            return bumped
+        return None
+
+    def made_progress(self) -> None:
+        """The loop did a leader's work (a fenced claim committed, a wait ended)."""
+        self._progress = self._clock()
+
+    def healthy(self) -> bool:
+        """False once the loop has made no progress for its longest step: its ticks
+        fail (PostgreSQL unreachable from here) or hang (a connection gone silent).
+        The renewer then lets the lease go, so a standby that reaches PostgreSQL
+        leads; this process cannot take it back while it cannot read the epoch."""
+        return self._clock() - self._progress < self._longest_step
+
+    def confirm_for_send(self) -> None:
+        """Raise StaleEpoch unless Redis confirms that this process holds the lease with
+        enough of it left to send: asked at the fire time, just before runs claimed
+        ahead are sent. A leader paused past its lease sends nothing then (the next
+        leader publishes the runs from its outbox) and steps down.
+
+        Checking, then sending, is not atomic: a process paused between the two for
+        longer than the lease had left still sends, a second message for a run the next
+        leader published (the worker's guard runs it once). The window is bounded: it is
+        one round trip long (as long as building the messages takes, on a transport that
+        cannot batch), the pause must outlast the tenth of the TTL the check requires,
+        and another process can take the lease only once it has expired in Redis, then
+        it records its epoch and reads its outbox before it sends."""
+        try:
+            left = self._lease.time_left()
+        except LeaseUnavailable as exc:
+            raise StaleEpoch(
+                f"cannot confirm the leader lease before sending runs claimed ahead: {exc}"
+            ) from exc
+        if left is None:
+            raise StaleEpoch(
+                "another process holds the leader lease, or it expired"
+                " (checked before sending runs claimed ahead)"
+            )
+        if left < self._lease.ttl * DRIFT_MARGIN:
+            raise StaleEpoch(
+                f"the leader lease expires in {left:.3f}s, too soon to send runs claimed ahead"
+            )
+
+    def step_down(self, reason: str) -> None:
+        """End this term at once (a fenced write was refused): give the lease back."""
+        self._report.stepping_down(reason)
+        if self._epoch is not None:
+            self._report.lost()
+        self._epoch = None
+        self._on_lost()
+        try:
+            self._lease.release()
+        except HABeatError as exc:
+            self._report.release_failed(exc)
+
+    def lease_lost(self, reason: str) -> None:
+        """Called by the lease's renewer thread when the lease is gone."""
+        self._report.lease_lost(reason)
+        self._on_lost()
+
+    def hand_over(self) -> None:
+        """Release the lease and wake the standbys (a clean shutdown)."""
+        epoch, self._epoch = self._epoch, None
+        if epoch is None:
+            return
+        released = False
+        try:
+            released = self._lease.release()
+            if released:
+                self._row.notify_leader_released()
+        except Exception as exc:  # shutting down: the TTL frees the lease anyway
+            self._report.release_failed(exc)
+        self._report.released(epoch, released)
