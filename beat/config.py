@@ -11,7 +11,8 @@ The lease's Redis defaults to the broker when the broker is Redis.
 The settings are one table (``SETTINGS``): each field of ``BeatConfig`` is declared
 with its default, the parser of its environment variable's text, the check of its
 value (whichever source it came from) and its meaning. ``from_celery_conf``,
-``validate`` and the README's table (``markdown_table``) come from it.
+``validate``, the demo app's ``app.settings`` and the README's table
+(``markdown_table``) come from it.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import redis
 
+from app.settings import Settings, scheduler_fields
 from beat.config import CONF_PREFIX, ENV_PREFIX, SETTINGS, BeatConfig, setting
 from beat.errors import ConfigError
 from beat.leader import LeaderLease
@@ -187,6 +188,40 @@ def test_the_documented_variable_and_habeat_plus_the_key_both_work(
     assert getattr(from_env({**url, derived: raw}), name) == value
     default = setting(name).default
     assert getattr(from_env({**url, documented: default, derived: raw}), name) == default
+
+
+# -- the demo app reads the same table ------------------------------------------------
+
+
+def test_the_demo_app_fills_app_conf_with_the_tables_defaults() -> None:
+    conf = Settings().celery_config()
+    defaults = BeatConfig()
+    for key, value in conf.items():
+        name = key.removeprefix(CONF_PREFIX)
+        if key.startswith(CONF_PREFIX) and name not in {"database_setting", "redis_setting"}:
+            assert value == getattr(defaults, name), key
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "says"),
+    [case for case in REFUSED_TEXTS if case[0] in scheduler_fields().values()],
+)
+def test_the_demo_app_refuses_a_variable_as_the_scheduler_does(
+    name: str, raw: str, says: str
+) -> None:
+    environ = {setting(name).variable: raw}
+    message = error_of(lambda: Settings.from_env(environ))
+    assert message == error_of(lambda: from_env({"HABEAT_DATABASE_URL": "x", **environ}))
+    assert message.startswith(says)
+
+
+def test_the_demo_app_reads_each_of_its_variables_as_the_scheduler_does() -> None:
+    for field_name, name in scheduler_fields().items():
+        raw, value = SAMPLES[name]
+        settings = Settings.from_env({setting(name).variable: raw})
+        assert getattr(settings, field_name) == value, field_name
+        config = BeatConfig.from_celery_conf(settings.celery_config(), environ={})
+        assert getattr(config, name) == value, name
 
 
 # -- the lease renews at the configured interval -----------------------------------------
