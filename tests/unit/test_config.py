@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 from app.settings import Settings, scheduler_fields
-from beat.config import CONF_PREFIX, ENV_PREFIX, SETTINGS, BeatConfig, setting
+from beat.config import CONF_PREFIX, ENV_PREFIX, SETTINGS, BeatConfig, markdown_table, setting
 from beat.errors import ConfigError
 from beat.leader import LeaderLease
 
+README = Path(__file__).resolve().parents[2] / "README.md"
 #: A conf that names the two URLs, so that only the setting under test is missing.
 BASE_CONF = {"broker_url": "redis://h/1", "habeat_database_url": "postgresql://d/b"}
 
@@ -222,6 +224,28 @@ def test_the_demo_app_reads_each_of_its_variables_as_the_scheduler_does() -> Non
         assert getattr(settings, field_name) == value, field_name
         config = BeatConfig.from_celery_conf(settings.celery_config(), environ={})
         assert getattr(config, name) == value, name
+
+
+# -- the README shows the table ---------------------------------------------------------
+
+
+def readme_table() -> str:
+    section = README.read_text(encoding="utf-8").split("\n## Configuration\n", 1)[1]
+    lines = section.split("\n## ", 1)[0].splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("|"))
+    end = next(
+        (index for index, line in enumerate(lines[start:], start) if not line.startswith("|")),
+        len(lines),
+    )
+    return "\n".join(lines[start:end])
+
+
+def test_the_readme_shows_the_settings_table() -> None:
+    assert readme_table() == markdown_table(), (
+        "README.md's Configuration table differs from beat.config.markdown_table():"
+        " paste the output of"
+        " `python -c 'from beat.config import markdown_table; print(markdown_table())'`"
+    )
 
 
 # -- the lease renews at the configured interval -----------------------------------------
