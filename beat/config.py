@@ -7,15 +7,22 @@ The schedule database has no default: an app that does not name one is not
 using this scheduler, and a beat started on it says which setting to add
 rather than writing to whatever PostgreSQL happens to listen on localhost.
 The lease's Redis defaults to the broker when the broker is Redis.
+
+The settings are one table (``SETTINGS``): each field of ``BeatConfig`` is declared
+with its default, the parser of its environment variable's text, the check of its
+value (whichever source it came from) and its meaning. ``from_celery_conf``,
+``validate``, the demo app's ``app.settings`` and the README's table
+(``markdown_table``) come from it.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import Field, dataclass, field, fields
+from enum import Enum
+from typing import Any, TypeVar
 
 from beat.errors import ConfigError
 from beat.tables import MisfirePolicy, OverlapPolicy
@@ -36,73 +43,352 @@ DATABASE_SETTING = (
 _URL_SETTINGS = {"database_url": "database_setting", "redis_url": "redis_setting"}
 _PROVENANCE = frozenset(_URL_SETTINGS.values())
 
+T = TypeVar("T")
+#: Turns an environment variable's text into a setting's value, or raises ``_Refused``.
+Parser = Callable[[str], T]
+#: Says why a setting's value is refused (what to set instead), or None if it is fine.
+Check = Callable[[T], str | None]
+
+
+class _Refused(ValueError):
+    """A parser's refusal: the text that follows ``VARIABLE='text'`` in the error."""
+
+
+# -- parsers: the text of an environment variable, as the setting's type --------------
+
+
+def _text(raw: str) -> str:
+    """A string setting takes the variable's text as it is."""
+    return raw
+
+
+def _number(raw: str) -> float:
+    """A number (durations are seconds)."""
+    try:
+        return float(raw)
+    except ValueError:
+        raise _Refused("is not a number: set it to a number") from None
+
+
+def _whole_number(raw: str) -> int:
+    """A count: a number without a fractional part (``1e3`` and ``5.0`` are fine)."""
+    value = _number(raw)
+    if not value.is_integer():
+        raise _Refused("must be a whole number")
+    return int(value)
+
+
+#: What a port setting must be, said by its parser and by its check.
+_PORT = "must be a TCP port from 1 to 65535, or 0 or unset for none"
+
+
+def _port(raw: str) -> int | None:
+    """A TCP port; 0 means none (the range is the check's: app.conf is checked too)."""
+    try:
+        value = _whole_number(raw)
+    except _Refused:
+        raise _Refused(_PORT) from None
+    return value or None
+
+
+# -- checks: why a value is refused, whichever source it came from ---------------------
+
+
+def _at_least(low: float, unit: str = "") -> Check[float]:
+    reason = f"must be at least {low:g}{unit}"
+    return lambda value: reason if value < low else None
+
+
+def _positive(value: float) -> str | None:
+    return "must be positive" if value <= 0 else None
+
+
+def _not_empty(value: str) -> str | None:
+    return "must not be empty" if not value else None
+
+
+def _one_of(kind: type[Enum]) -> Check[str]:
+    choices = [member.value for member in kind]
+    reason = "use one of " + ", ".join(choices)
+    return lambda value: reason if value not in choices else None
+
+
+def _tcp_port(value: int | None) -> str | None:
+    return _PORT if value is not None and not 0 <= value <= 65535 else None
+
+
+def _claim_window(value: float) -> str | None:
+    return "use 0 (off) to 30 seconds" if not 0 <= value <= 30 else None
+
+
+def _kept_messages(value: int) -> str | None:
+    return "must be 0 (keep none) or more" if value < 0 else None
+
+
+# -- the table -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting: a field of ``BeatConfig``, the key and variables that set it, its
+    default, how its text is parsed and its value checked, and what it means."""
+
+    #: Name of the ``BeatConfig`` field; the key in ``app.conf`` is ``habeat_<name>``.
+    name: str
+    default: Any
+    parse: Parser[Any]
+    check: Check[Any] | None
+    #: One line for the README's table.
+    meaning: str
+    #: The variable the README names (``HABEAT_<NAME>`` unless the demo app named it
+    #: otherwise); ``HABEAT_<NAME>`` is read too.
+    variable: str
+    #: The default as the README shows it, when the value alone would not say it.
+    shown_default: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The key in ``app.conf``."""
+        return CONF_PREFIX + self.name
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The environment variables that set it, the first set one winning."""
+        derived = ENV_PREFIX + self.name.upper()
+        return (self.variable,) if self.variable == derived else (self.variable, derived)
+
+    def refusal(self, value: Any, variable: str | None = None) -> ConfigError | None:
+        """The error for a value this setting refuses (naming the variable it came from,
+        if any), or None when the value is fine."""
+        reason = None if self.check is None else self.check(value)
+        if reason is None:
+            return None
+        source = "" if variable is None else f" (set by {variable})"
+        return ConfigError(f"{self.key}={value!r}: {reason}{source}")
+
+    def from_environment(self, environ: Mapping[str, str]) -> tuple[str, Any] | None:
+        """The variable that sets this setting and its value, parsed and checked; None
+        when no variable does (unset or blank)."""
+        for variable in self.variables:
+            raw = environ.get(variable, "")
+            if not raw.strip():
+                continue
+            try:
+                value = self.parse(raw)
+            except _Refused as refused:
+                raise ConfigError(f"{variable}={raw!r} {refused}") from None
+            error = self.refusal(value, variable)
+            if error is not None:
+                raise error
+            return variable, value
+        return None
+
+    def markdown_row(self) -> str:
+        """This setting's row of the README's table."""
+        variables = f"`{self.variables[0]}`"
+        if len(self.variables) > 1:
+            variables += " (or " + ", ".join(f"`{name}`" for name in self.variables[1:]) + ")"
+        default = self.shown_default or f"`{_shown(self.default)}`"
+        return f"| `{self.key}` | {variables} | {default} | {self.meaning} |"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+#: Where a ``BeatConfig`` field keeps its row of the table (the field's own default
+#: is the setting's default).
+_ROW = "habeat_setting"
+
+
+def _setting(
+    default: T,
+    meaning: str,
+    *,
+    parse: Parser[T],
+    check: Check[T] | None = None,
+    variable: str | None = None,
+    shown_default: str | None = None,
+) -> T:
+    """Declares a field of ``BeatConfig`` as a setting (see ``Setting``)."""
+    row = {
+        "parse": parse,
+        "check": check,
+        "meaning": meaning,
+        "variable": variable,
+        "shown_default": shown_default,
+    }
+    return field(default=default, metadata={_ROW: row})
+
+
+def _policy(default: MisfirePolicy | OverlapPolicy, kind: str) -> str:
+    """The ``kind`` policy of schedules created without one (``HABEAT_<KIND>_POLICY``)."""
+    return _setting(
+        default.value,
+        f"{kind} policy of schedules created without one",
+        parse=_text,
+        check=_one_of(type(default)),
+        variable=f"{ENV_PREFIX}{kind.upper()}_POLICY",
+    )
+
+
+def _port_setting(meaning: str) -> int | None:
+    """A TCP port, off by default."""
+    return _setting(None, meaning, parse=_port, check=_tcp_port, shown_default="off")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BeatConfig:
-    """Typed settings of the scheduler. Durations are in seconds."""
+    """Typed settings of the scheduler. Durations are in seconds.
 
-    #: SQLAlchemy URL of the schedule store (``from_celery_conf`` requires it to be set).
-    database_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/habeat"
-    #: Redis URL of the leader lease (may differ from the broker; default: the broker
-    #: when it is Redis).
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    Each field but the two ``*_setting`` ones is a row of the settings table
+    (``SETTINGS``): its default, parser, check and meaning are declared with it."""
+
+    database_url: str = _setting(
+        "postgresql+psycopg://postgres@127.0.0.1:5432/habeat",
+        "SQLAlchemy URL of the schedules and runs (PostgreSQL)",
+        parse=_text,
+        shown_default="required",
+    )
+    redis_url: str = _setting(
+        "redis://127.0.0.1:6379/0",
+        "Redis URL of the leader lease (may differ from the broker)",
+        parse=_text,
+        shown_default="the broker, if it is Redis",
+    )
     #: The setting a user changes to fix ``database_url``, named in error hints
     #: (an app that fills ``habeat_database_url`` from its own variable names that one).
     database_setting: str = "habeat_database_url"
     #: The same for ``redis_url``.
     redis_setting: str = "habeat_redis_url"
-    #: Prefix of every Redis key of the lease, and name of the leader row.
-    key_prefix: str = "habeat"
-    #: Time to live of the leader lease; a dead leader is replaced after about this long.
-    lock_ttl: float = 10.0
-    #: How often a standby tries to take the lease (it is also woken on a clean hand-over).
-    standby_poll: float = 1.0
-    #: Longest wait between two ticks of the leader (picks up edits made outside the API).
-    max_wait: float = 5.0
-    #: Most schedules claimed in one transaction.
-    claim_batch: int = 1000
-    #: Schedules due within this many seconds (overlap policy ``allow``) are claimed
-    #: ahead and their messages built before the fire time, then sent at it; 0: claim
-    #: only what is due. It bounds the lateness of large bursts, not correctness.
-    claim_ahead: float = 3.0
-    #: A run left ``pending`` by this process for longer than this is published again.
-    outbox_grace: float = 10.0
-    #: A fire time later than this when claimed is a misfire, handled by the misfire policy.
-    misfire_grace: float = 60.0
-    #: Most missed fire times one claim turns into runs (``fire_all``) or skip records.
-    max_catchup: int = 100
-    #: Time zone of schedules created without one.
-    default_timezone: str = "UTC"
-    #: Misfire and overlap policies of schedules created without one.
-    default_misfire_policy: str = "fire_once"
-    default_overlap_policy: str = "allow"
-    #: Longest a claim transaction may stay idle before PostgreSQL aborts it
-    #: (so a leader paused mid-claim cannot block a takeover).
-    claim_idle_timeout: float = 10.0
-    #: A worker's lease on a run; a run whose lease expires is reclaimed by the leader.
-    lease_timeout: float = 30.0
-    #: How often a worker extends its lease (default: a third of the lease).
-    heartbeat_interval: float | None = None
-    #: Attempts of a run whose worker keeps dying before it is marked lost (Celery retries aside).
-    max_attempts: int = 3
-    #: Finished runs older than this many days are deleted by the leader (0: keep them all).
-    history_retention_days: float = 30.0
-    #: The Redis broker's visibility timeout; a run queued for twice this long is published again.
-    visibility_timeout: float = 3600.0
-    #: TCP port of beat's Prometheus endpoint (``/metrics``), opened on the first tick;
-    #: None or 0: no endpoint.
-    metrics_port: int | None = None
-    #: TCP port of a worker's Prometheus endpoint, opened at ``worker_init``; None or 0: none.
-    worker_metrics_port: int | None = None
-    #: Address the metrics endpoints bind to (beat's, and a worker's when it has a port).
-    #: Loopback by default: the endpoints have no authentication; set ``0.0.0.0`` (or
-    #: one interface's address) for a Prometheus on another host.
-    metrics_address: str = "127.0.0.1"
-    #: Redis list, on the broker (after its ``global_keyprefix``), where workers keep
-    #: the messages they cannot decode or unpack (``beat.poison_messages``).
-    dead_letter_key: str = "habeat.dead_letter"
-    #: Most messages kept in that list; the oldest go first (0: keep none, only log them).
-    dead_letter_max_length: int = 1000
+    key_prefix: str = _setting(
+        "habeat",
+        "prefix of the lease's Redis keys and name of the leader row (one per cluster)",
+        parse=_text,
+        check=_not_empty,
+    )
+    lock_ttl: float = _setting(
+        10.0,
+        "seconds the leader lease lives unrenewed; a dead leader is replaced after about this long",
+        parse=_number,
+        check=_at_least(1, " second"),
+    )
+    standby_poll: float = _setting(
+        1.0,
+        "seconds between a standby's attempts to lead (a clean hand-over wakes it at once)",
+        parse=_number,
+        check=_positive,
+    )
+    max_wait: float = _setting(
+        5.0,
+        "longest wait of the leader between ticks, seconds (edits made with psql are seen"
+        " within it)",
+        parse=_number,
+        check=_positive,
+    )
+    claim_batch: int = _setting(
+        1000,
+        "schedules claimed per transaction",
+        parse=_whole_number,
+        check=_at_least(1),
+    )
+    claim_ahead: float = _setting(
+        3.0,
+        "seconds; runs of `allow` schedules due this soon are claimed and built ahead and"
+        " sent at their fire time (0: off); it bounds the lateness of large bursts",
+        parse=_number,
+        check=_claim_window,
+    )
+    outbox_grace: float = _setting(
+        10.0,
+        "seconds a run this process claimed may stay `pending` before it publishes it again",
+        parse=_number,
+    )
+    misfire_grace: float = _setting(
+        60.0,
+        "seconds late before a fire time counts as missed (the misfire policy then decides)",
+        parse=_number,
+    )
+    max_catchup: int = _setting(
+        100,
+        "most missed fire times one claim turns into runs (`fire_all`) or skip records",
+        parse=_whole_number,
+        check=_at_least(1),
+    )
+    default_timezone: str = _setting(
+        "UTC",
+        "zone of schedules created without one",
+        parse=_text,
+        variable="HABEAT_TIMEZONE",
+    )
+    default_misfire_policy: str = _policy(MisfirePolicy.FIRE_ONCE, "misfire")
+    default_overlap_policy: str = _policy(OverlapPolicy.ALLOW, "overlap")
+    claim_idle_timeout: float = _setting(
+        10.0,
+        "seconds a claim transaction may stay idle before PostgreSQL aborts it (a leader"
+        " paused mid-claim cannot block a takeover)",
+        parse=_number,
+    )
+    lease_timeout: float = _setting(
+        30.0,
+        "seconds a worker's lease on a run lasts without a heartbeat; the leader reclaims"
+        " a run whose lease expired",
+        parse=_number,
+        check=_at_least(2, " seconds"),
+    )
+    heartbeat_interval: float | None = _setting(
+        None,
+        "seconds between a worker's heartbeats on its run (shorter than the lease)",
+        parse=_number,
+        shown_default="a third of the lease",
+    )
+    max_attempts: int = _setting(
+        3,
+        "attempts of a run whose worker process crashes or hangs under it before it is"
+        " marked `lost` (per schedule: `--max-attempts`); an attempt ended by its whole"
+        " worker dying (killed, restarted) does not count, up to 10",
+        parse=_whole_number,
+        check=_at_least(1),
+    )
+    history_retention_days: float = _setting(
+        30.0,
+        "the leader deletes finished runs older than this many days, as fast as they come"
+        " (0: keep them)",
+        parse=_number,
+    )
+    visibility_timeout: float = _setting(
+        3600.0,
+        "the Redis broker's visibility timeout, seconds; a run queued for twice this long"
+        " is published again",
+        parse=_number,
+    )
+    metrics_port: int | None = _port_setting(
+        "port of beat's Prometheus endpoint `/metrics`, opened on its first tick (see Metrics)"
+    )
+    worker_metrics_port: int | None = _port_setting(
+        "port of a worker's Prometheus endpoint, opened at `worker_init`"
+    )
+    metrics_address: str = _setting(
+        "127.0.0.1",
+        "address both endpoints bind to; `0.0.0.0` (or one interface's address) for a"
+        " Prometheus on another host (the endpoints have no authentication)",
+        parse=_text,
+    )
+    dead_letter_key: str = _setting(
+        "habeat.dead_letter",
+        "Redis list on the broker (after its `global_keyprefix`) where workers keep the"
+        " messages they cannot decode or unpack",
+        parse=_text,
+        check=_not_empty,
+    )
+    dead_letter_max_length: int = _setting(
+        1000,
+        "most messages kept in that list, the oldest going first (0: none, only the log line)",
+        parse=_whole_number,
+        check=_kept_messages,
+    )
 
     @classmethod
     def from_celery_conf(cls, conf: Any, environ: Mapping[str, str] | None = None) -> BeatConfig:
@@ -110,17 +396,16 @@ class BeatConfig:
         from the environment; what neither sets takes the default."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        for field in fields(cls):
-            value = conf.get(CONF_PREFIX + field.name)
-            if value is not None:
-                values[field.name] = value
-            elif field.name not in _PROVENANCE:
-                raw = env.get(ENV_PREFIX + field.name.upper(), "")
-                if raw.strip():
-                    values[field.name] = _from_environment(field.name, str(field.type), raw)
-                    if field.name in _URL_SETTINGS:
-                        variable = ENV_PREFIX + field.name.upper()
-                        values.setdefault(_URL_SETTINGS[field.name], variable)
+        for name in _PROVENANCE:
+            if (value := conf.get(CONF_PREFIX + name)) is not None:
+                values[name] = value
+        for row in SETTINGS:
+            if (value := conf.get(row.key)) is not None:
+                values[row.name] = value
+            elif (found := row.from_environment(env)) is not None:
+                variable, values[row.name] = found
+                if row.name in _URL_SETTINGS:
+                    values.setdefault(_URL_SETTINGS[row.name], variable)
         if "database_url" not in values:
             raise ConfigError(f"no schedule database is configured: set {DATABASE_SETTING}")
         if "redis_url" not in values:
@@ -132,40 +417,13 @@ class BeatConfig:
 
     def validate(self) -> None:
         """Refuse settings that would break the lease or the claim, naming the key to fix."""
-        if self.lock_ttl < 1:
-            raise ConfigError(f"habeat_lock_ttl={self.lock_ttl}: must be at least 1 second")
-        if self.standby_poll <= 0 or self.max_wait <= 0:
-            raise ConfigError("habeat_standby_poll and habeat_max_wait must be positive")
-        if not 0 <= self.claim_ahead <= 30:
-            raise ConfigError(f"habeat_claim_ahead={self.claim_ahead}: use 0 (off) to 30 seconds")
-        if self.claim_batch < 1 or self.max_catchup < 1:
-            raise ConfigError("habeat_claim_batch and habeat_max_catchup must be at least 1")
-        if self.lease_timeout < 2 or self.lease_heartbeat >= self.lease_timeout:
+        for row in SETTINGS:
+            if (error := row.refusal(getattr(self, row.name))) is not None:
+                raise error
+        if self.lease_heartbeat >= self.lease_timeout:
             raise ConfigError(
-                "habeat_lease_timeout must be at least 2 seconds and longer than the heartbeat"
-            )
-        policies = (
-            (self.default_misfire_policy, MisfirePolicy, "habeat_default_misfire_policy"),
-            (self.default_overlap_policy, OverlapPolicy, "habeat_default_overlap_policy"),
-        )
-        for value, kind, key in policies:
-            if value not in {member.value for member in kind}:
-                choices = ", ".join(member.value for member in kind)
-                raise ConfigError(f"{key}={value!r}: use one of {choices}")
-        if self.max_attempts < 1:
-            raise ConfigError("habeat_max_attempts must be at least 1")
-        for key, port in (
-            ("habeat_metrics_port", self.metrics_port),
-            ("habeat_worker_metrics_port", self.worker_metrics_port),
-        ):
-            if port is not None and not 0 <= port <= 65535:
-                raise ConfigError(f"{key}={port}: must be a TCP port (0 or unset: off)")
-        if not self.key_prefix:
-            raise ConfigError("habeat_key_prefix must not be empty")
-        if not self.dead_letter_key or self.dead_letter_max_length < 0:
-            raise ConfigError(
-                "habeat_dead_letter_key must not be empty and habeat_dead_letter_max_length"
-                " must be 0 (keep none) or more"
+                f"habeat_heartbeat_interval={self.heartbeat_interval!r}: must be shorter than"
+                f" habeat_lease_timeout={self.lease_timeout!r} (or unset: a third of it)"
             )
 
     def schedule_defaults(self) -> dict[str, str]:
@@ -186,6 +444,37 @@ class BeatConfig:
         return self.lock_ttl / 3
 
 
+def _rows(config_fields: tuple[Field[Any], ...]) -> tuple[Setting, ...]:
+    """The settings table, from the fields of ``BeatConfig`` declared with ``_setting``."""
+    rows = []
+    for item in config_fields:
+        if _ROW in item.metadata:
+            row = dict(item.metadata[_ROW])
+            row["variable"] = row["variable"] or ENV_PREFIX + item.name.upper()
+            rows.append(Setting(name=item.name, default=item.default, **row))
+    return tuple(rows)
+
+
+#: The settings table: one row per setting, in the order the README lists them.
+SETTINGS: tuple[Setting, ...] = _rows(fields(BeatConfig))
+_BY_NAME = {row.name: row for row in SETTINGS}
+
+
+def setting(name: str) -> Setting:
+    """The row of the ``BeatConfig`` field ``name``."""
+    return _BY_NAME[name]
+
+
+def markdown_table() -> str:
+    """The README's table of settings (its "Configuration" section shows this text)."""
+    lines = [
+        "| setting | environment | default | meaning |",
+        "| --- | --- | --- | --- |",
+        *(row.markdown_row() for row in SETTINGS),
+    ]
+    return "\n".join(lines)
+
+
 def uses_this_scheduler(conf: Any, environ: Mapping[str, str] | None = None) -> bool:
     """Whether an app is set up for this scheduler: its beat uses it, or it names a
     schedule database. Workers of other apps, in the same environment, are left alone."""
@@ -198,22 +487,6 @@ def uses_this_scheduler(conf: Any, environ: Mapping[str, str] | None = None) -> 
         or conf.get(CONF_PREFIX + "database_url") is not None
         or bool(env.get(ENV_PREFIX + "DATABASE_URL", "").strip())
     )
-
-
-def _from_environment(name: str, annotation: str, raw: str) -> Any:
-    """An environment variable's text as the field's type, or one line naming the fix."""
-    variable = ENV_PREFIX + name.upper()
-    if annotation.startswith("str"):
-        return raw
-    try:
-        number = float(raw)
-    except ValueError:
-        raise ConfigError(f"{variable}={raw!r} is not a number: set it to a number") from None
-    if annotation.startswith("int"):
-        if not number.is_integer():
-            raise ConfigError(f"{variable}={raw!r} must be a whole number")
-        return int(number)
-    return number
 
 
 def _broker_redis_url(conf: Any) -> str:

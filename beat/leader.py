@@ -111,11 +111,14 @@ class LeaderLease:
         holder: str | None = None,
         on_lost: Callable[[str], None] | None = None,
         setting: str = "habeat_redis_url",
+        renew_interval: float | None = None,
     ) -> None:
         self._client = client
         self._setting = setting  # named in the hint when Redis cannot be reached
         self._keys = [lock_key(prefix), epoch_key(prefix)]
         self.ttl = ttl
+        #: Seconds between two renewals (default: a third of the TTL).
+        self.renew_interval = ttl / 3 if renew_interval is None else renew_interval
         self.holder = holder or new_holder_id()
         self._on_lost = on_lost
         self._acquire = client.register_script(_ACQUIRE)
@@ -193,7 +196,7 @@ class LeaderLease:
         return value.decode() if isinstance(value, bytes) else value
 
     def start_renewing(self, healthy: Callable[[], bool] | None = None) -> threading.Thread:
-        """Renew every ttl/3 from a daemon thread until the lease is lost or released.
+        """Renew every ``renew_interval`` from a daemon thread until the lease is lost or released.
 
         ``healthy`` is asked before each renewal. Once it says no (the holder cannot do
         a leader's work: its ticks fail or hang, e.g. it is cut off from PostgreSQL),
@@ -212,8 +215,7 @@ class LeaderLease:
         return thread
 
     def _renew_loop(self, term: int, healthy: Callable[[], bool] | None) -> None:
-        interval = self.ttl / 3
-        while not self._stop_renewing.wait(interval):
+        while not self._stop_renewing.wait(self.renew_interval):
             with self._guard:
                 if self._term != term or self._valid_until == 0.0:
                     return
