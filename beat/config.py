@@ -363,6 +363,7 @@ class BeatConfig:
         "the Redis broker's visibility timeout, seconds; a run queued for twice this long"
         " is published again",
         parse=_number,
+        check=_positive,
     )
     metrics_port: int | None = _port_setting(
         "port of beat's Prometheus endpoint `/metrics`, opened on its first tick (see Metrics)"

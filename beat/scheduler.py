@@ -251,6 +251,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 client,
                 prefix=self.config.key_prefix,
                 ttl=self.config.lock_ttl,
+                renew_interval=self.config.renew_interval,
                 on_lost=self._on_lease_lost,
                 setting=self.config.redis_setting,
             )
