@@ -15,29 +15,29 @@ arguments leave the database untouched::
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import json
 import re
+import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from beat import timing
 from beat.config import BeatConfig
-from beat.errors import InvalidSchedule, UnknownTask
+from beat.errors import InvalidSchedule, ScheduleNotFound, UnknownTask
 from beat.leader_store import PruneReport
 from beat.limits import MAX_DURATION, MAX_INT4
 from beat.models import Schedule, ScheduleDefinition
 from beat.options import check_publish_options
 from beat.policies import MAX_JITTER_SECONDS
+from beat.run_store import LastRun, RunRecord, RunStore, Since
 from beat.schedule_store import next_fire_after_retiming
 from beat.store import Store
-from beat.tables import MisfirePolicy, Origin, OverlapPolicy
+from beat.tables import MisfirePolicy, Origin, OverlapPolicy, RunState
 from beat.timing import Trigger
-
-if TYPE_CHECKING:
-    from beat.ops_store import RunRecord
 
 #: Largest JSON encoding of a schedule's args and kwargs together (they travel in every message).
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -57,6 +57,27 @@ PAST_ONE_OFF_GRACE = timedelta(minutes=1)
 #: Backfill starts this long after the retention horizon: a run claimed ahead (up to
 #: habeat_claim_ahead, at most 30 s) counts its age from before its fire time.
 BACKFILL_HORIZON_MARGIN = timedelta(minutes=1)
+#: Fire times :meth:`Schedules.details` lists.
+UPCOMING_FIRES = 5
+#: Runs :meth:`Schedules.details` lists.
+RECENT_RUNS = 10
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduleDetails:
+    """A schedule with its next fire times and its latest runs (newest first)."""
+
+    schedule: Schedule
+    upcoming: list[datetime]
+    recent_runs: list[RunRecord]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduleSummary:
+    """A schedule and its newest run (None before its first)."""
+
+    schedule: Schedule
+    last_run: LastRun | None
 
 
 def define(
@@ -455,6 +476,8 @@ class Schedules:
         self.defaults = dict(defaults or {})
         #: How long finished runs are kept (None: for ever); backfill stays within it.
         self.history_retention = history_retention
+        #: The run history, on the same connection pool.
+        self._run_store = RunStore(store.engine, setting=store.setting)
 
     @classmethod
     def for_app(cls, app: Any) -> Schedules:
@@ -555,6 +578,67 @@ class Schedules:
 
     def list(self) -> list[Schedule]:
         return self.store.list_schedules()
+
+    def details(
+        self, name: str, *, upcoming: int = UPCOMING_FIRES, recent: int = RECENT_RUNS
+    ) -> ScheduleDetails:
+        """Schedule ``name``, its next ``upcoming`` fire times (see :func:`upcoming_fires`)
+        and its latest ``recent`` runs."""
+        schedule = self.get(name)
+        return ScheduleDetails(
+            schedule=schedule,
+            upcoming=upcoming_fires(schedule, self.store.now(), upcoming),
+            recent_runs=self._run_store.history(schedule_name=name, limit=recent),
+        )
+
+    # ``builtins.list`` in annotations from here on: ``list`` is a method of this class.
+    def summaries(self) -> builtins.list[ScheduleSummary]:
+        """Every schedule, by name, with its newest run."""
+        found = self.list()
+        last = self.last_runs()
+        return [ScheduleSummary(schedule=s, last_run=last.get(s.name)) for s in found]
+
+    # -- run history --------------------------------------------------------------
+
+    def runs(
+        self,
+        name: str | None = None,
+        *,
+        state: RunState | None = None,
+        since: Since | None = None,
+        limit: int = 20,
+    ) -> builtins.list[RunRecord]:
+        """Runs newest first (by fire time, else claim time): of schedule ``name``, also
+        a removed one, or of all; only in ``state``, only ``since`` a time (or a
+        distance back from the database's now); at most ``limit``.
+
+        A name that is neither a schedule nor in the run history is a typo: raises
+        :class:`ScheduleNotFound`, rather than returning an empty list that looks
+        like no runs."""
+        found = self._run_store.history(schedule_name=name, state=state, since=since, limit=limit)
+        if not found and name is not None:
+            self._check_known_name(name)
+        return found
+
+    def _check_known_name(self, name: str) -> None:
+        try:
+            self.get(name)
+            return
+        except ScheduleNotFound:
+            if self._run_store.history(schedule_name=name, limit=1):
+                return
+        raise ScheduleNotFound(
+            f"no schedule or run history named {name!r:.200}: `celery -A app schedules list`"
+            " shows the schedules"
+        )
+
+    def run(self, run_id: uuid.UUID) -> RunRecord | None:
+        """The run ``run_id`` (the Celery task ID of a scheduled run); None if unknown."""
+        return self._run_store.run(run_id)
+
+    def last_runs(self) -> dict[str, LastRun]:
+        """The newest run (by fire time) of every schedule that has one, by name."""
+        return self._run_store.last_runs()
 
     def _import_tasks(self) -> None:
         if self.app is not None:
@@ -657,6 +741,21 @@ def _fire_times_between(
             f" of {schedule.definition.name}: backfill a shorter window"
         )
     return times
+
+
+def upcoming_fires(schedule: Schedule, now: datetime, count: int) -> list[datetime]:
+    """The next ``count`` fire times: from the stored next fire time, or, for a paused
+    schedule, those it would have if resumed ``now``."""
+    definition = schedule.definition
+    zone = timing.parse_zone(definition.timezone)
+    following = schedule.next_fire_at
+    if not definition.enabled and not isinstance(definition.trigger, timing.Once):
+        following = timing.next_fire_after(definition.trigger, zone, now)
+    found: list[datetime] = []
+    while following is not None and len(found) < count:
+        found.append(following)
+        following = timing.next_fire_after(definition.trigger, zone, following)
+    return found
 
 
 def _redefine(

@@ -46,16 +46,13 @@ from beat.leader import lock_key
 from beat.leader_store import LeaderInfo
 from beat.limits import MAX_DURATION
 from beat.models import Schedule
-from beat.ops_store import FINISHED_STATES, LastRun, OpsStore, RunRecord
+from beat.ops_store import FINISHED_STATES, OpsStore
+from beat.run_store import LastRun, RunRecord
 from beat.tables import MisfirePolicy, OverlapPolicy, RunState
 from beat.timing import Cron, Every, Once
 
 #: Errors that mean "your input is wrong" (exit 2); every other error exits 1.
 INPUT_ERRORS = (InvalidSchedule, ScheduleExists, ScheduleNotFound, ConfigError)
-#: Fire times ``show`` lists.
-UPCOMING = 5
-#: Runs ``show`` lists.
-RECENT_RUNS = 10
 #: Longest error text in a table cell (``--json`` gives it whole).
 ERROR_WIDTH = 60
 #: Most runs ``runs`` lists at once: what one call reads and prints stays small.
@@ -510,11 +507,9 @@ def update(ctx: click.Context, /, name: str, as_json: bool, **options: Any) -> N
 def show(ctx: click.Context, name: str, as_json: bool) -> None:
     """Show schedule NAME: its definition, next fire times and latest runs."""
     manager = _schedules(ctx)
-    ops = _ops(manager)
     with _errors_as_exit_codes():
-        schedule = manager.get(name)
-        upcoming = upcoming_fires(schedule, ops.ping(), UPCOMING)
-        recent = ops.runs(schedule_name=name, limit=RECENT_RUNS)
+        details = manager.details(name)
+    schedule, upcoming, recent = details.schedule, details.upcoming, details.recent_runs
     zone = timing.parse_zone(schedule.definition.timezone)
     if as_json:
         _echo_json(
@@ -544,25 +539,24 @@ def list_(ctx: click.Context, as_json: bool) -> None:
     """List all schedules, with their next fire time and the state of their latest run."""
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
-        found = manager.list()
-        last = _ops(manager).last_runs()
+        found = manager.summaries()
     if as_json:
         _echo_json(
             [
-                schedule_document(s) | {"last_run": _last_run_document(last.get(s.name))}
+                schedule_document(s.schedule) | {"last_run": _last_run_document(s.last_run)}
                 for s in found
             ]
         )
         return
     rows = [
         (
-            s.name,
-            s.definition.task,
-            spec_text(s),
-            s.definition.timezone,
-            _enabled_text(s),
-            _time(s.next_fire_at),
-            last[s.name].state.value if s.name in last else "-",
+            s.schedule.name,
+            s.schedule.definition.task,
+            spec_text(s.schedule),
+            s.schedule.definition.timezone,
+            _enabled_text(s.schedule),
+            _time(s.schedule.next_fire_at),
+            "-" if s.last_run is None else s.last_run.state.value,
         )
         for s in found
     ]
@@ -677,15 +671,9 @@ def runs(
     """Run history, newest first: of schedule NAME, or of all (also of removed schedules)."""
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
-        found = _ops(manager).runs(
-            schedule_name=name,
-            state=None if state is None else RunState(state),
-            since=since,
-            limit=limit,
+        found = manager.runs(
+            name, state=None if state is None else RunState(state), since=since, limit=limit
         )
-    if not found and name is not None:
-        with _errors_as_exit_codes():
-            _check_known_name(manager, name)
     if as_json:
         _echo_json([run_document(run) for run in found])
         return
@@ -693,21 +681,6 @@ def runs(
         click.echo("no runs match")
         return
     click.echo(_runs_table(found))
-
-
-def _check_known_name(manager: Schedules, name: str) -> None:
-    """A name that is neither a schedule nor in the run history (of removed schedules)
-    is a typo: ScheduleNotFound, rather than an empty list that looks like no runs."""
-    try:
-        manager.get(name)
-        return
-    except ScheduleNotFound:
-        if _ops(manager).runs(schedule_name=name, limit=1):
-            return
-    raise ScheduleNotFound(
-        f"no schedule or run history named {name!r:.200}: `celery -A app schedules list` shows"
-        " the schedules"
-    )
 
 
 @_command()
@@ -1069,21 +1042,6 @@ def _enabled_text(schedule: Schedule, *, with_reason: bool = False) -> str:
         reason = f" since {_time(schedule.quarantined_at)} UTC: {schedule.disabled_reason}"
         return "quarantined" + (reason if with_reason else "")
     return "yes" if schedule.definition.enabled else "paused"
-
-
-def upcoming_fires(schedule: Schedule, now: datetime, count: int) -> list[datetime]:
-    """The next ``count`` fire times: from the stored next fire time, or, for a paused
-    schedule, those it would have if resumed ``now``."""
-    definition = schedule.definition
-    zone = timing.parse_zone(definition.timezone)
-    following = schedule.next_fire_at
-    if not definition.enabled and not isinstance(definition.trigger, Once):
-        following = timing.next_fire_after(definition.trigger, zone, now)
-    found: list[datetime] = []
-    while following is not None and len(found) < count:
-        found.append(following)
-        following = timing.next_fire_after(definition.trigger, zone, following)
-    return found
 
 
 def _definition_text(schedule: Schedule) -> str:

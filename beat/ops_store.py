@@ -1,4 +1,5 @@
-"""The operator's SQL: run history, manual triggers, pruning and health probes.
+"""The operator's SQL: manual triggers, backfills and health probes (the run
+history is :class:`beat.run_store.RunStore`'s).
 
 Everything ``celery -A app schedules`` needs beyond the schedule CRUD of
 :class:`beat.store.Store`. Like the other stores, it returns domain objects
@@ -15,65 +16,20 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
-from sqlalchemy import ColumnElement, Row, func, insert, literal, select, true
+from sqlalchemy import func, insert, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.db import StoreConnection, create_store_engine
 from beat.leader_store import PruneReport, new_run_values, run_copy_columns
+from beat.run_store import LastRun, RunRecord, record_from_row
 from beat.schedule_store import schedule_not_found
 from beat.tables import FINISHED_STATES, SCHEDULES_CHANNEL, RunState, runs, schedules
 
 #: ``reason`` of a run made by :meth:`OpsStore.trigger`, to tell it from scheduled ones.
 TRIGGER_REASON = "triggered manually"
 BACKFILL_REASON = "backfill"
-
-#: A point in time, or a distance back from the database's ``now()``.
-Since = datetime | timedelta
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunRecord:
-    """One row of the run history, as shown to an operator."""
-
-    id: uuid.UUID
-    schedule_name: str | None
-    task: str
-    state: RunState
-    fire_at: datetime | None
-    claimed_at: datetime
-    published_at: datetime | None
-    started_at: datetime | None
-    finished_at: datetime | None
-    worker: str | None
-    attempt: int
-    max_attempts: int
-    retries: int
-    duplicate_deliveries: int
-    duration_seconds: float | None
-    epoch: int | None
-    reason: str | None
-    error: str | None
-    args: list[Any]
-    kwargs: dict[str, Any]
-
-    @property
-    def lateness(self) -> timedelta | None:
-        """How long after its fire time the run was handed to the broker."""
-        if self.published_at is None or self.fire_at is None:
-            return None
-        return self.published_at - self.fire_at
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LastRun:
-    """The newest run of a schedule (by fire time)."""
-
-    id: uuid.UUID
-    state: RunState
-    fire_at: datetime | None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,54 +72,6 @@ class OpsStore(StoreConnection):
                 for row in conn.execute(query)
             ]
 
-    # -- run history --------------------------------------------------------------
-
-    def runs(
-        self,
-        *,
-        schedule_name: str | None = None,
-        state: RunState | None = None,
-        since: Since | None = None,
-        limit: int = 20,
-    ) -> list[RunRecord]:
-        """Runs newest first (by fire time, or claim time for runs without one)."""
-        when = _run_time()
-        query = select(runs).order_by(when.desc(), runs.c.id).limit(limit)
-        if schedule_name is not None:
-            query = query.where(runs.c.schedule_name == schedule_name)
-        if state is not None:
-            query = query.where(runs.c.state == state.value)
-        if since is not None:
-            query = query.where(when >= _moment(since))
-        with self._transaction() as conn:
-            return [_record_from_row(row) for row in conn.execute(query)]
-
-    def run(self, run_id: uuid.UUID) -> RunRecord | None:
-        with self._transaction() as conn:
-            row = conn.execute(select(runs).where(runs.c.id == run_id)).one_or_none()
-        return None if row is None else _record_from_row(row)
-
-    def last_runs(self) -> dict[str, LastRun]:
-        """The newest run of every schedule that has one, by schedule name.
-
-        One index probe per schedule (``LATERAL ... LIMIT 1`` on the history index).
-        """
-        newest = (
-            select(runs.c.id, runs.c.state, runs.c.fire_at)
-            .where(runs.c.schedule_name == schedules.c.name)
-            .order_by(runs.c.fire_at.desc())
-            .limit(1)
-            .lateral("newest")
-        )
-        query = select(schedules.c.name, newest.c.id, newest.c.state, newest.c.fire_at).join(
-            newest, true()
-        )
-        with self._transaction() as conn:
-            return {
-                row.name: LastRun(id=row.id, state=RunState(row.state), fire_at=row.fire_at)
-                for row in conn.execute(query)
-            }
-
     # -- operations ---------------------------------------------------------------
 
     def trigger(self, name: str) -> RunRecord:
@@ -186,7 +94,7 @@ class OpsStore(StoreConnection):
             if row is None:
                 raise schedule_not_found(name)
             conn.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "trigger")))
-        return _record_from_row(row)
+        return record_from_row(row)
 
     def backfill(
         self, name: str, fire_times: Callable[[datetime], list[datetime]]
@@ -224,44 +132,7 @@ class OpsStore(StoreConnection):
                 else []
             )
             conn.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "backfill")))
-        return sorted((_record_from_row(row) for row in inserted), key=lambda r: r.fire_at or 0)
-
-
-def _run_time() -> ColumnElement[datetime]:
-    """When a run belongs in history: its fire time, else (a run sent with ``delay()``)
-    when it was recorded."""
-    return func.coalesce(runs.c.fire_at, runs.c.claimed_at)
-
-
-def _moment(since: Since) -> Any:
-    if isinstance(since, timedelta):
-        return func.now() - since
-    return since
-
-
-def _record_from_row(row: Row[Any]) -> RunRecord:
-    return RunRecord(
-        id=row.id,
-        schedule_name=row.schedule_name,
-        task=row.task,
-        state=RunState(row.state),
-        fire_at=row.fire_at,
-        claimed_at=row.claimed_at,
-        published_at=row.published_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        worker=row.worker,
-        attempt=row.attempt,
-        max_attempts=row.max_attempts,
-        retries=row.retries,
-        duplicate_deliveries=row.duplicate_deliveries,
-        duration_seconds=row.duration_seconds,
-        epoch=row.epoch,
-        reason=row.reason,
-        error=row.error,
-        args=list(row.args),
-        kwargs=dict(row.kwargs),
-    )
+        return sorted((record_from_row(row) for row in inserted), key=lambda r: r.fire_at or 0)
 
 
 __all__ = [
