@@ -34,7 +34,7 @@ from beat.models import Schedule, ScheduleDefinition
 from beat.options import check_publish_options
 from beat.policies import MAX_JITTER_SECONDS
 from beat.run_store import LastRun, RunRecord, RunStore, Since
-from beat.schedule_store import next_fire_after_retiming
+from beat.schedule_store import QuarantinedSchedule, next_fire_after_retiming
 from beat.store import Store
 from beat.tables import MisfirePolicy, Origin, OverlapPolicy, RunState
 from beat.timing import Trigger
@@ -677,8 +677,6 @@ class Schedules:
         The window must have passed (``end`` not after the database's now: fire times
         to come run on schedule) and lie within the history retention (older runs may
         be deleted, so which fire times ran is no longer known)."""
-        from beat.ops_store import OpsStore
-
         if start.utcoffset() is None or end.utcoffset() is None or end < start:
             raise InvalidSchedule("backfill needs aware start and end times, end not before start")
         _check_count(limit, "backfill limit", maximum=MAX_BACKFILL_RUNS)
@@ -688,7 +686,7 @@ class Schedules:
             self._check_backfill_window(start, end, now)
             return _fire_times_between(schedule, start, end, limit)
 
-        return OpsStore(self.store.engine).backfill(name, fire_times)
+        return self.store.backfill(name, fire_times)
 
     def _check_backfill_window(self, start: datetime, end: datetime, now: datetime) -> None:
         if end > now:
@@ -720,9 +718,16 @@ class Schedules:
         (woken at once), with the run ID as the Celery task ID. ``next_fire_at`` is
         not touched. Raises :class:`ScheduleNotFound` for an unknown name.
         """
-        from beat.ops_store import OpsStore  # kept local: the operator's SQL lives there
+        return str(self.trigger_run(name).id)
 
-        return str(OpsStore(self.store.engine).trigger(name).id)
+    def trigger_run(self, name: str) -> RunRecord:
+        """:meth:`trigger`, returning the run as queued rather than its ID."""
+        return self.store.trigger(name)
+
+    def quarantined(self) -> builtins.list[QuarantinedSchedule]:
+        """The schedules the scheduler disabled because it could not plan or publish
+        them, oldest quarantine first: they fire no more until resumed."""
+        return self.store.quarantined()
 
 
 def _fire_times_between(

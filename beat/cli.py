@@ -32,7 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from beat import code_schedules, timing, worker  # noqa: F401
 from beat.api import MAX_BACKFILL_RUNS, Schedules, first_fire_at
 from beat.config import BeatConfig
-from beat.db import first_line
+from beat.db import StoreConnection, first_line
 from beat.errors import (
     ConfigError,
     HABeatError,
@@ -46,9 +46,8 @@ from beat.leader import lock_key
 from beat.leader_store import LeaderInfo
 from beat.limits import MAX_DURATION
 from beat.models import Schedule
-from beat.ops_store import FINISHED_STATES, OpsStore
 from beat.run_store import LastRun, RunRecord
-from beat.tables import MisfirePolicy, OverlapPolicy, RunState
+from beat.tables import FINISHED_STATES, MisfirePolicy, OverlapPolicy, RunState
 from beat.timing import Cron, Every, Once
 
 #: Errors that mean "your input is wrong" (exit 2); every other error exits 1.
@@ -93,11 +92,6 @@ def _schedules(ctx: click.Context, *, check_schema: bool = True) -> Schedules:
         if check_schema:
             manager.store.check_schema()
         return manager
-
-
-def _ops(manager: Schedules) -> OpsStore:
-    """The operator's queries, on the same connection pool as ``manager``."""
-    return OpsStore(manager.store.engine)
 
 
 def _config(ctx: click.Context) -> BeatConfig:
@@ -620,7 +614,7 @@ def trigger(ctx: click.Context, name: str, as_json: bool) -> None:
     """
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
-        run = _ops(manager).trigger(name)
+        run = manager.trigger_run(name)
     if as_json:
         _echo_json(run_document(run))
         return
@@ -692,7 +686,7 @@ def leader(ctx: click.Context, as_json: bool) -> None:
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
         info = manager.store.leader_info()
-        now = _ops(manager).ping()
+        now = manager.store.ping()
         lease = read_lease(config)
     if as_json:
         _echo_json(_leader_document(info, lease))
@@ -931,7 +925,10 @@ def health_checks(manager: Schedules, config: BeatConfig) -> list[Check]:
 def _service_checks(manager: Schedules, config: BeatConfig) -> list[Check]:
     """postgres, schema, redis, leader."""
     store = manager.store
-    postgres = _probe("postgres", _ops(manager).ping, f"PostgreSQL at {store.url} answers")
+    # The probe is a connection of its own on the store's engine: the hint of its
+    # error names the default setting (habeat_database_url), not the store's.
+    ping = StoreConnection(store.engine).ping
+    postgres = _probe("postgres", ping, f"PostgreSQL at {store.url} answers")
     schema = (
         _probe("schema", store.check_schema, "schema is current")
         if postgres.ok
@@ -969,7 +966,7 @@ def _quarantine_check(manager: Schedules, checks: list[Check]) -> Check:
     if failed:
         return _not_checked("schedules", f"the {failed[0]} check failed")
     try:
-        found = _ops(manager).quarantined()
+        found = manager.quarantined()
     except (HABeatError, SQLAlchemyError) as exc:
         return Check(name="schedules", ok=False, detail=first_line(exc))
     if not found:
