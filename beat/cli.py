@@ -23,7 +23,6 @@ from typing import IO, Any, NoReturn
 from zoneinfo import ZoneInfo
 
 import click
-import redis
 from celery.bin.base import CeleryCommand
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -42,8 +41,8 @@ from beat.errors import (
     ScheduleNotFound,
     one_line,
 )
-from beat.leader import lock_key
 from beat.leader_store import LeaderInfo
+from beat.lease_status import LeaseStatus, read_lease
 from beat.limits import MAX_DURATION
 from beat.models import Schedule
 from beat.run_store import LastRun, RunRecord
@@ -56,8 +55,6 @@ INPUT_ERRORS = (InvalidSchedule, ScheduleExists, ScheduleNotFound, ConfigError)
 ERROR_WIDTH = 60
 #: Most runs ``runs`` lists at once: what one call reads and prints stays small.
 MAX_LISTED_RUNS = 10_000
-#: Seconds a Redis call of the CLI may take.
-REDIS_TIMEOUT = 3.0
 
 _MISFIRE_POLICIES = [policy.value for policy in MisfirePolicy]
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -687,7 +684,7 @@ def leader(ctx: click.Context, as_json: bool) -> None:
     with _errors_as_exit_codes():
         info = manager.store.leader_info()
         now = manager.store.ping()
-        lease = read_lease(config)
+        lease = _read_lease(config)
     if as_json:
         _echo_json(_leader_document(info, lease))
         return
@@ -809,47 +806,8 @@ def health(ctx: click.Context, as_json: bool) -> None:
 # -- the leader lease, read from Redis --------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LeaseStatus:
-    """The lock key of the leader lease as Redis holds it now."""
-
-    key: str
-    #: The token stored in the key (the leader's holder ID); None when no one holds it.
-    holder: str | None
-    #: Milliseconds until the key expires; None when no one holds it.
-    ttl_ms: int | None
-    #: Where Redis is, password hidden.
-    where: str
-
-
-def read_lease(config: BeatConfig) -> LeaseStatus:
-    """The lock key's value and PTTL, read together (one MULTI); LeaseUnavailable if Redis
-    does not answer."""
-    key = lock_key(config.key_prefix)
-    client = redis.Redis.from_url(
-        config.redis_url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT
-    )
-    kwargs = client.connection_pool.connection_kwargs
-    where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
-    try:
-        pipe = client.pipeline(transaction=True)
-        pipe.get(key)
-        pipe.pttl(key)
-        value, ttl_ms = pipe.execute()
-    except redis.RedisError as exc:
-        raise LeaseUnavailable(
-            f"Redis at {where} is unreachable ({exc}): start it"
-            f" (`docker compose up -d redis`) or check {config.redis_setting}"
-        ) from exc
-    finally:
-        client.close()
-    holder = value.decode() if isinstance(value, bytes) else value
-    return LeaseStatus(
-        key=key,
-        holder=holder,
-        ttl_ms=int(ttl_ms) if holder is not None and int(ttl_ms) >= 0 else None,
-        where=where,
-    )
+def _read_lease(config: BeatConfig) -> LeaseStatus:
+    return read_lease(config.redis_url, prefix=config.key_prefix, setting=config.redis_setting)
 
 
 def lease_is_valid(info: LeaderInfo | None, lease: LeaseStatus) -> bool:
@@ -935,7 +893,7 @@ def _service_checks(manager: Schedules, config: BeatConfig) -> list[Check]:
         else _not_checked("schema", "PostgreSQL does not answer")
     )
     try:
-        lease = read_lease(config)
+        lease = _read_lease(config)
     except LeaseUnavailable as exc:
         redis_down = Check(name="redis", ok=False, detail=str(exc))
         return [postgres, schema, redis_down, _not_checked("leader", "Redis does not answer")]
