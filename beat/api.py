@@ -27,8 +27,10 @@ from typing import Any, TypeVar
 
 from beat import timing
 from beat.config import BeatConfig
-from beat.errors import InvalidSchedule, ScheduleNotFound, UnknownTask
+from beat.errors import ConfigError, InvalidSchedule, ScheduleNotFound, UnknownTask
+from beat.health import ClusterStatus, Health, health_checks
 from beat.leader_store import PruneReport
+from beat.lease_status import LeaseStatus, read_lease
 from beat.limits import MAX_DURATION, MAX_INT4
 from beat.models import Schedule, ScheduleDefinition
 from beat.options import check_publish_options
@@ -458,7 +460,10 @@ def _misfire_policy(value: MisfirePolicy | str) -> MisfirePolicy:
 
 
 class Schedules:
-    """Create and steer schedules in the store (the CLI is a thin layer over this)."""
+    """Create and steer schedules in the store, read their runs, and tell the state of
+    the cluster: the one entry point of code and of the CLI (a thin layer over this,
+    as a web page would be). It returns domain objects and plain values, and raises
+    domain errors (``beat.errors``)."""
 
     def __init__(
         self,
@@ -468,6 +473,7 @@ class Schedules:
         default_tz: str = "UTC",
         defaults: Mapping[str, Any] | None = None,
         history_retention: timedelta | None = None,
+        config: BeatConfig | None = None,
     ) -> None:
         self.store = store
         self.app = app
@@ -476,6 +482,8 @@ class Schedules:
         self.defaults = dict(defaults or {})
         #: How long finished runs are kept (None: for ever); backfill stays within it.
         self.history_retention = history_retention
+        #: The settings of the cluster: where its lease is (``cluster_status``, ``health``).
+        self.config = config
         #: The run history, on the same connection pool.
         self._run_store = RunStore(store.engine, setting=store.setting)
 
@@ -496,6 +504,7 @@ class Schedules:
                 if config.history_retention_days > 0
                 else None
             ),
+            config=config,
         )
 
     def create(
@@ -728,6 +737,29 @@ class Schedules:
         """The schedules the scheduler disabled because it could not plan or publish
         them, oldest quarantine first: they fire no more until resumed."""
         return self.store.quarantined()
+
+    # -- the cluster --------------------------------------------------------------
+
+    def cluster_status(self) -> ClusterStatus:
+        """Who leads: the leader row (PostgreSQL) and the lease (Redis), with the
+        database's now. StoreUnavailable or LeaseUnavailable if one does not answer."""
+        info = self.store.leader_info()
+        now = self.store.now()
+        return ClusterStatus(leader=info, lease=self._read_lease(), now=now)
+
+    def health(self) -> Health:
+        """The checks of :func:`beat.health.health_checks`; never raises for a service
+        that does not answer (its check fails)."""
+        return health_checks(self.store, self._read_lease)
+
+    def _read_lease(self) -> LeaseStatus:
+        if self.config is None:
+            raise ConfigError(
+                "the lease's Redis is not known to this Schedules: make it with"
+                " Schedules.for_app(app), or pass config=BeatConfig(...)"
+            )
+        config = self.config
+        return read_lease(config.redis_url, prefix=config.key_prefix, setting=config.redis_setting)
 
 
 def _fire_times_between(

@@ -17,32 +17,27 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import IO, Any, NoReturn
 from zoneinfo import ZoneInfo
 
 import click
 from celery.bin.base import CeleryCommand
-from sqlalchemy.exc import SQLAlchemyError
 
 # Celery imports this module in every ``celery`` command (it is the ``schedules``
 # entry point), which is how a worker gets run tracking without a setting.
 from beat import code_schedules, timing, worker  # noqa: F401
 from beat.api import MAX_BACKFILL_RUNS, Schedules, first_fire_at
-from beat.config import BeatConfig
-from beat.db import StoreConnection, first_line
 from beat.errors import (
     ConfigError,
     HABeatError,
     InvalidSchedule,
-    LeaseUnavailable,
     ScheduleExists,
     ScheduleNotFound,
     one_line,
 )
-from beat.leader_store import LeaderInfo
-from beat.lease_status import LeaseStatus, read_lease
+from beat.health import ClusterStatus
 from beat.limits import MAX_DURATION
 from beat.models import Schedule
 from beat.run_store import LastRun, RunRecord
@@ -89,11 +84,6 @@ def _schedules(ctx: click.Context, *, check_schema: bool = True) -> Schedules:
         if check_schema:
             manager.store.check_schema()
         return manager
-
-
-def _config(ctx: click.Context) -> BeatConfig:
-    with _errors_as_exit_codes():
-        return BeatConfig.from_celery_conf(ctx.obj.app.conf)
 
 
 def _echo_json(document: Any) -> None:
@@ -679,16 +669,13 @@ def runs(
 @click.pass_context
 def leader(ctx: click.Context, as_json: bool) -> None:
     """Which process leads: holder, epoch and since when (PostgreSQL), lease expiry (Redis)."""
-    config = _config(ctx)
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
-        info = manager.store.leader_info()
-        now = manager.store.ping()
-        lease = _read_lease(config)
+        status = manager.cluster_status()
     if as_json:
-        _echo_json(_leader_document(info, lease))
+        _echo_json(_leader_document(status))
         return
-    click.echo(_leader_text(info, lease, now))
+    click.echo(_leader_text(status))
 
 
 @_command()
@@ -781,10 +768,10 @@ def health(ctx: click.Context, as_json: bool) -> None:
     """Exit 0 if PostgreSQL answers, the schema is current, Redis answers, a leader
     holds a valid lease and no schedule is quarantined; else exit 1 with one line per
     failing check."""
-    config = _config(ctx)
     manager = _schedules(ctx, check_schema=False)
-    checks = health_checks(manager, config)
-    healthy = all(check.ok for check in checks)
+    with _errors_as_exit_codes():
+        report = manager.health()
+    checks, healthy = report.checks, report.ok
     if as_json:
         _echo_json(
             {
@@ -803,19 +790,11 @@ def health(ctx: click.Context, as_json: bool) -> None:
         sys.exit(1)
 
 
-# -- the leader lease, read from Redis --------------------------------------------------
+# -- the leader: document and text -------------------------------------------------------
 
 
-def _read_lease(config: BeatConfig) -> LeaseStatus:
-    return read_lease(config.redis_url, prefix=config.key_prefix, setting=config.redis_setting)
-
-
-def lease_is_valid(info: LeaderInfo | None, lease: LeaseStatus) -> bool:
-    """A leader holds a valid lease: the lock exists and names the holder of the leader row."""
-    return info is not None and lease.holder is not None and lease.holder == info.holder
-
-
-def _leader_document(info: LeaderInfo | None, lease: LeaseStatus) -> dict[str, Any]:
+def _leader_document(status: ClusterStatus) -> dict[str, Any]:
+    info, lease = status.leader, status.lease
     return {
         "leader": None
         if info is None
@@ -825,16 +804,17 @@ def _leader_document(info: LeaderInfo | None, lease: LeaseStatus) -> dict[str, A
             "holder": lease.holder,
             "expires_in_seconds": None if lease.ttl_ms is None else lease.ttl_ms / 1000,
         },
-        "valid": lease_is_valid(info, lease),
+        "valid": status.valid,
     }
 
 
-def _leader_text(info: LeaderInfo | None, lease: LeaseStatus, now: datetime) -> str:
+def _leader_text(status: ClusterStatus) -> str:
+    info, lease = status.leader, status.lease
     rows: list[tuple[str, str]] = []
     if info is None:
         rows.append(("leader", "none has ever led (no leader row)"))
     else:
-        held_for = _duration_text(now - info.acquired_at)
+        held_for = _duration_text(status.now - info.acquired_at)
         rows += [
             ("holder", info.holder),
             ("epoch", str(info.epoch)),
@@ -845,111 +825,8 @@ def _leader_text(info: LeaderInfo | None, lease: LeaseStatus, now: datetime) -> 
     else:
         expiry = "no expiry" if lease.ttl_ms is None else f"expires in {lease.ttl_ms / 1000:.1f}s"
         rows.append(("lease", f"{lease.key} held by {lease.holder}, {expiry}"))
-    rows.append(("status", _leader_status(info, lease)))
+    rows.append(("status", status.status))
     return _table(("", ""), rows, show_header=False)
-
-
-def _leader_status(info: LeaderInfo | None, lease: LeaseStatus) -> str:
-    if lease_is_valid(info, lease):
-        return "leading"
-    if lease.holder is None:
-        return (
-            f"nobody holds the lease {lease.key}: start `celery -A app beat`"
-            " (a standby takes over within the lock TTL)"
-        )
-    recorded = "no process" if info is None else info.holder
-    return (
-        f"the lease is held by {lease.holder} but the leader row names {recorded}:"
-        " a takeover is in progress, check again in a few seconds"
-    )
-
-
-# -- health -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-
-def health_checks(manager: Schedules, config: BeatConfig) -> list[Check]:
-    """postgres, schema, redis, leader, schedules: each passes or says what is wrong."""
-    checks = _service_checks(manager, config)
-    return [*checks, _quarantine_check(manager, checks)]
-
-
-def _service_checks(manager: Schedules, config: BeatConfig) -> list[Check]:
-    """postgres, schema, redis, leader."""
-    store = manager.store
-    # The probe is a connection of its own on the store's engine: the hint of its
-    # error names the default setting (habeat_database_url), not the store's.
-    ping = StoreConnection(store.engine).ping
-    postgres = _probe("postgres", ping, f"PostgreSQL at {store.url} answers")
-    schema = (
-        _probe("schema", store.check_schema, "schema is current")
-        if postgres.ok
-        else _not_checked("schema", "PostgreSQL does not answer")
-    )
-    try:
-        lease = _read_lease(config)
-    except LeaseUnavailable as exc:
-        redis_down = Check(name="redis", ok=False, detail=str(exc))
-        return [postgres, schema, redis_down, _not_checked("leader", "Redis does not answer")]
-    redis_up = Check(name="redis", ok=True, detail=f"Redis at {lease.where} answers")
-    if not schema.ok:
-        return [postgres, schema, redis_up, _not_checked("leader", "the schema is not current")]
-    return [postgres, schema, redis_up, _leader_check(manager, lease)]
-
-
-def _leader_check(manager: Schedules, lease: LeaseStatus) -> Check:
-    try:
-        info = manager.store.leader_info()
-    except (HABeatError, SQLAlchemyError) as exc:
-        return Check(name="leader", ok=False, detail=first_line(exc))
-    if info is not None and lease_is_valid(info, lease):
-        expiry = "" if lease.ttl_ms is None else f", lease expires in {lease.ttl_ms / 1000:.1f}s"
-        return Check(
-            name="leader", ok=True, detail=f"{info.holder} leads (epoch {info.epoch}{expiry})"
-        )
-    return Check(name="leader", ok=False, detail=_leader_status(info, lease))
-
-
-def _quarantine_check(manager: Schedules, checks: list[Check]) -> Check:
-    """Red while any schedule is quarantined (it fires no more until it is resumed)."""
-    failed = [
-        check.name for check in checks if check.name in ("postgres", "schema") and not check.ok
-    ]
-    if failed:
-        return _not_checked("schedules", f"the {failed[0]} check failed")
-    try:
-        found = manager.quarantined()
-    except (HABeatError, SQLAlchemyError) as exc:
-        return Check(name="schedules", ok=False, detail=first_line(exc))
-    if not found:
-        return Check(name="schedules", ok=True, detail="no schedule is quarantined")
-    listed = "; ".join(
-        f"{entry.name} since {_time(entry.quarantined_at)} UTC ({entry.reason})" for entry in found
-    )
-    return Check(
-        name="schedules",
-        ok=False,
-        detail=f"{len(found)} quarantined, not firing: {listed}:"
-        " fix each, then `celery -A app schedules resume NAME`",
-    )
-
-
-def _probe(name: str, action: Callable[[], object], success: str) -> Check:
-    try:
-        action()
-    except (HABeatError, SQLAlchemyError) as exc:
-        return Check(name=name, ok=False, detail=first_line(exc))
-    return Check(name=name, ok=True, detail=success)
-
-
-def _not_checked(name: str, because: str) -> Check:
-    return Check(name=name, ok=False, detail=f"not checked: {because}")
 
 
 # -- schedules: documents and text --------------------------------------------------------
