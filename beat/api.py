@@ -36,7 +36,7 @@ from beat.models import Schedule, ScheduleDefinition
 from beat.options import check_publish_options
 from beat.policies import MAX_JITTER_SECONDS
 from beat.run_store import LastRun, RunRecord, RunStore, Since
-from beat.schedule_store import QuarantinedSchedule, next_fire_after_retiming
+from beat.schedule_store import QuarantinedSchedule, SyncReport, next_fire_after_retiming
 from beat.store import Store
 from beat.tables import MisfirePolicy, Origin, OverlapPolicy, RunState
 from beat.timing import Trigger
@@ -507,6 +507,28 @@ class Schedules:
             config=config,
         )
 
+    # -- the database -------------------------------------------------------------
+
+    @property
+    def database_url(self) -> str:
+        """The schedule database's URL, password hidden."""
+        return self.store.url
+
+    def migrate(self) -> str:
+        """Create the database if it is missing and upgrade the schema to the newest
+        revision (safe to run any time, from several places); the revision."""
+        return self.store.migrate()
+
+    def check_schema(self) -> None:
+        """SchemaOutdated unless the schema is the one this code expects."""
+        self.store.check_schema()
+
+    def close(self) -> None:
+        """Close the connections to the database."""
+        self.store.dispose()
+
+    # -- schedules ----------------------------------------------------------------
+
     def create(
         self, name: str, task: str, *, allow_unregistered: bool = False, **fields: Any
     ) -> Schedule:
@@ -599,6 +621,12 @@ class Schedules:
             upcoming=upcoming_fires(schedule, self.store.now(), upcoming),
             recent_runs=self._run_store.history(schedule_name=name, limit=recent),
         )
+
+    def sync_code(self, definitions: Sequence[tuple[ScheduleDefinition, str]]) -> SyncReport:
+        """Make the schedules defined in code (``beat.code_schedules.collect``: each
+        with the hash of its definition) those of the database, as beat does when it
+        starts: see :meth:`beat.schedule_store.ScheduleStore.sync_code_schedules`."""
+        return self.store.sync_code_schedules(definitions, first_fire_at)
 
     # ``builtins.list`` in annotations from here on: ``list`` is a method of this class.
     def summaries(self) -> builtins.list[ScheduleSummary]:

@@ -28,7 +28,7 @@ from celery.bin.base import CeleryCommand
 # Celery imports this module in every ``celery`` command (it is the ``schedules``
 # entry point), which is how a worker gets run tracking without a setting.
 from beat import code_schedules, timing, worker  # noqa: F401
-from beat.api import MAX_BACKFILL_RUNS, Schedules, first_fire_at
+from beat.api import MAX_BACKFILL_RUNS, Schedules
 from beat.errors import (
     ConfigError,
     HABeatError,
@@ -80,9 +80,9 @@ def _schedules(ctx: click.Context, *, check_schema: bool = True) -> Schedules:
     """
     with _errors_as_exit_codes():
         manager = Schedules.for_app(ctx.obj.app)
-        ctx.call_on_close(manager.store.dispose)
+        ctx.call_on_close(manager.close)
         if check_schema:
-            manager.store.check_schema()
+            manager.check_schema()
         return manager
 
 
@@ -334,11 +334,11 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
     """Create or upgrade the scheduler's tables (safe to run any time, from several places)."""
     manager = _schedules(ctx, check_schema=False)
     with _errors_as_exit_codes():
-        revision = manager.store.migrate()
+        revision = manager.migrate()
     if as_json:
-        _echo_json({"revision": revision, "database": manager.store.url})
+        _echo_json({"revision": revision, "database": manager.database_url})
         return
-    click.echo(f"schema is at revision {revision} ({manager.store.url})")
+    click.echo(f"schema is at revision {revision} ({manager.database_url})")
 
 
 _DEFINITION_OPTIONS = (
@@ -697,7 +697,7 @@ def sync(ctx: click.Context, as_json: bool) -> None:
         definitions = code_schedules.collect(
             app, default_tz=manager.default_tz, defaults=manager.defaults
         )
-        report = manager.store.sync_code_schedules(definitions, first_fire_at)
+        report = manager.sync_code(definitions)
     if as_json:
         _echo_json(asdict(report))
         return
