@@ -5,6 +5,9 @@ leader, sync, migrate, prune, health. Each takes ``--json`` for scripts (one
 JSON document on stdout; for commands that change something, an object
 describing the result). Human output is an aligned table.
 
+Each command parses its options, calls one method of :class:`beat.api.Schedules`
+and renders what it returns with :mod:`beat.rendering`: no SQL and no Redis here.
+
 Exit codes: 0 ok, 2 bad input (nothing written), 1 failure (e.g. a database
 that cannot be reached, or ``health`` finding a problem). Each error is one
 line on stderr that says what to do.
@@ -15,9 +18,8 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import IO, Any, NoReturn
 from zoneinfo import ZoneInfo
@@ -27,7 +29,7 @@ from celery.bin.base import CeleryCommand
 
 # Celery imports this module in every ``celery`` command (it is the ``schedules``
 # entry point), which is how a worker gets run tracking without a setting.
-from beat import code_schedules, timing, worker  # noqa: F401
+from beat import code_schedules, rendering, timing, worker  # noqa: F401
 from beat.api import MAX_BACKFILL_RUNS, Schedules
 from beat.errors import (
     ConfigError,
@@ -37,17 +39,11 @@ from beat.errors import (
     ScheduleNotFound,
     one_line,
 )
-from beat.health import ClusterStatus
 from beat.limits import MAX_DURATION
-from beat.models import Schedule
-from beat.run_store import LastRun, RunRecord
-from beat.tables import FINISHED_STATES, MisfirePolicy, OverlapPolicy, RunState
-from beat.timing import Cron, Every, Once
+from beat.tables import MisfirePolicy, OverlapPolicy, RunState
 
 #: Errors that mean "your input is wrong" (exit 2); every other error exits 1.
 INPUT_ERRORS = (InvalidSchedule, ScheduleExists, ScheduleNotFound, ConfigError)
-#: Longest error text in a table cell (``--json`` gives it whole).
-ERROR_WIDTH = 60
 #: Most runs ``runs`` lists at once: what one call reads and prints stays small.
 MAX_LISTED_RUNS = 10_000
 
@@ -449,9 +445,9 @@ def add(ctx: click.Context, /, name: str, task: str, as_json: bool, **options: A
         fields = with_wall_times_read(fields, lambda: fields.get("tz") or manager.default_tz)
         created = manager.create(name, task, allow_unregistered=allow, **fields)
     if as_json:
-        _echo_json(schedule_document(created))
+        _echo_json(rendering.schedule_document(created))
         return
-    click.echo(f"added {created.name}: next fire {_time(created.next_fire_at)}")
+    click.echo(f"added {created.name}: next fire {rendering.time_text(created.next_fire_at)}")
 
 
 @_command()
@@ -476,9 +472,9 @@ def update(ctx: click.Context, /, name: str, as_json: bool, **options: Any) -> N
         )
         updated = manager.update(name, allow_unregistered=allow, allow_past=allow_past, **changes)
     if as_json:
-        _echo_json(schedule_document(updated))
+        _echo_json(rendering.schedule_document(updated))
         return
-    click.echo(f"updated {updated.name}: next fire {_time(updated.next_fire_at)}")
+    click.echo(f"updated {updated.name}: next fire {rendering.time_text(updated.next_fire_at)}")
 
 
 @_command()
@@ -490,27 +486,10 @@ def show(ctx: click.Context, name: str, as_json: bool) -> None:
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
         details = manager.details(name)
-    schedule, upcoming, recent = details.schedule, details.upcoming, details.recent_runs
-    zone = timing.parse_zone(schedule.definition.timezone)
     if as_json:
-        _echo_json(
-            schedule_document(schedule)
-            | {
-                "upcoming": [
-                    {"utc": _iso(moment), "local": _iso(moment.astimezone(zone))}
-                    for moment in upcoming
-                ],
-                "recent_runs": [run_document(run) for run in recent],
-            }
-        )
+        _echo_json(rendering.details_document(details))
         return
-    click.echo(_definition_text(schedule))
-    click.echo("")
-    click.echo(_upcoming_text(schedule, upcoming))
-    click.echo("")
-    click.echo(f"latest runs ({len(recent)})")
-    if recent:
-        click.echo(_runs_table(recent))
+    click.echo(rendering.details_text(details))
 
 
 @_command(name="list")
@@ -522,27 +501,9 @@ def list_(ctx: click.Context, as_json: bool) -> None:
     with _errors_as_exit_codes():
         found = manager.summaries()
     if as_json:
-        _echo_json(
-            [
-                schedule_document(s.schedule) | {"last_run": _last_run_document(s.last_run)}
-                for s in found
-            ]
-        )
+        _echo_json(rendering.summaries_document(found))
         return
-    rows = [
-        (
-            s.schedule.name,
-            s.schedule.definition.task,
-            spec_text(s.schedule),
-            s.schedule.definition.timezone,
-            _enabled_text(s.schedule),
-            _time(s.schedule.next_fire_at),
-            "-" if s.last_run is None else s.last_run.state.value,
-        )
-        for s in found
-    ]
-    header = ("NAME", "TASK", "SCHEDULE", "ZONE", "ENABLED", "NEXT FIRE (UTC)", "LAST RUN")
-    click.echo(_table(header, rows))
+    click.echo(rendering.summaries_table(found))
 
 
 @_command()
@@ -555,7 +516,7 @@ def pause(ctx: click.Context, name: str, as_json: bool) -> None:
     with _errors_as_exit_codes():
         paused = manager.pause(name)
     if as_json:
-        _echo_json(schedule_document(paused))
+        _echo_json(rendering.schedule_document(paused))
         return
     click.echo(f"paused {paused.name}")
 
@@ -570,9 +531,9 @@ def resume(ctx: click.Context, name: str, as_json: bool) -> None:
     with _errors_as_exit_codes():
         resumed = manager.resume(name)
     if as_json:
-        _echo_json(schedule_document(resumed))
+        _echo_json(rendering.schedule_document(resumed))
         return
-    click.echo(f"resumed {resumed.name}: next fire {_time(resumed.next_fire_at)}")
+    click.echo(f"resumed {resumed.name}: next fire {rendering.time_text(resumed.next_fire_at)}")
 
 
 @_command()
@@ -603,7 +564,7 @@ def trigger(ctx: click.Context, name: str, as_json: bool) -> None:
     with _errors_as_exit_codes():
         run = manager.trigger_run(name)
     if as_json:
-        _echo_json(run_document(run))
+        _echo_json(rendering.run_document(run))
         return
     click.echo(f"triggered {name}: run {run.id} (the leader publishes it at its next tick)")
 
@@ -625,7 +586,7 @@ def backfill(
     with _errors_as_exit_codes():
         created = manager.backfill(name, start=start, end=end, limit=limit)
     if as_json:
-        _echo_json([run_document(run) for run in created])
+        _echo_json(rendering.runs_document(created))
         return
     click.echo(f"backfilled {name}: {len(created)} runs queued")
 
@@ -656,12 +617,12 @@ def runs(
             name, state=None if state is None else RunState(state), since=since, limit=limit
         )
     if as_json:
-        _echo_json([run_document(run) for run in found])
+        _echo_json(rendering.runs_document(found))
         return
     if not found:
         click.echo("no runs match")
         return
-    click.echo(_runs_table(found))
+    click.echo(rendering.runs_table(found))
 
 
 @_command()
@@ -673,9 +634,9 @@ def leader(ctx: click.Context, as_json: bool) -> None:
     with _errors_as_exit_codes():
         status = manager.cluster_status()
     if as_json:
-        _echo_json(_leader_document(status))
+        _echo_json(rendering.leader_document(status))
         return
-    click.echo(_leader_text(status))
+    click.echo(rendering.leader_text(status))
 
 
 @_command()
@@ -699,22 +660,11 @@ def sync(ctx: click.Context, as_json: bool) -> None:
         )
         report = manager.sync_code(definitions)
     if as_json:
-        _echo_json(asdict(report))
+        _echo_json(rendering.sync_document(report))
         return
-    click.echo(
-        f"synced {len(definitions)} code schedules: {len(report.created)} created,"
-        f" {len(report.updated)} updated, {len(report.unchanged)} unchanged,"
-        f" {len(report.removed)} removed"
-    )
-    for outcome in ("created", "updated", "removed"):
-        for schedule_name in getattr(report, outcome):
-            click.echo(f"  {outcome} {schedule_name}")
-    for schedule_name in report.conflicts:
-        click.echo(
-            f"Warning: code schedule {schedule_name} not synced: a schedule created at runtime"
-            " has that name (rename one of them)",
-            err=True,
-        )
+    click.echo(rendering.sync_text(len(definitions), report))
+    for conflict in rendering.sync_conflicts(report):
+        click.echo(f"Warning: {conflict}", err=True)
     for warning in code_schedules.task_warnings(app, definitions):
         click.echo(f"Warning: {warning}", err=True)
 
@@ -746,19 +696,9 @@ def prune(ctx: click.Context, older_than: timedelta, batch: int, as_json: bool) 
     with _errors_as_exit_codes():
         report = manager.prune(older_than, batch=batch)
     if as_json:
-        _echo_json(
-            {
-                "deleted": report.deleted,
-                "batches": report.batches,
-                "cutoff": _iso(report.cutoff),
-                "states": [state.value for state in FINISHED_STATES],
-            }
-        )
+        _echo_json(rendering.prune_document(report))
         return
-    click.echo(
-        f"deleted {report.deleted} finished runs older than {_time(report.cutoff)} UTC"
-        f" ({report.batches} batches of at most {batch})"
-    )
+    click.echo(rendering.prune_text(report, batch))
 
 
 @_command()
@@ -771,269 +711,10 @@ def health(ctx: click.Context, as_json: bool) -> None:
     manager = _schedules(ctx, check_schema=False)
     with _errors_as_exit_codes():
         report = manager.health()
-    checks, healthy = report.checks, report.ok
     if as_json:
-        _echo_json(
-            {
-                "healthy": healthy,
-                "checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks},
-            }
-        )
+        _echo_json(rendering.health_document(report))
     else:
-        width = max(len(check.name) for check in checks)
-        for check in checks:
-            if check.ok:
-                click.echo(f"ok  {check.name:<{width}}  {check.detail}")
-            else:
-                click.echo(f"Error: {check.name}: {check.detail}", err=True)
-    if not healthy:
+        for ok, line in rendering.health_lines(report):
+            click.echo(line, err=not ok)
+    if not report.ok:
         sys.exit(1)
-
-
-# -- the leader: document and text -------------------------------------------------------
-
-
-def _leader_document(status: ClusterStatus) -> dict[str, Any]:
-    info, lease = status.leader, status.lease
-    return {
-        "leader": None
-        if info is None
-        else {"holder": info.holder, "epoch": info.epoch, "since": _iso(info.acquired_at)},
-        "lease": {
-            "key": lease.key,
-            "holder": lease.holder,
-            "expires_in_seconds": None if lease.ttl_ms is None else lease.ttl_ms / 1000,
-        },
-        "valid": status.valid,
-    }
-
-
-def _leader_text(status: ClusterStatus) -> str:
-    info, lease = status.leader, status.lease
-    rows: list[tuple[str, str]] = []
-    if info is None:
-        rows.append(("leader", "none has ever led (no leader row)"))
-    else:
-        held_for = _duration_text(status.now - info.acquired_at)
-        rows += [
-            ("holder", info.holder),
-            ("epoch", str(info.epoch)),
-            ("since", f"{_time(info.acquired_at)} UTC ({held_for} ago)"),
-        ]
-    if lease.holder is None:
-        rows.append(("lease", f"free: nobody holds {lease.key}"))
-    else:
-        expiry = "no expiry" if lease.ttl_ms is None else f"expires in {lease.ttl_ms / 1000:.1f}s"
-        rows.append(("lease", f"{lease.key} held by {lease.holder}, {expiry}"))
-    rows.append(("status", status.status))
-    return _table(("", ""), rows, show_header=False)
-
-
-# -- schedules: documents and text --------------------------------------------------------
-
-
-def spec_text(schedule: Schedule) -> str:
-    trigger = schedule.definition.trigger
-    if isinstance(trigger, Cron):
-        return f"cron {trigger.describe()}"
-    if isinstance(trigger, Every):
-        return f"every {trigger.seconds:g}s"
-    assert isinstance(trigger, Once)
-    return f"at {trigger.at.isoformat()}"
-
-
-def schedule_document(schedule: Schedule) -> dict[str, Any]:
-    definition = schedule.definition
-    return {
-        "name": definition.name,
-        "task": definition.task,
-        "schedule": spec_text(schedule),
-        "timezone": definition.timezone,
-        "args": list(definition.args),
-        "kwargs": definition.kwargs,
-        "options": definition.options,
-        "enabled": definition.enabled,
-        "origin": definition.origin.value,
-        "misfire_policy": definition.misfire_policy.value,
-        "max_attempts": definition.max_attempts,
-        "overlap_policy": definition.overlap_policy.value,
-        "jitter_seconds": definition.jitter_seconds,
-        "start_at": _iso(definition.start_at),
-        "end_at": _iso(definition.end_at),
-        "max_runs": definition.max_runs,
-        "runs_count": schedule.runs_count,
-        "disabled_reason": schedule.disabled_reason,
-        "quarantined_at": _iso(schedule.quarantined_at),
-        "next_fire_at": _iso(schedule.next_fire_at),
-        "last_fire_at": _iso(schedule.last_fire_at),
-    }
-
-
-def _enabled_text(schedule: Schedule, *, with_reason: bool = False) -> str:
-    if schedule.quarantined_at is not None:
-        reason = f" since {_time(schedule.quarantined_at)} UTC: {schedule.disabled_reason}"
-        return "quarantined" + (reason if with_reason else "")
-    return "yes" if schedule.definition.enabled else "paused"
-
-
-def _definition_text(schedule: Schedule) -> str:
-    definition = schedule.definition
-    rows = [
-        ("name", definition.name),
-        ("task", definition.task),
-        ("schedule", spec_text(schedule)),
-        ("zone", definition.timezone),
-        ("enabled", _enabled_text(schedule, with_reason=True)),
-        ("origin", definition.origin.value),
-        ("args", json.dumps(list(definition.args))),
-        ("kwargs", json.dumps(definition.kwargs)),
-        ("options", json.dumps(definition.options)),
-        ("misfire policy", definition.misfire_policy.value),
-        ("max attempts", str(definition.max_attempts)),
-        ("next fire", f"{_time(schedule.next_fire_at)} UTC"),
-        ("last fire", f"{_time(schedule.last_fire_at)} UTC" if schedule.last_fire_at else "-"),
-        ("created", f"{_time(schedule.created_at)} UTC"),
-        ("updated", f"{_time(schedule.updated_at)} UTC"),
-    ]
-    return _table(("", ""), rows, show_header=False)
-
-
-def _upcoming_text(schedule: Schedule, upcoming: Sequence[datetime]) -> str:
-    zone_name = schedule.definition.timezone
-    title = "next fire times" + ("" if schedule.definition.enabled else " (if resumed now)")
-    if not upcoming:
-        return f"{title}: none (a one-off that has fired)"
-    zone = timing.parse_zone(zone_name)
-    rows = [
-        (moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z"), _time(moment))
-        for moment in upcoming
-    ]
-    return f"{title}\n" + _table((zone_name, "UTC"), rows, indent="  ")
-
-
-# -- runs: documents and text ---------------------------------------------------------------
-
-
-def run_document(run: RunRecord) -> dict[str, Any]:
-    lateness = run.lateness
-    return {
-        "id": str(run.id),
-        "schedule": run.schedule_name,
-        "task": run.task,
-        "state": run.state.value,
-        "fire_at": _iso(run.fire_at),
-        "claimed_at": _iso(run.claimed_at),
-        "published_at": _iso(run.published_at),
-        "started_at": _iso(run.started_at),
-        "finished_at": _iso(run.finished_at),
-        "lateness_seconds": None if lateness is None else lateness.total_seconds(),
-        "duration_seconds": run.duration_seconds,
-        "worker": run.worker,
-        "attempt": run.attempt,
-        "max_attempts": run.max_attempts,
-        "retries": run.retries,
-        "duplicate_deliveries": run.duplicate_deliveries,
-        "epoch": run.epoch,
-        "reason": run.reason,
-        "error": run.error,
-        "args": run.args,
-        "kwargs": run.kwargs,
-    }
-
-
-def _last_run_document(last: LastRun | None) -> dict[str, Any] | None:
-    if last is None:
-        return None
-    return {"id": str(last.id), "state": last.state.value, "fire_at": _iso(last.fire_at)}
-
-
-def _runs_table(found: Sequence[RunRecord]) -> str:
-    header = (
-        "RUN ID",
-        "SCHEDULE",
-        "FIRE TIME (UTC)",
-        "PUBLISHED",
-        "STARTED",
-        "FINISHED",
-        "LATENESS",
-        "WORKER",
-        "ATTEMPT",
-        "STATE",
-        "ERROR",
-    )
-    rows = [
-        (
-            str(run.id),
-            run.schedule_name or "-",
-            _time(run.fire_at) if run.fire_at else "-",
-            _time_near(run.published_at, run.fire_at),
-            _time_near(run.started_at, run.fire_at),
-            _time_near(run.finished_at, run.fire_at),
-            "-" if run.lateness is None else _duration_text(run.lateness),
-            run.worker or "-",
-            f"{run.attempt}/{run.max_attempts}",
-            run.state.value,
-            _truncate(run.error or run.reason or ""),
-        )
-        for run in found
-    ]
-    return _table(header, rows)
-
-
-# -- formatting ---------------------------------------------------------------------------
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat()
-
-
-def _time(moment: datetime | None) -> str:
-    return "finished" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _time_near(moment: datetime | None, reference: datetime | None) -> str:
-    """A time of day when it falls on the reference's (UTC) day, else date and time."""
-    if moment is None:
-        return "-"
-    moment = moment.astimezone(UTC)
-    if reference is not None and reference.astimezone(UTC).date() == moment.date():
-        return moment.strftime("%H:%M:%S.%f")[:-3]
-    return _time(moment)
-
-
-def _duration_text(delta: timedelta) -> str:
-    seconds = delta.total_seconds()
-    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
-    if seconds < 60:
-        return f"{sign}{seconds:.3f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{sign}{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{sign}{hours}h{minutes:02d}m"
-    return f"{sign}{hours // 24}d{hours % 24:02d}h"
-
-
-def _truncate(text: str, width: int = ERROR_WIDTH) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 3] + "..."
-
-
-def _table(
-    columns: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    *,
-    show_header: bool = True,
-    indent: str = "",
-) -> str:
-    lines = [columns, *rows] if show_header else list(rows)
-    if not lines:
-        return ""
-    widths = [max(len(str(cell)) for cell in column) for column in zip(*lines, strict=True)]
-    return "\n".join(indent + _aligned(row, widths) for row in lines)
-
-
-def _aligned(row: Sequence[str], widths: Sequence[int]) -> str:
-    cells = (str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
-    return "  ".join(cells).rstrip()
