@@ -622,12 +622,6 @@ class Schedules:
             recent_runs=self._run_store.history(schedule_name=name, limit=recent),
         )
 
-    def sync_code(self, definitions: Sequence[tuple[ScheduleDefinition, str]]) -> SyncReport:
-        """Make the schedules defined in code (``beat.code_schedules.collect``: each
-        with the hash of its definition) those of the database, as beat does when it
-        starts: see :meth:`beat.schedule_store.ScheduleStore.sync_code_schedules`."""
-        return self.store.sync_code_schedules(definitions, first_fire_at)
-
     # ``builtins.list`` in annotations from here on: ``list`` is a method of this class.
     def summaries(self) -> builtins.list[ScheduleSummary]:
         """Every schedule, by name, with its newest run."""
@@ -635,7 +629,44 @@ class Schedules:
         last = self.last_runs()
         return [ScheduleSummary(schedule=s, last_run=last.get(s.name)) for s in found]
 
-    # -- run history --------------------------------------------------------------
+    def quarantined(self) -> builtins.list[QuarantinedSchedule]:
+        """The schedules the scheduler disabled because it could not plan or publish
+        them, oldest quarantine first: they fire no more until resumed."""
+        return self.store.quarantined()
+
+    def sync_code(self, definitions: Sequence[tuple[ScheduleDefinition, str]]) -> SyncReport:
+        """Make the schedules defined in code (``beat.code_schedules.collect``: each
+        with the hash of its definition) those of the database, as beat does when it
+        starts: see :meth:`beat.schedule_store.ScheduleStore.sync_code_schedules`."""
+        return self.store.sync_code_schedules(definitions, first_fire_at)
+
+    def _import_tasks(self) -> None:
+        if self.app is not None:
+            self.app.loader.import_default_modules()
+
+    def check_task_registered(self, task: str) -> None:
+        if self.app is None:
+            return
+        self._import_tasks()
+        if task not in self.app.tasks:
+            raise UnknownTask(
+                f"task {task!r:.200} is not registered with the Celery app '{self.app.main}':"
+                " check the name, or allow it explicitly (--allow-unregistered)"
+                " if only the workers import it"
+            )
+
+    def check_arguments(self, definition: ScheduleDefinition) -> None:
+        """Refuse args and kwargs that the task, if this app knows it, cannot be called
+        with: every run would fail the same way."""
+        registered = None if self.app is None else self.app.tasks.get(definition.task)
+        problem = arguments_problem(registered, definition)
+        if problem is not None:
+            raise InvalidSchedule(
+                f"{problem}: give matching --args/--kwargs, or --allow-unregistered if the"
+                " workers run another version of the task"
+            )
+
+    # -- runs ---------------------------------------------------------------------
 
     def runs(
         self,
@@ -676,32 +707,6 @@ class Schedules:
     def last_runs(self) -> dict[str, LastRun]:
         """The newest run (by fire time) of every schedule that has one, by name."""
         return self._run_store.last_runs()
-
-    def _import_tasks(self) -> None:
-        if self.app is not None:
-            self.app.loader.import_default_modules()
-
-    def check_task_registered(self, task: str) -> None:
-        if self.app is None:
-            return
-        self._import_tasks()
-        if task not in self.app.tasks:
-            raise UnknownTask(
-                f"task {task!r:.200} is not registered with the Celery app '{self.app.main}':"
-                " check the name, or allow it explicitly (--allow-unregistered)"
-                " if only the workers import it"
-            )
-
-    def check_arguments(self, definition: ScheduleDefinition) -> None:
-        """Refuse args and kwargs that the task, if this app knows it, cannot be called
-        with: every run would fail the same way."""
-        registered = None if self.app is None else self.app.tasks.get(definition.task)
-        problem = arguments_problem(registered, definition)
-        if problem is not None:
-            raise InvalidSchedule(
-                f"{problem}: give matching --args/--kwargs, or --allow-unregistered if the"
-                " workers run another version of the task"
-            )
 
     def backfill(
         self, name: str, *, start: datetime, end: datetime, limit: int = 100
@@ -760,11 +765,6 @@ class Schedules:
     def trigger_run(self, name: str) -> RunRecord:
         """:meth:`trigger`, returning the run as queued rather than its ID."""
         return self.store.trigger(name)
-
-    def quarantined(self) -> builtins.list[QuarantinedSchedule]:
-        """The schedules the scheduler disabled because it could not plan or publish
-        them, oldest quarantine first: they fire no more until resumed."""
-        return self.store.quarantined()
 
     # -- the cluster --------------------------------------------------------------
 
