@@ -15,29 +15,31 @@ arguments leave the database untouched::
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import json
 import re
+import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from beat import timing
 from beat.config import BeatConfig
-from beat.errors import InvalidSchedule, UnknownTask
+from beat.errors import ConfigError, InvalidSchedule, ScheduleNotFound, UnknownTask
+from beat.health import ClusterStatus, Health, health_checks
 from beat.leader_store import PruneReport
+from beat.lease_status import LeaseStatus, read_lease
 from beat.limits import MAX_DURATION, MAX_INT4
 from beat.models import Schedule, ScheduleDefinition
 from beat.options import check_publish_options
 from beat.policies import MAX_JITTER_SECONDS
-from beat.schedule_store import next_fire_after_retiming
+from beat.run_store import LastRun, RunRecord, RunStore, Since
+from beat.schedule_store import QuarantinedSchedule, SyncReport, next_fire_after_retiming
 from beat.store import Store
-from beat.tables import MisfirePolicy, Origin, OverlapPolicy
+from beat.tables import MisfirePolicy, Origin, OverlapPolicy, RunState
 from beat.timing import Trigger
-
-if TYPE_CHECKING:
-    from beat.ops_store import RunRecord
 
 #: Largest JSON encoding of a schedule's args and kwargs together (they travel in every message).
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -57,6 +59,27 @@ PAST_ONE_OFF_GRACE = timedelta(minutes=1)
 #: Backfill starts this long after the retention horizon: a run claimed ahead (up to
 #: habeat_claim_ahead, at most 30 s) counts its age from before its fire time.
 BACKFILL_HORIZON_MARGIN = timedelta(minutes=1)
+#: Fire times :meth:`Schedules.details` lists.
+UPCOMING_FIRES = 5
+#: Runs :meth:`Schedules.details` lists.
+RECENT_RUNS = 10
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduleDetails:
+    """A schedule with its next fire times and its latest runs (newest first)."""
+
+    schedule: Schedule
+    upcoming: list[datetime]
+    recent_runs: list[RunRecord]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduleSummary:
+    """A schedule and its newest run (None before its first)."""
+
+    schedule: Schedule
+    last_run: LastRun | None
 
 
 def define(
@@ -437,7 +460,10 @@ def _misfire_policy(value: MisfirePolicy | str) -> MisfirePolicy:
 
 
 class Schedules:
-    """Create and steer schedules in the store (the CLI is a thin layer over this)."""
+    """Create and steer schedules in the store, read their runs, and tell the state of
+    the cluster: the one entry point of code and of the CLI (a thin layer over this,
+    as a web page would be). It returns domain objects and plain values, and raises
+    domain errors (``beat.errors``)."""
 
     def __init__(
         self,
@@ -447,6 +473,7 @@ class Schedules:
         default_tz: str = "UTC",
         defaults: Mapping[str, Any] | None = None,
         history_retention: timedelta | None = None,
+        config: BeatConfig | None = None,
     ) -> None:
         self.store = store
         self.app = app
@@ -455,6 +482,10 @@ class Schedules:
         self.defaults = dict(defaults or {})
         #: How long finished runs are kept (None: for ever); backfill stays within it.
         self.history_retention = history_retention
+        #: The settings of the cluster: where its lease is (``cluster_status``, ``health``).
+        self.config = config
+        #: The run history, on the same connection pool.
+        self._run_store = RunStore(store.engine, setting=store.setting)
 
     @classmethod
     def for_app(cls, app: Any) -> Schedules:
@@ -473,7 +504,30 @@ class Schedules:
                 if config.history_retention_days > 0
                 else None
             ),
+            config=config,
         )
+
+    # -- the database -------------------------------------------------------------
+
+    @property
+    def database_url(self) -> str:
+        """The schedule database's URL, password hidden."""
+        return self.store.url
+
+    def migrate(self) -> str:
+        """Create the database if it is missing and upgrade the schema to the newest
+        revision (safe to run any time, from several places); the revision."""
+        return self.store.migrate()
+
+    def check_schema(self) -> None:
+        """SchemaOutdated unless the schema is the one this code expects."""
+        self.store.check_schema()
+
+    def close(self) -> None:
+        """Close the connections to the database."""
+        self.store.dispose()
+
+    # -- schedules ----------------------------------------------------------------
 
     def create(
         self, name: str, task: str, *, allow_unregistered: bool = False, **fields: Any
@@ -556,6 +610,36 @@ class Schedules:
     def list(self) -> list[Schedule]:
         return self.store.list_schedules()
 
+    def details(
+        self, name: str, *, upcoming: int = UPCOMING_FIRES, recent: int = RECENT_RUNS
+    ) -> ScheduleDetails:
+        """Schedule ``name``, its next ``upcoming`` fire times (see :func:`upcoming_fires`)
+        and its latest ``recent`` runs."""
+        schedule = self.get(name)
+        return ScheduleDetails(
+            schedule=schedule,
+            upcoming=upcoming_fires(schedule, self.store.now(), upcoming),
+            recent_runs=self._run_store.history(schedule_name=name, limit=recent),
+        )
+
+    # ``builtins.list`` in annotations from here on: ``list`` is a method of this class.
+    def summaries(self) -> builtins.list[ScheduleSummary]:
+        """Every schedule, by name, with its newest run."""
+        found = self.list()
+        last = self.last_runs()
+        return [ScheduleSummary(schedule=s, last_run=last.get(s.name)) for s in found]
+
+    def quarantined(self) -> builtins.list[QuarantinedSchedule]:
+        """The schedules the scheduler disabled because it could not plan or publish
+        them, oldest quarantine first: they fire no more until resumed."""
+        return self.store.quarantined()
+
+    def sync_code(self, definitions: Sequence[tuple[ScheduleDefinition, str]]) -> SyncReport:
+        """Make the schedules defined in code (``beat.code_schedules.collect``: each
+        with the hash of its definition) those of the database, as beat does when it
+        starts: see :meth:`beat.schedule_store.ScheduleStore.sync_code_schedules`."""
+        return self.store.sync_code_schedules(definitions, first_fire_at)
+
     def _import_tasks(self) -> None:
         if self.app is not None:
             self.app.loader.import_default_modules()
@@ -582,6 +666,48 @@ class Schedules:
                 " workers run another version of the task"
             )
 
+    # -- runs ---------------------------------------------------------------------
+
+    def runs(
+        self,
+        name: str | None = None,
+        *,
+        state: RunState | None = None,
+        since: Since | None = None,
+        limit: int = 20,
+    ) -> builtins.list[RunRecord]:
+        """Runs newest first (by fire time, else claim time): of schedule ``name``, also
+        a removed one, or of all; only in ``state``, only ``since`` a time (or a
+        distance back from the database's now); at most ``limit``.
+
+        A name that is neither a schedule nor in the run history is a typo: raises
+        :class:`ScheduleNotFound`, rather than returning an empty list that looks
+        like no runs."""
+        found = self._run_store.history(schedule_name=name, state=state, since=since, limit=limit)
+        if not found and name is not None:
+            self._check_known_name(name)
+        return found
+
+    def _check_known_name(self, name: str) -> None:
+        try:
+            self.get(name)
+            return
+        except ScheduleNotFound:
+            if self._run_store.history(schedule_name=name, limit=1):
+                return
+        raise ScheduleNotFound(
+            f"no schedule or run history named {name!r:.200}: `celery -A app schedules list`"
+            " shows the schedules"
+        )
+
+    def run(self, run_id: uuid.UUID) -> RunRecord | None:
+        """The run ``run_id`` (the Celery task ID of a scheduled run); None if unknown."""
+        return self._run_store.run(run_id)
+
+    def last_runs(self) -> dict[str, LastRun]:
+        """The newest run (by fire time) of every schedule that has one, by name."""
+        return self._run_store.last_runs()
+
     def backfill(
         self, name: str, *, start: datetime, end: datetime, limit: int = 100
     ) -> Sequence[RunRecord]:
@@ -593,8 +719,6 @@ class Schedules:
         The window must have passed (``end`` not after the database's now: fire times
         to come run on schedule) and lie within the history retention (older runs may
         be deleted, so which fire times ran is no longer known)."""
-        from beat.ops_store import OpsStore
-
         if start.utcoffset() is None or end.utcoffset() is None or end < start:
             raise InvalidSchedule("backfill needs aware start and end times, end not before start")
         _check_count(limit, "backfill limit", maximum=MAX_BACKFILL_RUNS)
@@ -604,7 +728,7 @@ class Schedules:
             self._check_backfill_window(start, end, now)
             return _fire_times_between(schedule, start, end, limit)
 
-        return OpsStore(self.store.engine).backfill(name, fire_times)
+        return self.store.backfill(name, fire_times)
 
     def _check_backfill_window(self, start: datetime, end: datetime, now: datetime) -> None:
         if end > now:
@@ -636,9 +760,34 @@ class Schedules:
         (woken at once), with the run ID as the Celery task ID. ``next_fire_at`` is
         not touched. Raises :class:`ScheduleNotFound` for an unknown name.
         """
-        from beat.ops_store import OpsStore  # kept local: the operator's SQL lives there
+        return str(self.trigger_run(name).id)
 
-        return str(OpsStore(self.store.engine).trigger(name).id)
+    def trigger_run(self, name: str) -> RunRecord:
+        """:meth:`trigger`, returning the run as queued rather than its ID."""
+        return self.store.trigger(name)
+
+    # -- the cluster --------------------------------------------------------------
+
+    def cluster_status(self) -> ClusterStatus:
+        """Who leads: the leader row (PostgreSQL) and the lease (Redis), with the
+        database's now. StoreUnavailable or LeaseUnavailable if one does not answer."""
+        info = self.store.leader_info()
+        now = self.store.now()
+        return ClusterStatus(leader=info, lease=self._read_lease(), now=now)
+
+    def health(self) -> Health:
+        """The checks of :func:`beat.health.health_checks`; never raises for a service
+        that does not answer (its check fails)."""
+        return health_checks(self.store, self._read_lease)
+
+    def _read_lease(self) -> LeaseStatus:
+        if self.config is None:
+            raise ConfigError(
+                "the lease's Redis is not known to this Schedules: make it with"
+                " Schedules.for_app(app), or pass config=BeatConfig(...)"
+            )
+        config = self.config
+        return read_lease(config.redis_url, prefix=config.key_prefix, setting=config.redis_setting)
 
 
 def _fire_times_between(
@@ -657,6 +806,21 @@ def _fire_times_between(
             f" of {schedule.definition.name}: backfill a shorter window"
         )
     return times
+
+
+def upcoming_fires(schedule: Schedule, now: datetime, count: int) -> list[datetime]:
+    """The next ``count`` fire times: from the stored next fire time, or, for a paused
+    schedule, those it would have if resumed ``now``."""
+    definition = schedule.definition
+    zone = timing.parse_zone(definition.timezone)
+    following = schedule.next_fire_at
+    if not definition.enabled and not isinstance(definition.trigger, timing.Once):
+        following = timing.next_fire_after(definition.trigger, zone, now)
+    found: list[datetime] = []
+    while following is not None and len(found) < count:
+        found.append(following)
+        following = timing.next_fire_after(definition.trigger, zone, following)
+    return found
 
 
 def _redefine(

@@ -5,6 +5,9 @@ leader, sync, migrate, prune, health. Each takes ``--json`` for scripts (one
 JSON document on stdout; for commands that change something, an object
 describing the result). Human output is an aligned table.
 
+Each command parses its options, calls one method of :class:`beat.api.Schedules`
+and renders what it returns with :mod:`beat.rendering`: no SQL and no Redis here.
+
 Exit codes: 0 ok, 2 bad input (nothing written), 1 failure (e.g. a database
 that cannot be reached, or ``health`` finding a problem). Each error is one
 line on stderr that says what to do.
@@ -15,53 +18,34 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import IO, Any, NoReturn
 from zoneinfo import ZoneInfo
 
 import click
-import redis
 from celery.bin.base import CeleryCommand
-from sqlalchemy.exc import SQLAlchemyError
 
 # Celery imports this module in every ``celery`` command (it is the ``schedules``
 # entry point), which is how a worker gets run tracking without a setting.
-from beat import code_schedules, timing, worker  # noqa: F401
-from beat.api import MAX_BACKFILL_RUNS, Schedules, first_fire_at
-from beat.config import BeatConfig
-from beat.db import first_line
+from beat import code_schedules, rendering, timing, worker  # noqa: F401
+from beat.api import MAX_BACKFILL_RUNS, Schedules
 from beat.errors import (
     ConfigError,
     HABeatError,
     InvalidSchedule,
-    LeaseUnavailable,
     ScheduleExists,
     ScheduleNotFound,
     one_line,
 )
-from beat.leader import lock_key
-from beat.leader_store import LeaderInfo
 from beat.limits import MAX_DURATION
-from beat.models import Schedule
-from beat.ops_store import FINISHED_STATES, LastRun, OpsStore, RunRecord
 from beat.tables import MisfirePolicy, OverlapPolicy, RunState
-from beat.timing import Cron, Every, Once
 
 #: Errors that mean "your input is wrong" (exit 2); every other error exits 1.
 INPUT_ERRORS = (InvalidSchedule, ScheduleExists, ScheduleNotFound, ConfigError)
-#: Fire times ``show`` lists.
-UPCOMING = 5
-#: Runs ``show`` lists.
-RECENT_RUNS = 10
-#: Longest error text in a table cell (``--json`` gives it whole).
-ERROR_WIDTH = 60
 #: Most runs ``runs`` lists at once: what one call reads and prints stays small.
 MAX_LISTED_RUNS = 10_000
-#: Seconds a Redis call of the CLI may take.
-REDIS_TIMEOUT = 3.0
 
 _MISFIRE_POLICIES = [policy.value for policy in MisfirePolicy]
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -92,20 +76,10 @@ def _schedules(ctx: click.Context, *, check_schema: bool = True) -> Schedules:
     """
     with _errors_as_exit_codes():
         manager = Schedules.for_app(ctx.obj.app)
-        ctx.call_on_close(manager.store.dispose)
+        ctx.call_on_close(manager.close)
         if check_schema:
-            manager.store.check_schema()
+            manager.check_schema()
         return manager
-
-
-def _ops(manager: Schedules) -> OpsStore:
-    """The operator's queries, on the same connection pool as ``manager``."""
-    return OpsStore(manager.store.engine)
-
-
-def _config(ctx: click.Context) -> BeatConfig:
-    with _errors_as_exit_codes():
-        return BeatConfig.from_celery_conf(ctx.obj.app.conf)
 
 
 def _echo_json(document: Any) -> None:
@@ -356,11 +330,11 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
     """Create or upgrade the scheduler's tables (safe to run any time, from several places)."""
     manager = _schedules(ctx, check_schema=False)
     with _errors_as_exit_codes():
-        revision = manager.store.migrate()
+        revision = manager.migrate()
     if as_json:
-        _echo_json({"revision": revision, "database": manager.store.url})
+        _echo_json({"revision": revision, "database": manager.database_url})
         return
-    click.echo(f"schema is at revision {revision} ({manager.store.url})")
+    click.echo(f"schema is at revision {revision} ({manager.database_url})")
 
 
 _DEFINITION_OPTIONS = (
@@ -471,9 +445,9 @@ def add(ctx: click.Context, /, name: str, task: str, as_json: bool, **options: A
         fields = with_wall_times_read(fields, lambda: fields.get("tz") or manager.default_tz)
         created = manager.create(name, task, allow_unregistered=allow, **fields)
     if as_json:
-        _echo_json(schedule_document(created))
+        _echo_json(rendering.schedule_document(created))
         return
-    click.echo(f"added {created.name}: next fire {_time(created.next_fire_at)}")
+    click.echo(f"added {created.name}: next fire {rendering.time_text(created.next_fire_at)}")
 
 
 @_command()
@@ -498,9 +472,9 @@ def update(ctx: click.Context, /, name: str, as_json: bool, **options: Any) -> N
         )
         updated = manager.update(name, allow_unregistered=allow, allow_past=allow_past, **changes)
     if as_json:
-        _echo_json(schedule_document(updated))
+        _echo_json(rendering.schedule_document(updated))
         return
-    click.echo(f"updated {updated.name}: next fire {_time(updated.next_fire_at)}")
+    click.echo(f"updated {updated.name}: next fire {rendering.time_text(updated.next_fire_at)}")
 
 
 @_command()
@@ -510,31 +484,12 @@ def update(ctx: click.Context, /, name: str, as_json: bool, **options: Any) -> N
 def show(ctx: click.Context, name: str, as_json: bool) -> None:
     """Show schedule NAME: its definition, next fire times and latest runs."""
     manager = _schedules(ctx)
-    ops = _ops(manager)
     with _errors_as_exit_codes():
-        schedule = manager.get(name)
-        upcoming = upcoming_fires(schedule, ops.ping(), UPCOMING)
-        recent = ops.runs(schedule_name=name, limit=RECENT_RUNS)
-    zone = timing.parse_zone(schedule.definition.timezone)
+        details = manager.details(name)
     if as_json:
-        _echo_json(
-            schedule_document(schedule)
-            | {
-                "upcoming": [
-                    {"utc": _iso(moment), "local": _iso(moment.astimezone(zone))}
-                    for moment in upcoming
-                ],
-                "recent_runs": [run_document(run) for run in recent],
-            }
-        )
+        _echo_json(rendering.details_document(details))
         return
-    click.echo(_definition_text(schedule))
-    click.echo("")
-    click.echo(_upcoming_text(schedule, upcoming))
-    click.echo("")
-    click.echo(f"latest runs ({len(recent)})")
-    if recent:
-        click.echo(_runs_table(recent))
+    click.echo(rendering.details_text(details))
 
 
 @_command(name="list")
@@ -544,30 +499,11 @@ def list_(ctx: click.Context, as_json: bool) -> None:
     """List all schedules, with their next fire time and the state of their latest run."""
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
-        found = manager.list()
-        last = _ops(manager).last_runs()
+        found = manager.summaries()
     if as_json:
-        _echo_json(
-            [
-                schedule_document(s) | {"last_run": _last_run_document(last.get(s.name))}
-                for s in found
-            ]
-        )
+        _echo_json(rendering.summaries_document(found))
         return
-    rows = [
-        (
-            s.name,
-            s.definition.task,
-            spec_text(s),
-            s.definition.timezone,
-            _enabled_text(s),
-            _time(s.next_fire_at),
-            last[s.name].state.value if s.name in last else "-",
-        )
-        for s in found
-    ]
-    header = ("NAME", "TASK", "SCHEDULE", "ZONE", "ENABLED", "NEXT FIRE (UTC)", "LAST RUN")
-    click.echo(_table(header, rows))
+    click.echo(rendering.summaries_table(found))
 
 
 @_command()
@@ -580,7 +516,7 @@ def pause(ctx: click.Context, name: str, as_json: bool) -> None:
     with _errors_as_exit_codes():
         paused = manager.pause(name)
     if as_json:
-        _echo_json(schedule_document(paused))
+        _echo_json(rendering.schedule_document(paused))
         return
     click.echo(f"paused {paused.name}")
 
@@ -595,9 +531,9 @@ def resume(ctx: click.Context, name: str, as_json: bool) -> None:
     with _errors_as_exit_codes():
         resumed = manager.resume(name)
     if as_json:
-        _echo_json(schedule_document(resumed))
+        _echo_json(rendering.schedule_document(resumed))
         return
-    click.echo(f"resumed {resumed.name}: next fire {_time(resumed.next_fire_at)}")
+    click.echo(f"resumed {resumed.name}: next fire {rendering.time_text(resumed.next_fire_at)}")
 
 
 @_command()
@@ -626,9 +562,9 @@ def trigger(ctx: click.Context, name: str, as_json: bool) -> None:
     """
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
-        run = _ops(manager).trigger(name)
+        run = manager.trigger_run(name)
     if as_json:
-        _echo_json(run_document(run))
+        _echo_json(rendering.run_document(run))
         return
     click.echo(f"triggered {name}: run {run.id} (the leader publishes it at its next tick)")
 
@@ -650,7 +586,7 @@ def backfill(
     with _errors_as_exit_codes():
         created = manager.backfill(name, start=start, end=end, limit=limit)
     if as_json:
-        _echo_json([run_document(run) for run in created])
+        _echo_json(rendering.runs_document(created))
         return
     click.echo(f"backfilled {name}: {len(created)} runs queued")
 
@@ -677,37 +613,16 @@ def runs(
     """Run history, newest first: of schedule NAME, or of all (also of removed schedules)."""
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
-        found = _ops(manager).runs(
-            schedule_name=name,
-            state=None if state is None else RunState(state),
-            since=since,
-            limit=limit,
+        found = manager.runs(
+            name, state=None if state is None else RunState(state), since=since, limit=limit
         )
-    if not found and name is not None:
-        with _errors_as_exit_codes():
-            _check_known_name(manager, name)
     if as_json:
-        _echo_json([run_document(run) for run in found])
+        _echo_json(rendering.runs_document(found))
         return
     if not found:
         click.echo("no runs match")
         return
-    click.echo(_runs_table(found))
-
-
-def _check_known_name(manager: Schedules, name: str) -> None:
-    """A name that is neither a schedule nor in the run history (of removed schedules)
-    is a typo: ScheduleNotFound, rather than an empty list that looks like no runs."""
-    try:
-        manager.get(name)
-        return
-    except ScheduleNotFound:
-        if _ops(manager).runs(schedule_name=name, limit=1):
-            return
-    raise ScheduleNotFound(
-        f"no schedule or run history named {name!r:.200}: `celery -A app schedules list` shows"
-        " the schedules"
-    )
+    click.echo(rendering.runs_table(found))
 
 
 @_command()
@@ -715,16 +630,13 @@ def _check_known_name(manager: Schedules, name: str) -> None:
 @click.pass_context
 def leader(ctx: click.Context, as_json: bool) -> None:
     """Which process leads: holder, epoch and since when (PostgreSQL), lease expiry (Redis)."""
-    config = _config(ctx)
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
-        info = manager.store.leader_info()
-        now = _ops(manager).ping()
-        lease = read_lease(config)
+        status = manager.cluster_status()
     if as_json:
-        _echo_json(_leader_document(info, lease))
+        _echo_json(rendering.leader_document(status))
         return
-    click.echo(_leader_text(info, lease, now))
+    click.echo(rendering.leader_text(status))
 
 
 @_command()
@@ -746,24 +658,13 @@ def sync(ctx: click.Context, as_json: bool) -> None:
         definitions = code_schedules.collect(
             app, default_tz=manager.default_tz, defaults=manager.defaults
         )
-        report = manager.store.sync_code_schedules(definitions, first_fire_at)
+        report = manager.sync_code(definitions)
     if as_json:
-        _echo_json(asdict(report))
+        _echo_json(rendering.sync_document(report))
         return
-    click.echo(
-        f"synced {len(definitions)} code schedules: {len(report.created)} created,"
-        f" {len(report.updated)} updated, {len(report.unchanged)} unchanged,"
-        f" {len(report.removed)} removed"
-    )
-    for outcome in ("created", "updated", "removed"):
-        for schedule_name in getattr(report, outcome):
-            click.echo(f"  {outcome} {schedule_name}")
-    for schedule_name in report.conflicts:
-        click.echo(
-            f"Warning: code schedule {schedule_name} not synced: a schedule created at runtime"
-            " has that name (rename one of them)",
-            err=True,
-        )
+    click.echo(rendering.sync_text(len(definitions), report))
+    for conflict in rendering.sync_conflicts(report):
+        click.echo(f"Warning: {conflict}", err=True)
     for warning in code_schedules.task_warnings(app, definitions):
         click.echo(f"Warning: {warning}", err=True)
 
@@ -795,19 +696,9 @@ def prune(ctx: click.Context, older_than: timedelta, batch: int, as_json: bool) 
     with _errors_as_exit_codes():
         report = manager.prune(older_than, batch=batch)
     if as_json:
-        _echo_json(
-            {
-                "deleted": report.deleted,
-                "batches": report.batches,
-                "cutoff": _iso(report.cutoff),
-                "states": [state.value for state in FINISHED_STATES],
-            }
-        )
+        _echo_json(rendering.prune_document(report))
         return
-    click.echo(
-        f"deleted {report.deleted} finished runs older than {_time(report.cutoff)} UTC"
-        f" ({report.batches} batches of at most {batch})"
-    )
+    click.echo(rendering.prune_text(report, batch))
 
 
 @_command()
@@ -817,433 +708,13 @@ def health(ctx: click.Context, as_json: bool) -> None:
     """Exit 0 if PostgreSQL answers, the schema is current, Redis answers, a leader
     holds a valid lease and no schedule is quarantined; else exit 1 with one line per
     failing check."""
-    config = _config(ctx)
     manager = _schedules(ctx, check_schema=False)
-    checks = health_checks(manager, config)
-    healthy = all(check.ok for check in checks)
+    with _errors_as_exit_codes():
+        report = manager.health()
     if as_json:
-        _echo_json(
-            {
-                "healthy": healthy,
-                "checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks},
-            }
-        )
+        _echo_json(rendering.health_document(report))
     else:
-        width = max(len(check.name) for check in checks)
-        for check in checks:
-            if check.ok:
-                click.echo(f"ok  {check.name:<{width}}  {check.detail}")
-            else:
-                click.echo(f"Error: {check.name}: {check.detail}", err=True)
-    if not healthy:
+        for ok, line in rendering.health_lines(report):
+            click.echo(line, err=not ok)
+    if not report.ok:
         sys.exit(1)
-
-
-# -- the leader lease, read from Redis --------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LeaseStatus:
-    """The lock key of the leader lease as Redis holds it now."""
-
-    key: str
-    #: The token stored in the key (the leader's holder ID); None when no one holds it.
-    holder: str | None
-    #: Milliseconds until the key expires; None when no one holds it.
-    ttl_ms: int | None
-    #: Where Redis is, password hidden.
-    where: str
-
-
-def read_lease(config: BeatConfig) -> LeaseStatus:
-    """The lock key's value and PTTL, read together (one MULTI); LeaseUnavailable if Redis
-    does not answer."""
-    key = lock_key(config.key_prefix)
-    client = redis.Redis.from_url(
-        config.redis_url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT
-    )
-    kwargs = client.connection_pool.connection_kwargs
-    where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
-    try:
-        pipe = client.pipeline(transaction=True)
-        pipe.get(key)
-        pipe.pttl(key)
-        value, ttl_ms = pipe.execute()
-    except redis.RedisError as exc:
-        raise LeaseUnavailable(
-            f"Redis at {where} is unreachable ({exc}): start it"
-            f" (`docker compose up -d redis`) or check {config.redis_setting}"
-        ) from exc
-    finally:
-        client.close()
-    holder = value.decode() if isinstance(value, bytes) else value
-    return LeaseStatus(
-        key=key,
-        holder=holder,
-        ttl_ms=int(ttl_ms) if holder is not None and int(ttl_ms) >= 0 else None,
-        where=where,
-    )
-
-
-def lease_is_valid(info: LeaderInfo | None, lease: LeaseStatus) -> bool:
-    """A leader holds a valid lease: the lock exists and names the holder of the leader row."""
-    return info is not None and lease.holder is not None and lease.holder == info.holder
-
-
-def _leader_document(info: LeaderInfo | None, lease: LeaseStatus) -> dict[str, Any]:
-    return {
-        "leader": None
-        if info is None
-        else {"holder": info.holder, "epoch": info.epoch, "since": _iso(info.acquired_at)},
-        "lease": {
-            "key": lease.key,
-            "holder": lease.holder,
-            "expires_in_seconds": None if lease.ttl_ms is None else lease.ttl_ms / 1000,
-        },
-        "valid": lease_is_valid(info, lease),
-    }
-
-
-def _leader_text(info: LeaderInfo | None, lease: LeaseStatus, now: datetime) -> str:
-    rows: list[tuple[str, str]] = []
-    if info is None:
-        rows.append(("leader", "none has ever led (no leader row)"))
-    else:
-        held_for = _duration_text(now - info.acquired_at)
-        rows += [
-            ("holder", info.holder),
-            ("epoch", str(info.epoch)),
-            ("since", f"{_time(info.acquired_at)} UTC ({held_for} ago)"),
-        ]
-    if lease.holder is None:
-        rows.append(("lease", f"free: nobody holds {lease.key}"))
-    else:
-        expiry = "no expiry" if lease.ttl_ms is None else f"expires in {lease.ttl_ms / 1000:.1f}s"
-        rows.append(("lease", f"{lease.key} held by {lease.holder}, {expiry}"))
-    rows.append(("status", _leader_status(info, lease)))
-    return _table(("", ""), rows, show_header=False)
-
-
-def _leader_status(info: LeaderInfo | None, lease: LeaseStatus) -> str:
-    if lease_is_valid(info, lease):
-        return "leading"
-    if lease.holder is None:
-        return (
-            f"nobody holds the lease {lease.key}: start `celery -A app beat`"
-            " (a standby takes over within the lock TTL)"
-        )
-    recorded = "no process" if info is None else info.holder
-    return (
-        f"the lease is held by {lease.holder} but the leader row names {recorded}:"
-        " a takeover is in progress, check again in a few seconds"
-    )
-
-
-# -- health -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-
-def health_checks(manager: Schedules, config: BeatConfig) -> list[Check]:
-    """postgres, schema, redis, leader, schedules: each passes or says what is wrong."""
-    checks = _service_checks(manager, config)
-    return [*checks, _quarantine_check(manager, checks)]
-
-
-def _service_checks(manager: Schedules, config: BeatConfig) -> list[Check]:
-    """postgres, schema, redis, leader."""
-    store = manager.store
-    postgres = _probe("postgres", _ops(manager).ping, f"PostgreSQL at {store.url} answers")
-    schema = (
-        _probe("schema", store.check_schema, "schema is current")
-        if postgres.ok
-        else _not_checked("schema", "PostgreSQL does not answer")
-    )
-    try:
-        lease = read_lease(config)
-    except LeaseUnavailable as exc:
-        redis_down = Check(name="redis", ok=False, detail=str(exc))
-        return [postgres, schema, redis_down, _not_checked("leader", "Redis does not answer")]
-    redis_up = Check(name="redis", ok=True, detail=f"Redis at {lease.where} answers")
-    if not schema.ok:
-        return [postgres, schema, redis_up, _not_checked("leader", "the schema is not current")]
-    return [postgres, schema, redis_up, _leader_check(manager, lease)]
-
-
-def _leader_check(manager: Schedules, lease: LeaseStatus) -> Check:
-    try:
-        info = manager.store.leader_info()
-    except (HABeatError, SQLAlchemyError) as exc:
-        return Check(name="leader", ok=False, detail=first_line(exc))
-    if info is not None and lease_is_valid(info, lease):
-        expiry = "" if lease.ttl_ms is None else f", lease expires in {lease.ttl_ms / 1000:.1f}s"
-        return Check(
-            name="leader", ok=True, detail=f"{info.holder} leads (epoch {info.epoch}{expiry})"
-        )
-    return Check(name="leader", ok=False, detail=_leader_status(info, lease))
-
-
-def _quarantine_check(manager: Schedules, checks: list[Check]) -> Check:
-    """Red while any schedule is quarantined (it fires no more until it is resumed)."""
-    failed = [
-        check.name for check in checks if check.name in ("postgres", "schema") and not check.ok
-    ]
-    if failed:
-        return _not_checked("schedules", f"the {failed[0]} check failed")
-    try:
-        found = _ops(manager).quarantined()
-    except (HABeatError, SQLAlchemyError) as exc:
-        return Check(name="schedules", ok=False, detail=first_line(exc))
-    if not found:
-        return Check(name="schedules", ok=True, detail="no schedule is quarantined")
-    listed = "; ".join(
-        f"{entry.name} since {_time(entry.quarantined_at)} UTC ({entry.reason})" for entry in found
-    )
-    return Check(
-        name="schedules",
-        ok=False,
-        detail=f"{len(found)} quarantined, not firing: {listed}:"
-        " fix each, then `celery -A app schedules resume NAME`",
-    )
-
-
-def _probe(name: str, action: Callable[[], object], success: str) -> Check:
-    try:
-        action()
-    except (HABeatError, SQLAlchemyError) as exc:
-        return Check(name=name, ok=False, detail=first_line(exc))
-    return Check(name=name, ok=True, detail=success)
-
-
-def _not_checked(name: str, because: str) -> Check:
-    return Check(name=name, ok=False, detail=f"not checked: {because}")
-
-
-# -- schedules: documents and text --------------------------------------------------------
-
-
-def spec_text(schedule: Schedule) -> str:
-    trigger = schedule.definition.trigger
-    if isinstance(trigger, Cron):
-        return f"cron {trigger.describe()}"
-    if isinstance(trigger, Every):
-        return f"every {trigger.seconds:g}s"
-    assert isinstance(trigger, Once)
-    return f"at {trigger.at.isoformat()}"
-
-
-def schedule_document(schedule: Schedule) -> dict[str, Any]:
-    definition = schedule.definition
-    return {
-        "name": definition.name,
-        "task": definition.task,
-        "schedule": spec_text(schedule),
-        "timezone": definition.timezone,
-        "args": list(definition.args),
-        "kwargs": definition.kwargs,
-        "options": definition.options,
-        "enabled": definition.enabled,
-        "origin": definition.origin.value,
-        "misfire_policy": definition.misfire_policy.value,
-        "max_attempts": definition.max_attempts,
-        "overlap_policy": definition.overlap_policy.value,
-        "jitter_seconds": definition.jitter_seconds,
-        "start_at": _iso(definition.start_at),
-        "end_at": _iso(definition.end_at),
-        "max_runs": definition.max_runs,
-        "runs_count": schedule.runs_count,
-        "disabled_reason": schedule.disabled_reason,
-        "quarantined_at": _iso(schedule.quarantined_at),
-        "next_fire_at": _iso(schedule.next_fire_at),
-        "last_fire_at": _iso(schedule.last_fire_at),
-    }
-
-
-def _enabled_text(schedule: Schedule, *, with_reason: bool = False) -> str:
-    if schedule.quarantined_at is not None:
-        reason = f" since {_time(schedule.quarantined_at)} UTC: {schedule.disabled_reason}"
-        return "quarantined" + (reason if with_reason else "")
-    return "yes" if schedule.definition.enabled else "paused"
-
-
-def upcoming_fires(schedule: Schedule, now: datetime, count: int) -> list[datetime]:
-    """The next ``count`` fire times: from the stored next fire time, or, for a paused
-    schedule, those it would have if resumed ``now``."""
-    definition = schedule.definition
-    zone = timing.parse_zone(definition.timezone)
-    following = schedule.next_fire_at
-    if not definition.enabled and not isinstance(definition.trigger, Once):
-        following = timing.next_fire_after(definition.trigger, zone, now)
-    found: list[datetime] = []
-    while following is not None and len(found) < count:
-        found.append(following)
-        following = timing.next_fire_after(definition.trigger, zone, following)
-    return found
-
-
-def _definition_text(schedule: Schedule) -> str:
-    definition = schedule.definition
-    rows = [
-        ("name", definition.name),
-        ("task", definition.task),
-        ("schedule", spec_text(schedule)),
-        ("zone", definition.timezone),
-        ("enabled", _enabled_text(schedule, with_reason=True)),
-        ("origin", definition.origin.value),
-        ("args", json.dumps(list(definition.args))),
-        ("kwargs", json.dumps(definition.kwargs)),
-        ("options", json.dumps(definition.options)),
-        ("misfire policy", definition.misfire_policy.value),
-        ("max attempts", str(definition.max_attempts)),
-        ("next fire", f"{_time(schedule.next_fire_at)} UTC"),
-        ("last fire", f"{_time(schedule.last_fire_at)} UTC" if schedule.last_fire_at else "-"),
-        ("created", f"{_time(schedule.created_at)} UTC"),
-        ("updated", f"{_time(schedule.updated_at)} UTC"),
-    ]
-    return _table(("", ""), rows, show_header=False)
-
-
-def _upcoming_text(schedule: Schedule, upcoming: Sequence[datetime]) -> str:
-    zone_name = schedule.definition.timezone
-    title = "next fire times" + ("" if schedule.definition.enabled else " (if resumed now)")
-    if not upcoming:
-        return f"{title}: none (a one-off that has fired)"
-    zone = timing.parse_zone(zone_name)
-    rows = [
-        (moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z"), _time(moment))
-        for moment in upcoming
-    ]
-    return f"{title}\n" + _table((zone_name, "UTC"), rows, indent="  ")
-
-
-# -- runs: documents and text ---------------------------------------------------------------
-
-
-def run_document(run: RunRecord) -> dict[str, Any]:
-    lateness = run.lateness
-    return {
-        "id": str(run.id),
-        "schedule": run.schedule_name,
-        "task": run.task,
-        "state": run.state.value,
-        "fire_at": _iso(run.fire_at),
-        "claimed_at": _iso(run.claimed_at),
-        "published_at": _iso(run.published_at),
-        "started_at": _iso(run.started_at),
-        "finished_at": _iso(run.finished_at),
-        "lateness_seconds": None if lateness is None else lateness.total_seconds(),
-        "duration_seconds": run.duration_seconds,
-        "worker": run.worker,
-        "attempt": run.attempt,
-        "max_attempts": run.max_attempts,
-        "retries": run.retries,
-        "duplicate_deliveries": run.duplicate_deliveries,
-        "epoch": run.epoch,
-        "reason": run.reason,
-        "error": run.error,
-        "args": run.args,
-        "kwargs": run.kwargs,
-    }
-
-
-def _last_run_document(last: LastRun | None) -> dict[str, Any] | None:
-    if last is None:
-        return None
-    return {"id": str(last.id), "state": last.state.value, "fire_at": _iso(last.fire_at)}
-
-
-def _runs_table(found: Sequence[RunRecord]) -> str:
-    header = (
-        "RUN ID",
-        "SCHEDULE",
-        "FIRE TIME (UTC)",
-        "PUBLISHED",
-        "STARTED",
-        "FINISHED",
-        "LATENESS",
-        "WORKER",
-        "ATTEMPT",
-        "STATE",
-        "ERROR",
-    )
-    rows = [
-        (
-            str(run.id),
-            run.schedule_name or "-",
-            _time(run.fire_at) if run.fire_at else "-",
-            _time_near(run.published_at, run.fire_at),
-            _time_near(run.started_at, run.fire_at),
-            _time_near(run.finished_at, run.fire_at),
-            "-" if run.lateness is None else _duration_text(run.lateness),
-            run.worker or "-",
-            f"{run.attempt}/{run.max_attempts}",
-            run.state.value,
-            _truncate(run.error or run.reason or ""),
-        )
-        for run in found
-    ]
-    return _table(header, rows)
-
-
-# -- formatting ---------------------------------------------------------------------------
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat()
-
-
-def _time(moment: datetime | None) -> str:
-    return "finished" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _time_near(moment: datetime | None, reference: datetime | None) -> str:
-    """A time of day when it falls on the reference's (UTC) day, else date and time."""
-    if moment is None:
-        return "-"
-    moment = moment.astimezone(UTC)
-    if reference is not None and reference.astimezone(UTC).date() == moment.date():
-        return moment.strftime("%H:%M:%S.%f")[:-3]
-    return _time(moment)
-
-
-def _duration_text(delta: timedelta) -> str:
-    seconds = delta.total_seconds()
-    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
-    if seconds < 60:
-        return f"{sign}{seconds:.3f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{sign}{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{sign}{hours}h{minutes:02d}m"
-    return f"{sign}{hours // 24}d{hours % 24:02d}h"
-
-
-def _truncate(text: str, width: int = ERROR_WIDTH) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 3] + "..."
-
-
-def _table(
-    columns: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    *,
-    show_header: bool = True,
-    indent: str = "",
-) -> str:
-    lines = [columns, *rows] if show_header else list(rows)
-    if not lines:
-        return ""
-    widths = [max(len(str(cell)) for cell in column) for column in zip(*lines, strict=True)]
-    return "\n".join(indent + _aligned(row, widths) for row in lines)
-
-
-def _aligned(row: Sequence[str], widths: Sequence[int]) -> str:
-    cells = (str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
-    return "  ".join(cells).rstrip()

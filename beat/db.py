@@ -7,12 +7,15 @@ import contextlib
 import logging
 import re
 from collections.abc import Iterator
+from datetime import datetime
 
 import psycopg
 from sqlalchemy import (
     Connection,
     Engine,
     create_engine,
+    func,
+    select,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
@@ -60,6 +63,12 @@ class StoreConnection:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+    def ping(self) -> datetime:
+        """The database's time: proof that PostgreSQL answers."""
+        with self._transaction() as conn:
+            now: datetime = conn.execute(select(func.now())).scalar_one()
+        return now
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Connection]:

@@ -1,4 +1,5 @@
-"""The worker side of the run table: the idempotency guard, leases and completion.
+"""The worker side of the run table: the idempotency guard, leases and completion;
+and the one read of the run history (``history``, ``run``, ``last_runs``).
 
 Every transition is one conditional statement; the row count (or the row
 returned) says who won, so two deliveries of one run can never both start it,
@@ -23,25 +24,28 @@ import threading
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
     Connection,
     Integer,
+    Row,
     and_,
     any_,
     bindparam,
     func,
     or_,
+    select,
+    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.db import StoreConnection, create_store_engine
-from beat.tables import RunState, runs, workers
+from beat.tables import RunState, runs, schedules, workers
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +62,51 @@ class Refused:
     state: str
     lease_owner: str | None
 
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunRecord:
+    """One row of the run history, as shown to an operator."""
+
+    id: uuid.UUID
+    schedule_name: str | None
+    task: str
+    state: RunState
+    fire_at: datetime | None
+    claimed_at: datetime
+    published_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker: str | None
+    attempt: int
+    max_attempts: int
+    retries: int
+    duplicate_deliveries: int
+    duration_seconds: float | None
+    epoch: int | None
+    reason: str | None
+    error: str | None
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+    @property
+    def lateness(self) -> timedelta | None:
+        """How long after its fire time the run was handed to the broker."""
+        if self.published_at is None or self.fire_at is None:
+            return None
+        return self.published_at - self.fire_at
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LastRun:
+    """The newest run of a schedule (by fire time)."""
+
+    id: uuid.UUID
+    state: RunState
+    fire_at: datetime | None
+
+
+#: A point in time, or a distance back from the database's ``now()``.
+Since = datetime | timedelta
 
 #: Namespace of the run IDs derived from task IDs that are not UUIDs (caller-chosen keys).
 TASK_ID_NAMESPACE = uuid.UUID("6c1b1f0e-8a43-4c59-9a0e-686162656174")
@@ -113,11 +162,61 @@ def run_store_for(url: str) -> RunStore:
 
 
 class RunStore(StoreConnection):
-    """Run transitions made by workers (see the module docstring)."""
+    """Run transitions made by workers (see the module docstring), and the run history."""
 
     @classmethod
     def connect(cls, url: str, *, pool_size: int = 5) -> RunStore:
         return cls(create_store_engine(url, pool_size=pool_size))
+
+    # -- run history --------------------------------------------------------------
+
+    def history(
+        self,
+        *,
+        schedule_name: str | None = None,
+        state: RunState | None = None,
+        since: Since | None = None,
+        limit: int = 20,
+    ) -> list[RunRecord]:
+        """Runs newest first (by fire time, or claim time for runs without one)."""
+        when = _run_time()
+        query = select(runs).order_by(when.desc(), runs.c.id).limit(limit)
+        if schedule_name is not None:
+            query = query.where(runs.c.schedule_name == schedule_name)
+        if state is not None:
+            query = query.where(runs.c.state == state.value)
+        if since is not None:
+            query = query.where(when >= _moment(since))
+        with self._transaction() as conn:
+            return [record_from_row(row) for row in conn.execute(query)]
+
+    def run(self, run_id: uuid.UUID) -> RunRecord | None:
+        with self._transaction() as conn:
+            row = conn.execute(select(runs).where(runs.c.id == run_id)).one_or_none()
+        return None if row is None else record_from_row(row)
+
+    def last_runs(self) -> dict[str, LastRun]:
+        """The newest run of every schedule that has one, by schedule name.
+
+        One index probe per schedule (``LATERAL ... LIMIT 1`` on the history index).
+        """
+        newest = (
+            select(runs.c.id, runs.c.state, runs.c.fire_at)
+            .where(runs.c.schedule_name == schedules.c.name)
+            .order_by(runs.c.fire_at.desc())
+            .limit(1)
+            .lateral("newest")
+        )
+        query = select(schedules.c.name, newest.c.id, newest.c.state, newest.c.fire_at).join(
+            newest, true()
+        )
+        with self._transaction() as conn:
+            return {
+                row.name: LastRun(id=row.id, state=RunState(row.state), fire_at=row.fire_at)
+                for row in conn.execute(query)
+            }
+
+    # -- what workers write -------------------------------------------------------
 
     def _changed_one(self, statement: Any) -> bool:
         """Run one conditional statement on one run; True if it changed the run."""
@@ -430,6 +529,44 @@ def _refuse(conn: Connection, run_id: uuid.UUID) -> Refused:
     if row is None:
         return Refused(state=MISSING, lease_owner=None)
     return Refused(state=row.state, lease_owner=row.lease_owner)
+
+
+def _run_time() -> ColumnElement[datetime]:
+    """When a run belongs in history: its fire time, else (a run sent with ``delay()``)
+    when it was recorded."""
+    return func.coalesce(runs.c.fire_at, runs.c.claimed_at)
+
+
+def _moment(since: Since) -> Any:
+    if isinstance(since, timedelta):
+        return func.now() - since
+    return since
+
+
+def record_from_row(row: Row[Any]) -> RunRecord:
+    """A run of the history from its ``beat_runs`` row."""
+    return RunRecord(
+        id=row.id,
+        schedule_name=row.schedule_name,
+        task=row.task,
+        state=RunState(row.state),
+        fire_at=row.fire_at,
+        claimed_at=row.claimed_at,
+        published_at=row.published_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        worker=row.worker,
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
+        retries=row.retries,
+        duplicate_deliveries=row.duplicate_deliveries,
+        duration_seconds=row.duration_seconds,
+        epoch=row.epoch,
+        reason=row.reason,
+        error=row.error,
+        args=list(row.args),
+        kwargs=dict(row.kwargs),
+    )
 
 
 def literal_int(value: int) -> Any:

@@ -1,10 +1,18 @@
 """The schedules table: create, read, change and delete schedules, and sync those
-defined in code. Callers get domain objects and domain errors (``beat.errors``),
-never rows or driver exceptions; time is the database's ``now()``."""
+defined in code; list the quarantined ones; queue the runs an operator asks of a
+schedule (a manual trigger, a backfill). Callers get domain objects and domain
+errors (``beat.errors``), never rows or driver exceptions; time is the
+database's ``now()``.
+
+A manual trigger or a backfill is an outbox entry: ``pending`` runs with no
+epoch. The leader publishes pending runs of any other epoch at its next tick
+(see ``LeaderStore.pending_runs``), and the ``NOTIFY`` sent in the same
+transaction wakes it at once. The schedule's ``next_fire_at`` is not touched."""
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -16,11 +24,13 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     text,
     update,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 
 from beat import schema
@@ -40,11 +50,15 @@ from beat.models import (
     Schedule,
     ScheduleDefinition,
 )
+from beat.run_store import RunRecord, record_from_row
 from beat.tables import (
+    SCHEDULES_CHANNEL,
     MisfirePolicy,
     Origin,
     OverlapPolicy,
+    RunState,
     TriggerKind,
+    runs,
     schedules,
 )
 from beat.timing import Cron, Every, Once, Trigger
@@ -53,6 +67,9 @@ logger = logging.getLogger(__name__)
 
 #: Serialises the sync of code-defined schedules between beat processes starting together.
 SYNC_LOCK_ID = 0x6861_6265_6174_01
+#: ``reason`` of a run made by :meth:`ScheduleStore.trigger`, to tell it from scheduled ones.
+TRIGGER_REASON = "triggered manually"
+BACKFILL_REASON = "backfill"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,6 +80,15 @@ class SyncReport:
     removed: list[str]
     #: Code schedules whose name is taken by a schedule created at runtime (left alone).
     conflicts: list[str]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QuarantinedSchedule:
+    """A schedule the scheduler disabled because it could not be planned or published."""
+
+    name: str
+    reason: str | None
+    quarantined_at: datetime
 
 
 class ScheduleStore(StoreConnection):
@@ -163,6 +189,21 @@ class ScheduleStore(StoreConnection):
             ).one()
         return schedule_from_row(updated)
 
+    def quarantined(self) -> list[QuarantinedSchedule]:
+        """The quarantined schedules, oldest quarantine first."""
+        query = (
+            select(schedules.c.name, schedules.c.disabled_reason, schedules.c.quarantined_at)
+            .where(schedules.c.quarantined_at.is_not(None))
+            .order_by(schedules.c.quarantined_at, schedules.c.name)
+        )
+        with self._transaction() as conn:
+            return [
+                QuarantinedSchedule(
+                    name=row.name, reason=row.disabled_reason, quarantined_at=row.quarantined_at
+                )
+                for row in conn.execute(query)
+            ]
+
     def delete_schedule(self, name: str) -> None:
         """Delete a schedule made at runtime; its run history stays (``schedule_id``
         becomes NULL). One defined in code is refused: the next sync would create it
@@ -260,6 +301,72 @@ class ScheduleStore(StoreConnection):
                 .values(**values_, updated_at=func.now())
             )
             report.updated.append(definition.name)
+
+    # -- runs asked by an operator (see the module docstring) ---------------------
+
+    def trigger(self, name: str) -> RunRecord:
+        """Queue one run of schedule ``name`` now, outside its timing (even if paused).
+
+        One ``INSERT ... SELECT`` plus a ``NOTIFY`` that wakes the leader, in one
+        transaction; the leader publishes the run at its next tick.
+        """
+        from beat.leader_store import run_copy_columns  # it imports this module
+
+        run_id = uuid.uuid4()
+        values = run_copy_columns(
+            id=literal(run_id, runs.c.id.type),
+            fire_at=func.now(),
+            state=literal(RunState.PENDING.value),
+            reason=literal(TRIGGER_REASON),
+        )
+        source = select(*values.values()).where(schedules.c.name == name)
+        statement = insert(runs).from_select(list(values), source).returning(*runs.c)
+        with self._transaction() as conn:
+            row = conn.execute(statement).one_or_none()
+            if row is None:
+                raise schedule_not_found(name)
+            conn.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "trigger")))
+        return record_from_row(row)
+
+    def backfill(
+        self, name: str, fire_times: Callable[[datetime], list[datetime]]
+    ) -> list[RunRecord]:
+        """Queue one run of schedule ``name`` per fire time, skipping fire times that
+        already have a run (unique per schedule and fire time), and wake the leader.
+
+        ``fire_times(now)`` gives them at the database's ``now()`` of the writing
+        transaction; what it raises refuses the backfill, nothing written."""
+        from beat.leader_store import new_run_values  # it imports this module
+
+        with self._transaction() as conn:
+            now = conn.execute(select(func.now())).scalar_one()
+            schedule = conn.execute(select(schedules).where(schedules.c.name == name)).one_or_none()
+            if schedule is None:
+                raise schedule_not_found(name)
+            rows = [
+                new_run_values(
+                    schedule,
+                    fire_at=fire_at,
+                    state=RunState.PENDING,
+                    reason=BACKFILL_REASON,
+                    max_attempts=schedule.max_attempts,
+                )
+                for fire_at in fire_times(now)
+            ]
+            inserted = (
+                list(
+                    conn.execute(
+                        pg_insert(runs)
+                        .on_conflict_do_nothing(constraint="uq_beat_runs_schedule_fire_at")
+                        .returning(*runs.c),
+                        rows,
+                    )
+                )
+                if rows
+                else []
+            )
+            conn.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "backfill")))
+        return sorted((record_from_row(row) for row in inserted), key=lambda r: r.fire_at or 0)
 
 
 #: The columns that decide when a schedule fires; a change of any moves its next fire time.

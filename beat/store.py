@@ -8,14 +8,11 @@ epoch) and :class:`beat.run_store.RunStore` (what workers write).
 
 from __future__ import annotations
 
-from typing import Any
-
-from sqlalchemy import Engine, Row, select
+from sqlalchemy import Engine
 
 from beat.db import create_store_engine
 from beat.leader_store import LeaderStore
 from beat.schedule_store import ScheduleStore
-from beat.tables import runs
 
 
 class Store(ScheduleStore, LeaderStore):
@@ -38,10 +35,3 @@ class Store(ScheduleStore, LeaderStore):
         """A store on ``url``; no connection is made until first use."""
         engine = create_store_engine(url, pool_size=pool_size)
         return cls(engine, leader_name=leader_name, setting=setting)
-
-    def runs_of(self, schedule_name: str | None = None, *, limit: int = 100) -> list[Row[Any]]:
-        query = select(runs).order_by(runs.c.fire_at.desc().nulls_last(), runs.c.claimed_at.desc())
-        if schedule_name is not None:
-            query = query.where(runs.c.schedule_name == schedule_name)
-        with self._transaction() as conn:
-            return list(conn.execute(query.limit(limit)))

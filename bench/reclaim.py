@@ -79,7 +79,7 @@ def start_job(store: Store, name: str) -> uuid.UUID:
     found: list[uuid.UUID] = []
 
     def claimed() -> bool:
-        rows = store.runs_of(name, limit=1)
+        rows = Schedules(store).runs(name, limit=1)
         found.extend(row.id for row in rows)
         return bool(rows)
 

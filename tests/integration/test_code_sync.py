@@ -14,7 +14,7 @@ from celery.schedules import crontab
 from sqlalchemy import text
 
 from beat.api import Schedules
-from beat.cli import spec_text
+from beat.rendering import spec_text
 from beat.scheduler import HAScheduler
 from beat.store import Store
 from beat.tables import RunState

@@ -72,7 +72,7 @@ def test_a_burst_is_claimed_batch_after_batch_with_the_outbox_read_once_a_second
         scheduler.tick()  # the next batches, at once
 
     assert reads == [], "the outbox was read inside the burst"
-    assert len(store.runs_of(limit=100)) == 20
+    assert len(Schedules(store).runs(limit=100)) == 20
     time.sleep(1.1)
     scheduler.tick()  # the burst is over and a second has passed
     assert reads == [1]

@@ -1,0 +1,396 @@
+"""Documents (JSON-ready dicts) and text of what the scheduler reports: schedules,
+runs, the leader, health, and the results of commands.
+
+Pure functions of the values :class:`beat.api.Schedules` returns: no database,
+no Redis, no clock. ``celery -A app schedules`` prints them (``--json`` prints the
+documents); a web page may serve the same documents.
+
+Times in documents are ISO 8601 with their offset; in text, UTC to the second.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from beat import timing
+from beat.api import ScheduleDetails, ScheduleSummary
+from beat.health import ClusterStatus, Health
+from beat.leader_store import PruneReport
+from beat.models import Schedule
+from beat.run_store import LastRun, RunRecord
+from beat.schedule_store import SyncReport
+from beat.tables import FINISHED_STATES
+from beat.timing import Cron, Every, Once
+
+#: Longest error text in a table cell (the documents give it whole).
+ERROR_WIDTH = 60
+
+
+# -- schedules: documents and text -----------------------------------------------------
+
+
+def spec_text(schedule: Schedule) -> str:
+    trigger = schedule.definition.trigger
+    if isinstance(trigger, Cron):
+        return f"cron {trigger.describe()}"
+    if isinstance(trigger, Every):
+        return f"every {trigger.seconds:g}s"
+    assert isinstance(trigger, Once)
+    return f"at {trigger.at.isoformat()}"
+
+
+def schedule_document(schedule: Schedule) -> dict[str, Any]:
+    definition = schedule.definition
+    return {
+        "name": definition.name,
+        "task": definition.task,
+        "schedule": spec_text(schedule),
+        "timezone": definition.timezone,
+        "args": list(definition.args),
+        "kwargs": definition.kwargs,
+        "options": definition.options,
+        "enabled": definition.enabled,
+        "origin": definition.origin.value,
+        "misfire_policy": definition.misfire_policy.value,
+        "max_attempts": definition.max_attempts,
+        "overlap_policy": definition.overlap_policy.value,
+        "jitter_seconds": definition.jitter_seconds,
+        "start_at": iso(definition.start_at),
+        "end_at": iso(definition.end_at),
+        "max_runs": definition.max_runs,
+        "runs_count": schedule.runs_count,
+        "disabled_reason": schedule.disabled_reason,
+        "quarantined_at": iso(schedule.quarantined_at),
+        "next_fire_at": iso(schedule.next_fire_at),
+        "last_fire_at": iso(schedule.last_fire_at),
+    }
+
+
+def enabled_text(schedule: Schedule, *, with_reason: bool = False) -> str:
+    if schedule.quarantined_at is not None:
+        reason = f" since {time_text(schedule.quarantined_at)} UTC: {schedule.disabled_reason}"
+        return "quarantined" + (reason if with_reason else "")
+    return "yes" if schedule.definition.enabled else "paused"
+
+
+def definition_text(schedule: Schedule) -> str:
+    definition = schedule.definition
+    rows = [
+        ("name", definition.name),
+        ("task", definition.task),
+        ("schedule", spec_text(schedule)),
+        ("zone", definition.timezone),
+        ("enabled", enabled_text(schedule, with_reason=True)),
+        ("origin", definition.origin.value),
+        ("args", json.dumps(list(definition.args))),
+        ("kwargs", json.dumps(definition.kwargs)),
+        ("options", json.dumps(definition.options)),
+        ("misfire policy", definition.misfire_policy.value),
+        ("max attempts", str(definition.max_attempts)),
+        ("next fire", f"{time_text(schedule.next_fire_at)} UTC"),
+        ("last fire", f"{time_text(schedule.last_fire_at)} UTC" if schedule.last_fire_at else "-"),
+        ("created", f"{time_text(schedule.created_at)} UTC"),
+        ("updated", f"{time_text(schedule.updated_at)} UTC"),
+    ]
+    return _table(("", ""), rows, show_header=False)
+
+
+def upcoming_text(schedule: Schedule, upcoming: Sequence[datetime]) -> str:
+    zone_name = schedule.definition.timezone
+    title = "next fire times" + ("" if schedule.definition.enabled else " (if resumed now)")
+    if not upcoming:
+        return f"{title}: none (a one-off that has fired)"
+    zone = timing.parse_zone(zone_name)
+    rows = [
+        (moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z"), time_text(moment))
+        for moment in upcoming
+    ]
+    return f"{title}\n" + _table((zone_name, "UTC"), rows, indent="  ")
+
+
+def details_document(details: ScheduleDetails) -> dict[str, Any]:
+    """A schedule's document, with its next fire times (UTC and in its zone) and its
+    latest runs."""
+    zone = timing.parse_zone(details.schedule.definition.timezone)
+    return schedule_document(details.schedule) | {
+        "upcoming": [
+            {"utc": iso(moment), "local": iso(moment.astimezone(zone))}
+            for moment in details.upcoming
+        ],
+        "recent_runs": runs_document(details.recent_runs),
+    }
+
+
+def details_text(details: ScheduleDetails) -> str:
+    """A schedule's definition, next fire times and latest runs."""
+    recent = details.recent_runs
+    parts = [
+        definition_text(details.schedule),
+        "",
+        upcoming_text(details.schedule, details.upcoming),
+        "",
+        f"latest runs ({len(recent)})",
+    ]
+    if recent:
+        parts.append(runs_table(recent))
+    return "\n".join(parts)
+
+
+def summaries_document(found: Sequence[ScheduleSummary]) -> list[dict[str, Any]]:
+    return [
+        schedule_document(s.schedule) | {"last_run": last_run_document(s.last_run)} for s in found
+    ]
+
+
+def summaries_table(found: Sequence[ScheduleSummary]) -> str:
+    rows = [
+        (
+            s.schedule.name,
+            s.schedule.definition.task,
+            spec_text(s.schedule),
+            s.schedule.definition.timezone,
+            enabled_text(s.schedule),
+            time_text(s.schedule.next_fire_at),
+            "-" if s.last_run is None else s.last_run.state.value,
+        )
+        for s in found
+    ]
+    header = ("NAME", "TASK", "SCHEDULE", "ZONE", "ENABLED", "NEXT FIRE (UTC)", "LAST RUN")
+    return _table(header, rows)
+
+
+def sync_document(report: SyncReport) -> dict[str, Any]:
+    return asdict(report)
+
+
+def sync_text(synced: int, report: SyncReport) -> str:
+    """What a sync of ``synced`` code schedules did: counts, then one line a change."""
+    lines = [
+        f"synced {synced} code schedules: {len(report.created)} created,"
+        f" {len(report.updated)} updated, {len(report.unchanged)} unchanged,"
+        f" {len(report.removed)} removed"
+    ]
+    for outcome in ("created", "updated", "removed"):
+        lines.extend(f"  {outcome} {name}" for name in getattr(report, outcome))
+    return "\n".join(lines)
+
+
+def sync_conflicts(report: SyncReport) -> list[str]:
+    """One warning a code schedule not synced because of a runtime schedule's name."""
+    return [
+        f"code schedule {name} not synced: a schedule created at runtime"
+        " has that name (rename one of them)"
+        for name in report.conflicts
+    ]
+
+
+# -- runs: documents and text ----------------------------------------------------------
+
+
+def run_document(run: RunRecord) -> dict[str, Any]:
+    lateness = run.lateness
+    return {
+        "id": str(run.id),
+        "schedule": run.schedule_name,
+        "task": run.task,
+        "state": run.state.value,
+        "fire_at": iso(run.fire_at),
+        "claimed_at": iso(run.claimed_at),
+        "published_at": iso(run.published_at),
+        "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at),
+        "lateness_seconds": None if lateness is None else lateness.total_seconds(),
+        "duration_seconds": run.duration_seconds,
+        "worker": run.worker,
+        "attempt": run.attempt,
+        "max_attempts": run.max_attempts,
+        "retries": run.retries,
+        "duplicate_deliveries": run.duplicate_deliveries,
+        "epoch": run.epoch,
+        "reason": run.reason,
+        "error": run.error,
+        "args": run.args,
+        "kwargs": run.kwargs,
+    }
+
+
+def runs_document(found: Sequence[RunRecord]) -> list[dict[str, Any]]:
+    return [run_document(run) for run in found]
+
+
+def last_run_document(last: LastRun | None) -> dict[str, Any] | None:
+    if last is None:
+        return None
+    return {"id": str(last.id), "state": last.state.value, "fire_at": iso(last.fire_at)}
+
+
+def runs_table(found: Sequence[RunRecord]) -> str:
+    header = (
+        "RUN ID",
+        "SCHEDULE",
+        "FIRE TIME (UTC)",
+        "PUBLISHED",
+        "STARTED",
+        "FINISHED",
+        "LATENESS",
+        "WORKER",
+        "ATTEMPT",
+        "STATE",
+        "ERROR",
+    )
+    rows = [
+        (
+            str(run.id),
+            run.schedule_name or "-",
+            time_text(run.fire_at) if run.fire_at else "-",
+            _time_near(run.published_at, run.fire_at),
+            _time_near(run.started_at, run.fire_at),
+            _time_near(run.finished_at, run.fire_at),
+            "-" if run.lateness is None else duration_text(run.lateness),
+            run.worker or "-",
+            f"{run.attempt}/{run.max_attempts}",
+            run.state.value,
+            _truncate(run.error or run.reason or ""),
+        )
+        for run in found
+    ]
+    return _table(header, rows)
+
+
+def prune_document(report: PruneReport) -> dict[str, Any]:
+    return {
+        "deleted": report.deleted,
+        "batches": report.batches,
+        "cutoff": iso(report.cutoff),
+        "states": [state.value for state in FINISHED_STATES],
+    }
+
+
+def prune_text(report: PruneReport, batch: int) -> str:
+    return (
+        f"deleted {report.deleted} finished runs older than {time_text(report.cutoff)} UTC"
+        f" ({report.batches} batches of at most {batch})"
+    )
+
+
+# -- the leader and health: documents and text -----------------------------------------
+
+
+def leader_document(status: ClusterStatus) -> dict[str, Any]:
+    info, lease = status.leader, status.lease
+    return {
+        "leader": None
+        if info is None
+        else {"holder": info.holder, "epoch": info.epoch, "since": iso(info.acquired_at)},
+        "lease": {
+            "key": lease.key,
+            "holder": lease.holder,
+            "expires_in_seconds": None if lease.ttl_ms is None else lease.ttl_ms / 1000,
+        },
+        "valid": status.valid,
+    }
+
+
+def leader_text(status: ClusterStatus) -> str:
+    info, lease = status.leader, status.lease
+    rows: list[tuple[str, str]] = []
+    if info is None:
+        rows.append(("leader", "none has ever led (no leader row)"))
+    else:
+        held_for = duration_text(status.now - info.acquired_at)
+        rows += [
+            ("holder", info.holder),
+            ("epoch", str(info.epoch)),
+            ("since", f"{time_text(info.acquired_at)} UTC ({held_for} ago)"),
+        ]
+    if lease.holder is None:
+        rows.append(("lease", f"free: nobody holds {lease.key}"))
+    else:
+        expiry = "no expiry" if lease.ttl_ms is None else f"expires in {lease.ttl_ms / 1000:.1f}s"
+        rows.append(("lease", f"{lease.key} held by {lease.holder}, {expiry}"))
+    rows.append(("status", status.status))
+    return _table(("", ""), rows, show_header=False)
+
+
+def health_document(health: Health) -> dict[str, Any]:
+    return {
+        "healthy": health.ok,
+        "checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in health.checks},
+    }
+
+
+def health_lines(health: Health) -> list[tuple[bool, str]]:
+    """One line a check, and whether it passed (a failed one is an ``Error:`` line,
+    for stderr)."""
+    width = max(len(check.name) for check in health.checks)
+    return [
+        (True, f"ok  {check.name:<{width}}  {check.detail}")
+        if check.ok
+        else (False, f"Error: {check.name}: {check.detail}")
+        for check in health.checks
+    ]
+
+
+# -- formatting ------------------------------------------------------------------------
+
+
+def iso(moment: datetime | None) -> str | None:
+    """ISO 8601 with the offset, for documents."""
+    return None if moment is None else moment.isoformat()
+
+
+def time_text(moment: datetime | None) -> str:
+    """UTC to the second, for text; ``finished`` for none (a schedule that fires no more)."""
+    return "finished" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _time_near(moment: datetime | None, reference: datetime | None) -> str:
+    """A time of day when it falls on the reference's (UTC) day, else date and time."""
+    if moment is None:
+        return "-"
+    moment = moment.astimezone(UTC)
+    if reference is not None and reference.astimezone(UTC).date() == moment.date():
+        return moment.strftime("%H:%M:%S.%f")[:-3]
+    return time_text(moment)
+
+
+def duration_text(delta: timedelta) -> str:
+    seconds = delta.total_seconds()
+    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
+    if seconds < 60:
+        return f"{sign}{seconds:.3f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{sign}{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{sign}{hours}h{minutes:02d}m"
+    return f"{sign}{hours // 24}d{hours % 24:02d}h"
+
+
+def _truncate(text: str, width: int = ERROR_WIDTH) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    show_header: bool = True,
+    indent: str = "",
+) -> str:
+    lines = [columns, *rows] if show_header else list(rows)
+    if not lines:
+        return ""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(*lines, strict=True)]
+    return "\n".join(indent + _aligned(row, widths) for row in lines)
+
+
+def _aligned(row: Sequence[str], widths: Sequence[int]) -> str:
+    cells = (str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+    return "  ".join(cells).rstrip()
