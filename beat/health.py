@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from beat.db import StoreConnection, first_line
+from beat.db import first_line
 from beat.errors import HABeatError, LeaseUnavailable
 from beat.leader_store import LeaderInfo
 from beat.lease_status import LeaseStatus
@@ -94,10 +94,7 @@ def health_checks(store: Store, read_lease: Callable[[], LeaseStatus]) -> Health
 
 def _service_checks(store: Store, read_lease: Callable[[], LeaseStatus]) -> list[Check]:
     """postgres, schema, redis, leader."""
-    # The probe is a connection of its own on the store's engine: the hint of its
-    # error names the default setting (habeat_database_url), not the store's.
-    ping = StoreConnection(store.engine).ping
-    postgres = _probe("postgres", ping, f"PostgreSQL at {store.url} answers")
+    postgres = _probe("postgres", store.ping, f"PostgreSQL at {store.url} answers")
     schema = (
         _probe("schema", store.check_schema, "schema is current")
         if postgres.ok

@@ -602,6 +602,19 @@ def test_health_names_every_failing_check(test_env: SessionEnv) -> None:
     assert "Redis at 127.0.0.1:1/0" in lines[2]
 
 
+def test_health_names_the_apps_own_database_setting_when_postgres_is_down(
+    test_env: SessionEnv,
+) -> None:
+    """The postgres check's hint names the setting this app fills (DATABASE_URL), as
+    every other command's does, not the generic habeat_database_url."""
+    app = create_app(test_env.settings(database_url="postgresql+psycopg://nobody@127.0.0.1:1/x"))
+    result = invoke(app, "health")
+    assert result.exit_code == 1
+    [postgres] = [line for line in error_lines(result) if ": postgres" in line]
+    assert "DATABASE_URL" in postgres
+    assert "habeat_database_url" not in postgres
+
+
 def test_leader_shows_holder_epoch_since_and_lease_expiry(
     cli: Cli, make_scheduler: Callable[..., HAScheduler]
 ) -> None:
