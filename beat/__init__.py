@@ -4,8 +4,7 @@ elected through a Redis lease fenced by an epoch that PostgreSQL checks."""
 from beat.api import Schedules, define
 from beat.code_schedules import periodic
 from beat.errors import HABeatError
-from beat.models import Schedule, ScheduleDefinition
-from beat.tables import MisfirePolicy, RunState
+from beat.models import MisfirePolicy, RunState, Schedule, ScheduleDefinition
 from beat.task import IdempotentTask
 
 __all__ = [

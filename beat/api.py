@@ -32,13 +32,12 @@ from beat.health import ClusterStatus, Health, health_checks
 from beat.leader_store import PruneReport
 from beat.lease_status import LeaseStatus, read_lease
 from beat.limits import MAX_DURATION, MAX_INT4
-from beat.models import Schedule, ScheduleDefinition
+from beat.models import MisfirePolicy, Origin, OverlapPolicy, RunState, Schedule, ScheduleDefinition
 from beat.options import check_publish_options
 from beat.policies import MAX_JITTER_SECONDS
 from beat.run_store import LastRun, RunRecord, RunStore, Since
 from beat.schedule_store import QuarantinedSchedule, SyncReport, next_fire_after_retiming
 from beat.store import Store
-from beat.tables import MisfirePolicy, Origin, OverlapPolicy, RunState
 from beat.timing import Trigger
 
 #: Largest JSON encoding of a schedule's args and kwargs together (they travel in every message).

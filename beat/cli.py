@@ -40,7 +40,7 @@ from beat.errors import (
     one_line,
 )
 from beat.limits import MAX_DURATION
-from beat.tables import MisfirePolicy, OverlapPolicy, RunState
+from beat.models import MisfirePolicy, OverlapPolicy, RunState
 
 #: Errors that mean "your input is wrong" (exit 2); every other error exits 1.
 INPUT_ERRORS = (InvalidSchedule, ScheduleExists, ScheduleNotFound, ConfigError)

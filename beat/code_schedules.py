@@ -21,9 +21,8 @@ from typing import Any, TypeVar
 
 from beat.api import arguments_problem, define
 from beat.errors import ConfigError, InvalidSchedule
-from beat.models import ScheduleDefinition
+from beat.models import Origin, ScheduleDefinition
 from beat.schedule_store import definition_values
-from beat.tables import Origin
 from beat.timing import Cron
 
 #: Keys a ``beat_schedule`` entry may carry beyond Celery's own (our scheduling rules).

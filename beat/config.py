@@ -25,7 +25,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from beat.errors import ConfigError
-from beat.tables import MisfirePolicy, OverlapPolicy
+from beat.models import MisfirePolicy, OverlapPolicy
 
 #: Prefix of every key this package reads from ``app.conf``.
 CONF_PREFIX = "habeat_"

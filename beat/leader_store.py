@@ -70,10 +70,15 @@ from beat.errors import (
     error_text,
 )
 from beat.models import (
+    ACTIVE_STATES,
     PLAIN_RUN_INTERRUPTED,
+    WAITING_STATES,
     DueSchedule,
     FirePlan,
+    MisfirePolicy,
+    OverlapPolicy,
     Quarantine,
+    RunState,
     RunToPublish,
     SkipKind,
     UnpublishableRun,
@@ -89,25 +94,12 @@ from beat.planning import (
     release_of,
 )
 from beat.schedule_store import trigger_from_row
-from beat.tables import (
-    FINISHED_SQL,
-    SCHEDULES_CHANNEL,
-    TZ,
-    MisfirePolicy,
-    OverlapPolicy,
-    RunState,
-    leader,
-    runs,
-    schedules,
-    workers,
-)
+from beat.tables import FINISHED_SQL, SCHEDULES_CHANNEL, TZ, leader, runs, schedules, workers
 
 logger = logging.getLogger(__name__)
 
 #: Channel a leader notifies when it hands over cleanly, so standbys take over at once.
 LEADER_RELEASED_CHANNEL = "beat_leader_released"
-#: States of a run that has not finished: what overlap policies look at.
-ACTIVE_STATES = ("pending", "queued", "running", "retrying")
 #: Attempts ended by their worker's death that a run may have before it is given up
 #: (a job that kills the whole worker process every time must not loop for ever).
 MAX_INTERRUPTIONS = 10
@@ -325,13 +317,12 @@ class LeaderStore(StoreConnection):
         ids = [s.id for s in due if s.overlap_policy is not OverlapPolicy.ALLOW]
         if not ids:
             return due
-        waiting_states = [RunState.PENDING.value, RunState.QUEUED.value, RunState.RETRYING.value]
         counts = {
             row.schedule_id: (row.waiting, row.running)
             for row in conn.execute(
                 select(
                     runs.c.schedule_id,
-                    func.count().filter(runs.c.state.in_(waiting_states)).label("waiting"),
+                    func.count().filter(runs.c.state.in_(WAITING_STATES)).label("waiting"),
                     func.count().filter(runs.c.state == RunState.RUNNING.value).label("running"),
                 )
                 .where(runs.c.schedule_id.in_(ids), runs.c.state.in_(ACTIVE_STATES))

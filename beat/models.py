@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from beat.tables import MisfirePolicy, Origin, OverlapPolicy
 from beat.timing import Trigger
 
 #: Why a plain run that a worker took ends ``lost`` when that worker dies.
@@ -20,6 +19,66 @@ PLAIN_RUN_INTERRUPTED = (
     "its worker stopped while it ran; a plain task is not sent again once a worker took it"
     " (it may have had its effect): use the idempotent base to have it run again"
 )
+
+
+class TriggerKind(enum.StrEnum):
+    CRON = "cron"
+    EVERY = "every"
+    ONCE = "once"
+
+
+class Origin(enum.StrEnum):
+    """Where a schedule was defined: code is synced at beat start; api rows are never synced."""
+
+    CODE = "code"
+    API = "api"
+
+
+class MisfirePolicy(enum.StrEnum):
+    """What happens to fire times missed for longer than the misfire grace (no leader ran)."""
+
+    FIRE_ONCE = "fire_once"
+    FIRE_ALL = "fire_all"
+    SKIP = "skip"
+
+
+class OverlapPolicy(enum.StrEnum):
+    """What happens to a fire time while the schedule's previous run is still queued or running."""
+
+    ALLOW = "allow"
+    SKIP = "skip"
+    QUEUE_ONE = "queue_one"
+    CANCEL_PREVIOUS = "cancel_previous"
+
+
+class RunState(enum.StrEnum):
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RETRYING = "retrying"
+    LOST = "lost"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+    #: Its ``expires`` passed before a worker started it: it never runs late.
+    EXPIRED = "expired"
+
+
+#: States a run never leaves: retention deletes only these.
+FINISHED_STATES = (
+    RunState.SUCCEEDED,
+    RunState.FAILED,
+    RunState.LOST,
+    RunState.SKIPPED,
+    RunState.CANCELLED,
+    RunState.EXPIRED,
+)
+
+#: States of a run not yet started: pending (outbox), queued (sent), retrying.
+WAITING_STATES = (RunState.PENDING, RunState.QUEUED, RunState.RETRYING)
+#: States of a run that has not finished: what overlap policies look at.
+ACTIVE_STATES = (*WAITING_STATES, RunState.RUNNING)
 
 
 def require_aware(value: datetime | None, what: str) -> None:

@@ -37,9 +37,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from beat.errors import error_text
-from beat.models import DueSchedule, FirePlan, Quarantine, RunToPublish, SkipKind
+from beat.models import DueSchedule, FirePlan, OverlapPolicy, Quarantine, RunToPublish, SkipKind
 from beat.policies import jitter_delay, plan_fires
-from beat.tables import OverlapPolicy
 
 #: Plans one due schedule's fire times: ``plan(schedule, now, until)``, up to ``until``.
 SchedulePlanner = Callable[[DueSchedule, datetime, datetime], FirePlan]

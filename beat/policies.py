@@ -36,8 +36,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from beat.models import DueSchedule, FirePlan, SkipKind, SkippedFire
-from beat.tables import MisfirePolicy, OverlapPolicy
+from beat.models import DueSchedule, FirePlan, MisfirePolicy, OverlapPolicy, SkipKind, SkippedFire
 from beat.timing import Every, Trigger, fire_times, next_fire_after
 
 #: Resolution of the search for the last fire time before an instant (fire times are >= 1 s apart).

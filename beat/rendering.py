@@ -20,10 +20,9 @@ from beat import timing
 from beat.api import ScheduleDetails, ScheduleSummary
 from beat.health import ClusterStatus, Health
 from beat.leader_store import PruneReport
-from beat.models import Schedule
+from beat.models import FINISHED_STATES, Schedule
 from beat.run_store import LastRun, RunRecord
 from beat.schedule_store import SyncReport
-from beat.tables import FINISHED_STATES
 from beat.timing import Cron, Every, Once
 
 #: Longest error text in a table cell (the documents give it whole).

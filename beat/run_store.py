@@ -45,7 +45,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.db import StoreConnection, create_store_engine
-from beat.tables import RunState, runs, schedules, workers
+from beat.models import WAITING_STATES, RunState
+from beat.tables import runs, schedules, workers
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,10 +114,6 @@ TASK_ID_NAMESPACE = uuid.UUID("6c1b1f0e-8a43-4c59-9a0e-686162656174")
 
 #: The state reported for a refused delivery whose run has no row (see ``start``).
 MISSING = "missing"
-
-
-#: States of a run no worker has started: a message for it is waiting or held.
-NOT_STARTED = (RunState.PENDING.value, RunState.QUEUED.value, RunState.RETRYING.value)
 
 
 def _lease_until(seconds: float) -> Any:
@@ -345,7 +342,7 @@ class RunStore(StoreConnection):
             update(runs)
             .where(
                 runs.c.id == run_id,
-                runs.c.state.in_(NOT_STARTED),
+                runs.c.state.in_(WAITING_STATES),
             )
             .values(
                 received_at=func.now(),
@@ -431,7 +428,7 @@ class RunStore(StoreConnection):
             update(runs)
             .where(
                 runs.c.id == run_id,
-                runs.c.state.in_(NOT_STARTED),
+                runs.c.state.in_(WAITING_STATES),
                 func.now() > expires,
             )
             .values(
@@ -450,7 +447,7 @@ class RunStore(StoreConnection):
             update(runs)
             .where(
                 runs.c.id == run_id,
-                runs.c.state.in_(NOT_STARTED),
+                runs.c.state.in_(WAITING_STATES),
             )
             .values(
                 state=RunState.EXPIRED.value,

@@ -49,8 +49,8 @@ from beat import metrics
 from beat.config import BeatConfig, uses_this_scheduler
 from beat.dispatch import published_by_beat
 from beat.errors import HABeatError
+from beat.models import RunState
 from beat.run_store import Refused, RunStore, run_id_for, run_store_for
-from beat.tables import RunState
 
 logger = logging.getLogger(__name__)
 

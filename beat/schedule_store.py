@@ -47,20 +47,16 @@ from beat.errors import (
     StoreError,
 )
 from beat.models import (
-    Schedule,
-    ScheduleDefinition,
-)
-from beat.run_store import RunRecord, record_from_row
-from beat.tables import (
-    SCHEDULES_CHANNEL,
     MisfirePolicy,
     Origin,
     OverlapPolicy,
     RunState,
+    Schedule,
+    ScheduleDefinition,
     TriggerKind,
-    runs,
-    schedules,
 )
+from beat.run_store import RunRecord, record_from_row
+from beat.tables import SCHEDULES_CHANNEL, runs, schedules
 from beat.timing import Cron, Every, Once, Trigger
 
 logger = logging.getLogger(__name__)

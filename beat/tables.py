@@ -28,6 +28,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
+from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState, TriggerKind
+
 metadata = MetaData()
 
 #: Alembic's own version table, named so that it cannot clash with the host application's.
@@ -37,59 +39,6 @@ VERSION_TABLE = "beat_alembic_version"
 SCHEDULES_CHANNEL = "beat_schedules_changed"
 
 
-class TriggerKind(enum.StrEnum):
-    CRON = "cron"
-    EVERY = "every"
-    ONCE = "once"
-
-
-class Origin(enum.StrEnum):
-    """Where a schedule was defined: code is synced at beat start; api rows are never synced."""
-
-    CODE = "code"
-    API = "api"
-
-
-class MisfirePolicy(enum.StrEnum):
-    """What happens to fire times missed for longer than the misfire grace (no leader ran)."""
-
-    FIRE_ONCE = "fire_once"
-    FIRE_ALL = "fire_all"
-    SKIP = "skip"
-
-
-class OverlapPolicy(enum.StrEnum):
-    """What happens to a fire time while the schedule's previous run is still queued or running."""
-
-    ALLOW = "allow"
-    SKIP = "skip"
-    QUEUE_ONE = "queue_one"
-    CANCEL_PREVIOUS = "cancel_previous"
-
-
-class RunState(enum.StrEnum):
-    PENDING = "pending"
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    RETRYING = "retrying"
-    LOST = "lost"
-    SKIPPED = "skipped"
-    CANCELLED = "cancelled"
-    #: Its ``expires`` passed before a worker started it: it never runs late.
-    EXPIRED = "expired"
-
-
-#: States a run never leaves: retention deletes only these.
-FINISHED_STATES = (
-    RunState.SUCCEEDED,
-    RunState.FAILED,
-    RunState.LOST,
-    RunState.SKIPPED,
-    RunState.CANCELLED,
-    RunState.EXPIRED,
-)
 #: SQL that holds for a finished run (the predicate of the retention index).
 FINISHED_SQL = f"state IN ({', '.join(repr(state.value) for state in FINISHED_STATES)})"
 

@@ -38,6 +38,7 @@ from beat import metrics
 from beat.config import BeatConfig, uses_this_scheduler
 from beat.dispatch import published_by_beat
 from beat.errors import HABeatError, StoreUnavailable
+from beat.models import RunState
 from beat.run_store import (
     MISSING,
     Refused,
@@ -47,7 +48,6 @@ from beat.run_store import (
     run_store_for,
 )
 from beat.run_tracking import REQUEUE_DELAY, error_text, retry_delay, seconds_until
-from beat.tables import RunState
 
 logger = logging.getLogger(__name__)
 

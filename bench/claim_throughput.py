@@ -16,8 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import func, select
 
+from beat.models import RunState
 from beat.store import Store
-from beat.tables import RunState, runs
+from beat.tables import runs
 from bench.common import percentile, scratch
 from bench.lateness import insert_schedules
 from bench.scale import leader

@@ -30,9 +30,9 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import text
 
+from beat.models import RunState
 from beat.run_store import run_id_for
 from beat.store import Store
-from beat.tables import RunState
 from beat.timing import Trigger, fire_times
 
 NON_TERMINAL = frozenset({RunState.PENDING, RunState.QUEUED, RunState.RUNNING, RunState.RETRYING})

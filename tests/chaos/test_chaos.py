@@ -26,8 +26,7 @@ import redis
 
 from app.factory import create_app
 from beat.api import define
-from beat.models import Schedule
-from beat.tables import RunState
+from beat.models import RunState, Schedule
 from tests.chaos import servers
 from tests.chaos.broker import delete_messages
 from tests.chaos.checks import (

@@ -12,8 +12,8 @@ from itertools import pairwise
 import pytest
 
 from beat.api import Schedules
+from beat.models import RunState
 from beat.store import Store
-from beat.tables import RunState
 from tests.e2e.cluster import Cluster, Process, wait_until
 from tests.integration.helpers import run_rows
 

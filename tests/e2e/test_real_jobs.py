@@ -15,8 +15,8 @@ import redis
 
 from beat.api import Schedules
 from beat.dispatch import ATTEMPT_HEADER, FIRE_AT_HEADER, SCHEDULE_HEADER
+from beat.models import RunState
 from beat.store import Store
-from beat.tables import RunState
 from tests.conftest import SessionEnv
 from tests.e2e.cluster import Cluster, wait_until
 from tests.integration.helpers import broker_messages, run_rows, task_ids

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from beat.api import Schedules
+from beat.models import RunState
 from beat.store import Store
-from beat.tables import RunState
 from tests.e2e.cluster import Cluster, wait_until
 from tests.integration.helpers import run_rows
 

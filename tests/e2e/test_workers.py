@@ -17,8 +17,8 @@ import redis
 from sqlalchemy.engine import make_url
 
 from beat.api import Schedules
+from beat.models import RunState
 from beat.store import Store
-from beat.tables import RunState
 from tests.conftest import SessionEnv
 from tests.e2e.cluster import Cluster, wait_until
 from tests.e2e.proxy import CuttableProxy

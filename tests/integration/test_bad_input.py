@@ -24,9 +24,9 @@ from sqlalchemy import text
 from app.factory import create_app
 from beat.api import Schedules
 from beat.errors import InvalidSchedule
+from beat.models import RunState
 from beat.scheduler import HAScheduler
 from beat.store import Store
-from beat.tables import RunState
 from tests.conftest import SessionEnv
 from tests.integration.helpers import (
     as_json,

@@ -22,11 +22,10 @@ from beat.config import BeatConfig
 from beat.errors import ConfigError
 from beat.leader import lock_key
 from beat.leader_store import Claim
-from beat.models import DueSchedule, FirePlan
+from beat.models import DueSchedule, FirePlan, RunState
 from beat.policies import plan_fires
 from beat.scheduler import HAScheduler
 from beat.store import Store
-from beat.tables import RunState
 from tests.conftest import SessionEnv
 from tests.e2e.proxy import CuttableProxy
 from tests.integration.conftest import SchedulerFactory

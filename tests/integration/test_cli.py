@@ -33,9 +33,9 @@ from beat import schema
 from beat.api import Schedules
 from beat.cli import parse_duration
 from beat.leader import lock_key
+from beat.models import RunState
 from beat.scheduler import HAScheduler
 from beat.store import Store
-from beat.tables import RunState
 from tests.conftest import SessionEnv
 from tests.integration.helpers import (
     as_json,

@@ -14,10 +14,10 @@ from celery.schedules import crontab
 from sqlalchemy import text
 
 from beat.api import Schedules
+from beat.models import RunState
 from beat.rendering import spec_text
 from beat.scheduler import HAScheduler
 from beat.store import Store
-from beat.tables import RunState
 from beat.timing import Cron, next_fire_after
 from tests.integration.helpers import make_due, run_rows
 

@@ -18,10 +18,9 @@ from app.factory import create_app
 from beat import dispatch
 from beat.api import Schedules
 from beat.lost_messages import CHECK_INTERVAL, UNTAKEN_AFTER, LostMessages
-from beat.models import RunToPublish
+from beat.models import RunState, RunToPublish
 from beat.run_store import RunStore
 from beat.store import Store
-from beat.tables import RunState
 from tests.conftest import SessionEnv
 from tests.integration.helpers import run_rows
 from tests.integration.test_store import planner

@@ -17,10 +17,10 @@ from sqlalchemy import text
 
 from beat.api import Schedules
 from beat.errors import InvalidSchedule
+from beat.models import RunState
 from beat.policies import plan_fires
 from beat.scheduler import HAScheduler
 from beat.store import Store
-from beat.tables import RunState
 from tests.integration.helpers import run_rows
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session
 
 from beat.api import Schedules
 from beat.errors import StaleEpoch
+from beat.models import RunState
 from beat.run_store import Refused, RunStore, Started
 from beat.store import Store
-from beat.tables import RunState
 from tests.integration.helpers import run_rows
 
 pytestmark = pytest.mark.integration

@@ -20,9 +20,9 @@ from beat.api import Schedules
 from beat.code_schedules import periodic
 from beat.leader import lock_key
 from beat.leader_store import Claim
+from beat.models import FINISHED_STATES, Origin, RunState
 from beat.scheduler import HAScheduler
 from beat.store import Store
-from beat.tables import FINISHED_STATES, Origin, RunState
 from tests.conftest import SessionEnv
 from tests.e2e.proxy import CuttableProxy
 from tests.integration.helpers import (

@@ -9,11 +9,10 @@ import pytest
 from sqlalchemy import text
 
 from beat.api import Schedules
-from beat.models import DueSchedule, FirePlan
+from beat.models import DueSchedule, FirePlan, RunState
 from beat.policies import jitter_delay, plan_fires
 from beat.run_store import RunStore, Started
 from beat.store import Store
-from beat.tables import RunState
 from tests.integration.helpers import make_due, run_rows, slow_client_clock
 
 pytestmark = pytest.mark.integration

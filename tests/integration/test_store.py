@@ -14,10 +14,9 @@ from sqlalchemy import text
 from beat.api import Schedules, first_fire_at
 from beat.errors import StaleEpoch, StoreUnavailable
 from beat.leader_store import Claim
-from beat.models import DueSchedule, FirePlan
+from beat.models import DueSchedule, FirePlan, RunState
 from beat.policies import plan_fires
 from beat.store import Store
-from beat.tables import RunState
 from tests.integration.helpers import add_interval_schedules, make_due, run_rows
 
 pytestmark = pytest.mark.integration

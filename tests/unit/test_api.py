@@ -8,7 +8,7 @@ import pytest
 
 from beat.api import MAX_PAYLOAD_BYTES, define, first_fire_at
 from beat.errors import InvalidSchedule
-from beat.tables import MisfirePolicy
+from beat.models import MisfirePolicy
 from beat.timing import Cron, Every, Once
 
 

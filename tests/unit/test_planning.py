@@ -9,9 +9,8 @@ from zoneinfo import ZoneInfo
 from hypothesis import given
 from hypothesis import strategies as st
 
-from beat.models import DueSchedule, FirePlan, RunToPublish, SkipKind
+from beat.models import DueSchedule, FirePlan, MisfirePolicy, OverlapPolicy, RunToPublish, SkipKind
 from beat.planning import PlanningRules, Release, plan_claim, release_of
-from beat.tables import MisfirePolicy, OverlapPolicy
 from beat.timing import every
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beat.models import DueSchedule
+from beat.models import DueSchedule, MisfirePolicy
 from beat.policies import last_fire_at_or_before, plan_fires
-from beat.tables import MisfirePolicy
 from beat.timing import Trigger, every, once, parse_cron
 
 UTCZ = ZoneInfo("UTC")
