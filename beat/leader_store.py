@@ -34,6 +34,7 @@ from zoneinfo import ZoneInfo
 import psycopg
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     Connection,
     Double,
     Engine,
@@ -661,14 +662,14 @@ class LeaderStore(StoreConnection):
         query = (
             select(runs)
             .where(runs.c.state == RunState.PENDING.value)
-            .where(or_(runs.c.not_before.is_(None), runs.c.not_before <= func.now()))
+            .where(_released_now())
             .where(
                 or_(
                     runs.c.epoch.is_distinct_from(epoch),
                     runs.c.claimed_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, grace),
                     # A jittered run whose time has come. (A run claimed ahead, whose
                     # not_before is its fire time, is this leader's to send from memory.)
-                    runs.c.not_before > runs.c.fire_at,
+                    _deferred(),
                 )
             )
             .order_by(runs.c.claimed_at)
@@ -740,7 +741,7 @@ class LeaderStore(StoreConnection):
             .where(
                 runs.c.state == RunState.PENDING.value,
                 runs.c.not_before.is_not(None),
-                or_(runs.c.not_before > runs.c.fire_at, runs.c.epoch.is_distinct_from(epoch)),
+                or_(_deferred(), runs.c.epoch.is_distinct_from(epoch)),
             )
             .scalar_subquery()
         )
@@ -876,6 +877,19 @@ def _worker_died(lease_seconds: float) -> Any:
         )
         .exists()
     )
+
+
+def _released_now() -> ColumnElement[bool]:
+    """SQL of ``planning.release_of(run, now()) is Release.NOW``: no ``not_before``,
+    or its time has come."""
+    return or_(runs.c.not_before.is_(None), runs.c.not_before <= func.now())
+
+
+def _deferred() -> ColumnElement[bool]:
+    """SQL of a run held back by its jitter (``Release.DEFERRED`` until its time):
+    ``not_before`` after its fire time. A run claimed ahead (``Release.ARMED``) has
+    ``not_before`` equal to its fire time."""
+    return runs.c.not_before > runs.c.fire_at
 
 
 def _due_query(batch: int) -> Any:
