@@ -184,6 +184,11 @@ class LeaderLease:
         self._stop_renewing.set()
         return bool(self._call(self._release, self.holder))
 
+    def evict(self, holder: str) -> bool:
+        """Delete another holder's lock if it still holds it (compare-and-delete): its
+        process is known dead (``beat.liveness``). True if the lock was deleted."""
+        return bool(self._call(self._release, holder))
+
     def abandon(self, reason: str) -> None:
         """Stop leading without touching Redis (e.g. PostgreSQL refused our epoch)."""
         self._drop(reason)

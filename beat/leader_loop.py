@@ -50,6 +50,9 @@ RETENTION_BUDGET = 0.25
 #: The leader wakes this long after a worker's lease expires (seconds), so the reaper
 #: sees it expired.
 LEASE_EXPIRY_MARGIN = 0.05
+#: While runs whose worker's session is recorded are running, the leader looks this
+#: often (seconds) for one whose worker died, to reclaim it at once (``beat.liveness``).
+CRASH_POLL_INTERVAL = 1.0
 #: While a burst is claimed batch after batch, the outbox and the reaper run this often (s).
 BURST_MAINTENANCE_INTERVAL = 1.0
 
@@ -80,6 +83,7 @@ class ClaimStore(Protocol):
     ) -> Reclaim: ...
     def seconds_until_next_fire(self, epoch: int | None = ...) -> float | None: ...
     def seconds_until_lease_expiry(self) -> float | None: ...
+    def watching_sessions(self) -> bool: ...
     def prune(
         self,
         older_than: timedelta,
@@ -224,6 +228,8 @@ class LeaderLoop:
         if until_expiry is not None:
             # The reaper compares with now(): wake just after the expiry, not before it.
             wait = min(wait, until_expiry + LEASE_EXPIRY_MARGIN)
+            if wait > CRASH_POLL_INTERVAL and self.store.watching_sessions():
+                wait = CRASH_POLL_INTERVAL
         return wait
 
     # -- maintenance ------------------------------------------------------------------

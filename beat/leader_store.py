@@ -70,6 +70,7 @@ from beat.errors import (
     StoreUnavailable,
     error_text,
 )
+from beat.liveness import Session
 from beat.models import (
     ACTIVE_STATES,
     PLAIN_RUN_INTERRUPTED,
@@ -211,19 +212,33 @@ class LeaderStore(StoreConnection):
             ).scalar_one_or_none()
         return epoch or 0
 
-    def take_leadership(self, epoch: int, holder: str, *, lock_timeout: float = 2.0) -> bool:
-        """Record ``epoch`` as the newest; False if an equal or newer one is recorded.
+    def take_leadership(
+        self,
+        epoch: int,
+        holder: str,
+        *,
+        session: Session | None = None,
+        lock_timeout: float = 2.0,
+    ) -> bool:
+        """Record ``epoch`` as the newest, with the ``session`` its holder keeps for its
+        term (``beat.liveness``); False if an equal or newer epoch is recorded.
 
         Waits for claims in flight (they hold the row in share mode), at most
         ``lock_timeout`` seconds, so a stalled old leader cannot block a takeover
         for long: its idle transaction is aborted by PostgreSQL anyway.
         """
+        values = {
+            "epoch": epoch,
+            "holder": holder,
+            "session_pid": None if session is None else session.pid,
+            "session_started_at": None if session is None else session.started_at,
+        }
         statement = (
             pg_insert(leader)
-            .values(name=self.leader_name, epoch=epoch, holder=holder)
+            .values(name=self.leader_name, **values)
             .on_conflict_do_update(
                 index_elements=[leader.c.name],
-                set_={"epoch": epoch, "holder": holder, "acquired_at": func.now()},
+                set_={**values, "acquired_at": func.now()},
                 where=leader.c.epoch < epoch,
             )
             .returning(leader.c.epoch)
@@ -241,6 +256,17 @@ class LeaderStore(StoreConnection):
                 )
                 return False
             raise
+
+    def dead_leader(self) -> str | None:
+        """The recorded leader's holder token if the session it keeps for its term is no
+        longer listed by PostgreSQL (its process died); None while it is listed, when
+        none was recorded, or when there is no leader. A pid listed again by a newer
+        session counts as alive: the lease's TTL then decides, as without a session."""
+        query = select(leader.c.holder).where(
+            leader.c.name == self.leader_name, session_gone(leader.c.session_pid)
+        )
+        with self._transaction() as conn:
+            return conn.execute(query).scalar_one_or_none()
 
     def leader_info(self) -> LeaderInfo | None:
         with self._transaction() as conn:
@@ -458,8 +484,9 @@ class LeaderStore(StoreConnection):
     ) -> Reclaim:
         """The reaper, as leader ``epoch`` (fenced like a claim), in one transaction:
 
-        - a ``running`` run whose lease expired (its worker died or was cut off)
-          goes back to the outbox (``pending``, attempt kept) to be published
+        - a ``running`` run whose lease expired (its worker died or was cut off),
+          or whose worker process's database session is gone (it died:
+          ``beat.liveness``), goes back to the outbox (``pending``, attempt kept) to be published
           again under the same task ID, unless it has had ``max_attempts``
           attempts (Celery retries not counted): then it is ``lost``. An attempt
           whose worker process is known to have died (``beat_workers``: not seen
@@ -475,7 +502,10 @@ class LeaderStore(StoreConnection):
         """
         expired = (
             select(runs.c.id)
-            .where(runs.c.state == RunState.RUNNING.value, runs.c.lease_expires_at < func.now())
+            .where(
+                runs.c.state == RunState.RUNNING.value,
+                or_(runs.c.lease_expires_at < func.now(), session_gone(runs.c.session_pid)),
+            )
             .order_by(runs.c.lease_expires_at)
             .limit(limit)
             .with_for_update(skip_locked=True)
@@ -484,7 +514,8 @@ class LeaderStore(StoreConnection):
         # A plain task is never started twice: once its worker is gone after it started,
         # the run is over. (Taken but not started, it is published again like any run.)
         interrupted_plain = and_(runs.c.plain, runs.c.started_at.is_not(None))
-        interruptions = runs.c.interruptions + case((_worker_died(lease_seconds), 1), else_=0)
+        worker_died = or_(_worker_died(lease_seconds), session_gone(runs.c.session_pid))
+        interruptions = runs.c.interruptions + case((worker_died, 1), else_=0)
         exhausted = or_(
             interrupted_plain,
             runs.c.attempt - runs.c.retries - interruptions >= runs.c.max_attempts,
@@ -717,6 +748,17 @@ class LeaderStore(StoreConnection):
             _quarantine(conn, list(quarantined.values()))
         return list(quarantined.values())
 
+    def watching_sessions(self) -> bool:
+        """Whether a running run has its worker's session recorded: the reaper then
+        looks often, to reclaim it as soon as that worker dies."""
+        query = select(
+            select(literal(1))
+            .where(runs.c.state == RunState.RUNNING.value, runs.c.session_pid.is_not(None))
+            .exists()
+        )
+        with self._transaction() as conn:
+            return bool(conn.execute(query).scalar_one())
+
     def seconds_until_lease_expiry(self) -> float | None:
         """Seconds until the earliest lease of a running run expires (negative if it
         has), or None: the leader wakes then to reclaim the run of a dead worker."""
@@ -877,6 +919,14 @@ def _worker_died(lease_seconds: float) -> Any:
         )
         .exists()
     )
+
+
+def session_gone(pid: Any) -> ColumnElement[bool]:
+    """SQL: a session was recorded (``pid`` not NULL) and PostgreSQL no longer lists it:
+    the process that held it died (``beat.liveness``). A pid listed again by a newer
+    session reads as alive: the lease then decides, as with no session recorded."""
+    listed = select(literal(1)).select_from(text("pg_stat_activity")).where(column("pid") == pid)
+    return and_(pid.is_not(None), ~listed.exists())
 
 
 def _released_now() -> ColumnElement[bool]:

@@ -8,6 +8,10 @@ health watchdog that lets the lease go when this process cannot do the work.
 - **Keep**: the lease is renewed from a thread of its own while the watchdog
   says the loop makes progress; a loop that fails or hangs for longer than its
   longest step lets the lease go, so a standby that can reach PostgreSQL leads.
+- **Crash**: the leader keeps a database session for its term and records it;
+  a standby that finds that session gone (the process died) evicts the dead
+  holder's lease and leads at once (``beat.liveness``). A leader that sees its
+  own session closed steps down.
 - **Lose**: whoever notices first (the renewer, a fenced write refused with
   ``StaleEpoch``, the check before sending runs claimed ahead) ends this term;
   the loop's ``on_lost`` drops what only this leader holds in memory.
@@ -21,6 +25,7 @@ from typing import Protocol
 
 from beat.errors import HABeatError, LeaseUnavailable, StaleEpoch
 from beat.leader import DRIFT_MARGIN
+from beat.liveness import Session
 from beat.reporting import Reporter
 
 
@@ -42,8 +47,35 @@ class LeaderRow(Protocol):
     """The leader row in PostgreSQL (``beat.leader_store.LeaderStore``)."""
 
     def current_epoch(self) -> int: ...
-    def take_leadership(self, epoch: int, holder: str) -> bool: ...
+    def take_leadership(
+        self, epoch: int, holder: str, *, session: Session | None = ...
+    ) -> bool: ...
     def notify_leader_released(self) -> None: ...
+
+
+class CrashDetector(Protocol):
+    """A leader's beacon and a standby's check for a crashed leader (``beat.liveness``)."""
+
+    def open_beacon(self) -> Session | None: ...
+    def beacon_alive(self) -> bool: ...
+    def close_beacon(self) -> None: ...
+    def evict_dead_leader(self) -> bool: ...
+
+
+class _NoCrashDetection:
+    """Standbys wait for the lease's TTL; the leader records no session."""
+
+    def open_beacon(self) -> Session | None:
+        return None
+
+    def beacon_alive(self) -> bool:
+        return True
+
+    def close_beacon(self) -> None:
+        pass
+
+    def evict_dead_leader(self) -> bool:
+        return False
 
 
 class Leadership:
@@ -58,6 +90,7 @@ class Leadership:
         longest_step: float,
         on_lost: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
+        crash_detection: CrashDetector | None = None,
     ) -> None:
         self._lease = lease
         self._row = leader_row
@@ -66,6 +99,7 @@ class Leadership:
         self._longest_step = longest_step
         self._on_lost = on_lost
         self._clock = clock
+        self._crash = crash_detection or _NoCrashDetection()
         self._epoch: int | None = None
         self._progress = clock()
 
@@ -81,20 +115,29 @@ class Leadership:
     def lead(self) -> int | None:
         """This process's epoch if it leads (taking the lease if it is free), else None."""
         if self._epoch is not None:
+            if not self._crash.beacon_alive():
+                self.step_down(
+                    "this process lost the database session it leads with: standbys may"
+                    " take over at once"
+                )
+                return None
             if self._lease.is_held():
                 return self._epoch
             self._epoch = None  # the renewer already said why
+            self._crash.close_beacon()
             self._on_lost()
             self._report.lost()
-        epoch = self._lease.try_acquire(self._row.current_epoch())
+        epoch = self._try_acquire()
         if epoch is None:
             return None
         try:
-            epoch = self._record_epoch(epoch)
+            epoch = self._record_epoch(epoch, self._crash.open_beacon())
         except BaseException:
+            self._crash.close_beacon()
             self._lease.release()
             raise
         if epoch is None:
+            self._crash.close_beacon()
             self._lease.release()
             return None
         self._epoch = epoch
@@ -103,13 +146,21 @@ class Leadership:
         self._report.acquired(epoch, self._lease.holder)
         return epoch
 
-    def _record_epoch(self, epoch: int) -> int | None:
-        """Record our epoch in PostgreSQL; if a newer one is there (Redis lost its
-        counter), raise ours above it once."""
-        if self._row.take_leadership(epoch, self._lease.holder):
+    def _try_acquire(self) -> int | None:
+        """Take the lease if it is free, or if its holder crashed (``beat.liveness``)."""
+        epoch = self._lease.try_acquire(self._row.current_epoch())
+        if epoch is None and self._crash.evict_dead_leader():
+            epoch = self._lease.try_acquire(self._row.current_epoch())
+        return epoch
+
+    def _record_epoch(self, epoch: int, session: Session | None) -> int | None:
+        """Record our epoch (and the session we keep for the term) in PostgreSQL; if a
+        newer epoch is there (Redis lost its counter), raise ours above it once."""
+        holder = self._lease.holder
+        if self._row.take_leadership(epoch, holder, session=session):
             return epoch
         bumped = self._lease.bump_epoch(self._row.current_epoch())
-        if bumped is not None and self._row.take_leadership(bumped, self._lease.holder):
+        if bumped is not None and self._row.take_leadership(bumped, holder, session=session):
             return bumped
         return None
 
@@ -164,6 +215,7 @@ class Leadership:
             self._lease.release()
         except HABeatError as exc:
             self._report.release_failed(exc)
+        self._crash.close_beacon()
 
     def lease_lost(self, reason: str) -> None:
         """Called by the lease's renewer thread when the lease is gone."""
@@ -182,4 +234,5 @@ class Leadership:
                 self._row.notify_leader_released()
         except Exception as exc:  # shutting down: the TTL frees the lease anyway
             self._report.release_failed(exc)
+        self._crash.close_beacon()  # after the release: standbys take over from it
         self._report.released(epoch, released)

@@ -236,8 +236,12 @@ class RunStore(StoreConnection):
         may_create: bool = True,
         task_id: str | None = None,
         expires: datetime | None = None,
+        session_pid: int | None = None,
     ) -> Started | Refused:
         """Take the run's lease if this delivery may run it (one statement), else record a refusal.
+
+        ``session_pid`` is the database session this worker process keeps open
+        (``beat.liveness``): once it is gone, the leader reclaims the run at once.
 
         A run that does not exist yet (a task sent with ``delay()``) is created,
         with its payload, so the reaper can publish it again, unless
@@ -251,6 +255,7 @@ class RunStore(StoreConnection):
             "lease_expires_at": _lease_until(lease_seconds),
             "started_at": func.now(),
             "worker": worker,
+            "session_pid": session_pid,
         }
         if not may_create:
             return self._take(run_id, retries, lease, expires)

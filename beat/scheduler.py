@@ -33,6 +33,7 @@ from beat.leader import LeaderLease
 from beat.leader_loop import LeaderLoop
 from beat.leader_store import Claim, LeaderStore, ScheduleChangeListener
 from beat.leadership import Leadership
+from beat.liveness import CrashDetection, SessionBeacon
 from beat.lost_messages import LostMessages
 from beat.reporting import Reporter, TickErrors
 from beat.schedule_store import ScheduleStore
@@ -208,6 +209,11 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 self._report,
                 longest_step=config.lock_ttl + config.max_wait + config.claim_ahead,
                 on_lost=self._drop_armed,
+                crash_detection=CrashDetection(
+                    SessionBeacon(config.database_url, setting=config.database_setting),
+                    self.store,
+                    self.lease,
+                ),
             )
         return self._leadership
 

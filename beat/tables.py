@@ -142,6 +142,10 @@ runs = Table(
     Column("finished_at", TZ),
     Column("lease_owner", Text),
     Column("lease_expires_at", TZ),
+    #: The database session of the worker process running it (``beat.liveness``):
+    #: once PostgreSQL no longer lists it, the run is reclaimed without waiting for
+    #: its lease. NULL: not known, the lease decides.
+    Column("session_pid", Integer),
     Column("worker", Text),
     Column("error", Text),
     #: The Celery task ID when the caller chose one that is not a UUID (``id`` is then
@@ -209,6 +213,11 @@ leader = Table(
     Column("epoch", BigInteger, nullable=False),
     Column("holder", Text, nullable=False),
     Column("acquired_at", TZ, nullable=False, server_default=text("now()")),
+    #: The database session the leader holds for its whole term (``beat.liveness``):
+    #: once PostgreSQL no longer lists it, the leader's process is gone and a standby
+    #: takes over without waiting for the lease. NULL: not known, wait for the lease.
+    Column("session_pid", Integer),
+    Column("session_started_at", TZ),
 )
 
 workers = Table(

@@ -38,6 +38,7 @@ from beat import metrics
 from beat.config import BeatConfig, uses_this_scheduler
 from beat.dispatch import published_by_beat
 from beat.errors import HABeatError, StoreUnavailable
+from beat.liveness import process_session
 from beat.models import RunState
 from beat.run_store import (
     MISSING,
@@ -270,6 +271,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             may_create=not published_by_beat(request),
             task_id=None if str(run_id) == request.id else request.id,
             expires=self._expires(),
+            session_pid=_session_pid(config),
         )
 
     def _execute(self, execution: _Execution, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -378,6 +380,13 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
     def _execution(self) -> _Execution | None:
         execution: _Execution | None = getattr(self.request, "habeat_execution", None)
         return execution
+
+
+def _session_pid(config: BeatConfig) -> int | None:
+    """This process's database session, recorded with each run it starts: if the
+    process dies, the leader sees the session gone and reclaims the run at once."""
+    session = process_session(config.database_url, setting=config.database_setting)
+    return None if session is None else session.pid
 
 
 @worker_init.connect  # type: ignore[untyped-decorator]

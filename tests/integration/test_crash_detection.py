@@ -1,0 +1,185 @@
+"""Crash detection against real PostgreSQL and Redis: a leader whose database session
+is gone is replaced at once; a live one never is; a leader that lost its session
+steps down; where sessions cannot be told apart, standbys wait for the TTL."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import psycopg
+import pytest
+import redis
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from beat import liveness
+from beat.leader import lock_key
+from beat.models import RunState
+from beat.run_store import RunStore, Started
+from beat.store import Store
+from tests.conftest import SessionEnv
+from tests.integration.conftest import SchedulerFactory
+from tests.integration.helpers import run_rows
+
+pytestmark = pytest.mark.integration
+
+#: Far longer than a test: a takeover within it did not wait for the lease.
+LONG_TTL = 60.0
+
+
+def kill_leader_session(store: Store) -> None:
+    """What the kernel does for a leader process that dies: its session ends."""
+    with store.engine.begin() as conn:
+        ended = conn.execute(
+            text(
+                "SELECT pg_terminate_backend(session_pid) FROM beat_leader"
+                " WHERE session_pid IS NOT NULL"
+            )
+        ).scalar_one()
+    assert ended, "the leader recorded a live session"
+
+
+def wait_until_gone(store: Store) -> None:
+    """pg_terminate_backend signals the backend; it is gone once it exits."""
+    for _ in range(200):
+        with store.engine.begin() as conn:
+            listed = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity a JOIN beat_leader l"
+                    " ON a.pid = l.session_pid"
+                )
+            ).scalar_one()
+        if not listed:
+            return
+    raise AssertionError("the leader's session did not end")
+
+
+def test_a_standby_takes_over_at_once_from_a_leader_whose_session_is_gone(
+    make_scheduler: SchedulerFactory,
+    store: Store,
+    redis_client: redis.Redis,
+    test_env: SessionEnv,
+) -> None:
+    crashed = make_scheduler(lock_ttl=LONG_TTL)
+    crashed.tick()
+    old_epoch = crashed.epoch
+    assert old_epoch is not None
+    crashed.lease.abandon("simulated crash")  # the dead process renews nothing
+    kill_leader_session(store)
+    wait_until_gone(store)
+
+    standby = make_scheduler(lock_ttl=LONG_TTL)
+    standby.tick()
+
+    assert standby.epoch is not None
+    assert standby.epoch > old_epoch
+    holder = redis_client.get(lock_key(test_env.key_prefix))
+    assert holder is not None
+    assert holder.decode() == standby.lease.holder, "the dead holder's lease was replaced"
+
+
+def test_a_live_leader_is_never_evicted(make_scheduler: SchedulerFactory) -> None:
+    leader = make_scheduler(lock_ttl=LONG_TTL)
+    leader.tick()
+    assert leader.is_leader
+    standby = make_scheduler(lock_ttl=LONG_TTL)
+    for _ in range(3):
+        standby.tick()
+    assert not standby.is_leader
+    assert leader.is_leader
+
+
+def test_a_leader_that_lost_its_session_steps_down_and_claims_nothing(
+    make_scheduler: SchedulerFactory, store: Store, redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
+    leader = make_scheduler(lock_ttl=LONG_TTL)
+    leader.tick()
+    assert leader.is_leader
+    kill_leader_session(store)
+    wait_until_gone(store)
+
+    leader.tick()
+
+    assert not leader.is_leader
+    assert redis_client.get(lock_key(test_env.key_prefix)) is None, "it gave its lease back"
+
+
+def test_without_distinct_sessions_standbys_wait_for_the_lease(
+    make_scheduler: SchedulerFactory,
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A pooler in transaction mode answers each statement from another session:
+    # the two answers of the beacon's question then differ.
+    monkeypatch.setattr(liveness, "_WHO_AM_I", "SELECT pg_backend_pid(), clock_timestamp()")
+    with caplog.at_level(logging.WARNING, logger="beat.liveness"):
+        crashed = make_scheduler(lock_ttl=LONG_TTL)
+        crashed.tick()
+    assert crashed.is_leader
+    assert [r for r in caplog.records if "crash detection is off" in r.getMessage()]
+    with store.engine.begin() as conn:
+        assert conn.execute(text("SELECT session_pid FROM beat_leader")).scalar_one() is None
+    crashed.lease.abandon("simulated crash")
+
+    standby = make_scheduler(lock_ttl=LONG_TTL)
+    standby.tick()
+
+    assert not standby.is_leader, "nothing tells a crash from a hang: the TTL decides"
+
+
+def start_run(store: Store, session_pid: int | None) -> uuid.UUID:
+    """A run started by a worker process whose database session is ``session_pid``,
+    with a lease far longer than the test."""
+    run_id = uuid.uuid4()
+    started = RunStore(store.engine).start(
+        run_id,
+        owner="w1:1:abc",
+        worker="w1@host",
+        lease_seconds=LONG_TTL,
+        task="t",
+        args=[],
+        kwargs={},
+        options={},
+        retries=0,
+        max_attempts=1,
+        session_pid=session_pid,
+    )
+    assert isinstance(started, Started)
+    return run_id
+
+
+def test_a_run_whose_worker_session_is_gone_is_reclaimed_at_once_as_an_interruption(
+    store: Store, test_env: SessionEnv
+) -> None:
+    assert store.take_leadership(1, "leader")
+    worker_session = psycopg.connect(
+        make_url(test_env.database_url).set(drivername="postgresql").render_as_string(False),
+        autocommit=True,
+    )
+    pid = worker_session.info.backend_pid
+    dies, lives = start_run(store, pid), start_run(store, None)
+    with psycopg.connect(
+        make_url(test_env.database_url).set(drivername="postgresql").render_as_string(False),
+        autocommit=True,
+    ) as other:
+        elsewhere = start_run(store, other.info.backend_pid)
+        assert store.reclaim(1, stale_queued_after=3600, limit=10).runs == [], (
+            "live sessions and leases: nothing to reclaim"
+        )
+        assert store.watching_sessions()
+        worker_session.close()  # the worker process dies: its socket closes
+        for _ in range(100):
+            reclaim = store.reclaim(1, stale_queued_after=3600, limit=10)
+            if reclaim.runs:
+                break
+            time.sleep(0.01)
+
+    assert [run.id for run in reclaim.runs] == [dies], "only the dead worker's run, at once"
+    assert reclaim.lost == [], "a worker's death is an interruption, not an attempt"
+    states = {row.id: row.state for row in run_rows(store)}
+    assert states[lives] == states[elsewhere] == RunState.RUNNING.value
+    [row] = run_rows(store, id=dies)
+    assert row.interruptions == 1
