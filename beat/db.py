@@ -39,6 +39,12 @@ def masked_url(url: str) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
+def psycopg_conninfo(url: str) -> str:
+    """A SQLAlchemy URL as psycopg's connection string, for connections held outside the
+    pool (LISTEN, the crash-detection beacon)."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def create_store_engine(url: str, *, pool_size: int = 5, connect_timeout: int = 5) -> Engine:
     """An engine on ``url``; no connection is made until first use."""
     return create_engine(

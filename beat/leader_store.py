@@ -56,13 +56,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from beat.db import (
     StoreConnection,
     create_store_engine,
     masked_url,
+    psycopg_conninfo,
     unreachable,
 )
 from beat.errors import (
@@ -855,9 +855,7 @@ class ScheduleChangeListener:
     CHANNELS = (SCHEDULES_CHANNEL, LEADER_RELEASED_CHANNEL)
 
     def __init__(self, url: str, *, setting: str = "habeat_database_url") -> None:
-        self._conninfo = (
-            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-        )
+        self._conninfo = psycopg_conninfo(url)
         self._masked = masked_url(url)
         self._setting = setting
         self._conn: psycopg.Connection[Any] | None = None

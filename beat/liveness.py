@@ -36,9 +36,8 @@ from datetime import datetime
 from typing import Any, Protocol
 
 import psycopg
-from sqlalchemy.engine import make_url
 
-from beat.db import masked_url, unreachable
+from beat.db import masked_url, psycopg_conninfo, unreachable
 from beat.errors import StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -60,9 +59,7 @@ class SessionBeacon:
     """The connection a leader holds for its term (see the module docstring)."""
 
     def __init__(self, url: str, *, setting: str = "habeat_database_url") -> None:
-        self._conninfo = (
-            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-        )
+        self._conninfo = psycopg_conninfo(url)
         self._masked = masked_url(url)
         self._setting = setting
         self._conn: psycopg.Connection[Any] | None = None
