@@ -24,11 +24,12 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
 
+from beat.db import masked_url
 from beat.errors import LeaseUnavailable
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,43 @@ def lock_key(prefix: str) -> str:
 
 def epoch_key(prefix: str) -> str:
     return f"{prefix}:leader:epoch"
+
+
+#: Prefix of the names of the Redis connections processes keep as crash beacons.
+BEACON_PREFIX = "habeat-beacon:"
+
+
+def open_beacon_connection(url: str, name: str) -> redis.Redis | None:
+    """A Redis connection of its own named ``name`` (``CLIENT SETNAME``), kept open by
+    a process for its life or term (``beat.liveness``); None where the server refuses
+    CLIENT commands (some managed Redis services). Raises LeaseUnavailable when Redis
+    cannot be reached."""
+    client = redis.Redis.from_url(
+        url, single_connection_client=True, socket_timeout=2, socket_connect_timeout=2
+    )
+    try:
+        client.client_setname(name)
+    except redis.ResponseError:
+        client.close()
+        return None
+    except redis.RedisError as exc:
+        client.close()
+        raise LeaseUnavailable(f"Redis at {masked_url(url)}: {exc}") from exc
+    return client
+
+
+def live_beacons(client: redis.Redis, names: Iterable[str]) -> set[str]:
+    """Which of ``names`` are names of open Redis connections. Every name counts as live
+    when Redis cannot tell (CLIENT LIST refused or Redis unreachable): a crash is then
+    not confirmed, and leases decide."""
+    wanted = set(names)
+    if not wanted:
+        return set()
+    try:
+        listed = client.client_list(_type="normal")
+    except redis.RedisError:
+        return wanted
+    return wanted & {str(entry.get("name", "")) for entry in listed}
 
 
 def new_holder_id() -> str:
@@ -188,6 +226,10 @@ class LeaderLease:
         """Delete another holder's lock if it still holds it (compare-and-delete): its
         process is known dead (``beat.liveness``). True if the lock was deleted."""
         return bool(self._call(self._release, holder))
+
+    def live_beacons(self, names: Iterable[str]) -> set[str]:
+        """Which of ``names`` are open Redis connections (see :func:`live_beacons`)."""
+        return live_beacons(self._client, names)
 
     def abandon(self, reason: str) -> None:
         """Stop leading without touching Redis (e.g. PostgreSQL refused our epoch)."""

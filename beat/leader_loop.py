@@ -80,6 +80,7 @@ class ClaimStore(Protocol):
         limit: int,
         idle_timeout: float = ...,
         lease_seconds: float = ...,
+        dead: Sequence[uuid.UUID] = ...,
     ) -> Reclaim: ...
     def seconds_until_next_fire(self, epoch: int | None = ...) -> float | None: ...
     def seconds_until_lease_expiry(self) -> float | None: ...
@@ -132,6 +133,17 @@ class MessageRecovery(Protocol):
     def look(self, store: Any, epoch: int, *, limit: int, idle_timeout: float) -> Recovery: ...
 
 
+class RunCrashes(Protocol):
+    """Running runs whose worker process is dead (``beat.liveness.CrashDetection``)."""
+
+    def dead_runs(self, *, limit: int) -> list[uuid.UUID]: ...
+
+
+class _NoCrashes:
+    def dead_runs(self, *, limit: int) -> list[uuid.UUID]:
+        return []
+
+
 class LeaderLoop:
     """One process's loop (see the module docstring); ``run_once`` is one pass."""
 
@@ -148,6 +160,7 @@ class LeaderLoop:
         reporter: Reporter,
         clock: Callable[[], float] = time.monotonic,
         after_claim_commit: Callable[[Claim], None] | None = None,
+        crash_detection: RunCrashes | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -160,6 +173,8 @@ class LeaderLoop:
         self.clock = clock
         #: Test hook: called after a claim commits and before its runs are published.
         self.after_claim_commit = after_claim_commit
+        #: Runs of dead workers, reclaimed without waiting for their lease.
+        self.crashes = crash_detection or _NoCrashes()
         self.rules = PlanningRules(
             misfire_grace=config.misfire_grace, max_catchup=config.max_catchup
         )
@@ -254,10 +269,12 @@ class LeaderLoop:
 
     def _reclaim(self, epoch: int) -> None:
         """Publish again the runs of dead workers; mark lost those out of attempts."""
+        limit = self.config.claim_batch
         reclaim = self.store.reclaim(
             epoch,
+            dead=self.crashes.dead_runs(limit=limit),
             stale_queued_after=2 * self.config.visibility_timeout,
-            limit=self.config.claim_batch,
+            limit=limit,
             idle_timeout=self.config.claim_idle_timeout,
             lease_seconds=self.config.lease_timeout,
         )

@@ -232,6 +232,7 @@ class LeaderStore(StoreConnection):
             "holder": holder,
             "session_pid": None if session is None else session.pid,
             "session_started_at": None if session is None else session.started_at,
+            "beacon": None if session is None else session.beacon,
         }
         statement = (
             pg_insert(leader)
@@ -257,16 +258,34 @@ class LeaderStore(StoreConnection):
                 return False
             raise
 
-    def dead_leader(self) -> str | None:
-        """The recorded leader's holder token if the session it keeps for its term is no
-        longer listed by PostgreSQL (its process died); None while it is listed, when
-        none was recorded, or when there is no leader. A pid listed again by a newer
-        session counts as alive: the lease's TTL then decides, as without a session."""
-        query = select(leader.c.holder).where(
-            leader.c.name == self.leader_name, session_gone(leader.c.session_pid)
+    def leader_without_session(self) -> tuple[str, str] | None:
+        """(holder, beacon) of the recorded leader if the database session it keeps for
+        its term is no longer listed by PostgreSQL; None while it is, when none was
+        recorded, or when there is no leader. Whether its process died is for its
+        Redis connection to confirm (``beat.liveness``)."""
+        query = select(leader.c.holder, leader.c.beacon).where(
+            leader.c.name == self.leader_name,
+            leader.c.beacon.is_not(None),
+            session_gone(leader.c.session_pid),
         )
         with self._transaction() as conn:
-            return conn.execute(query).scalar_one_or_none()
+            row = conn.execute(query).one_or_none()
+        return None if row is None else (row.holder, row.beacon)
+
+    def runs_without_session(self, *, limit: int) -> list[tuple[uuid.UUID, str]]:
+        """(run ID, beacon) of running runs whose worker process's database session is no
+        longer listed by PostgreSQL: candidates for a crash, for Redis to confirm."""
+        query = (
+            select(runs.c.id, runs.c.beacon)
+            .where(
+                runs.c.state == RunState.RUNNING.value,
+                runs.c.beacon.is_not(None),
+                session_gone(runs.c.session_pid),
+            )
+            .limit(limit)
+        )
+        with self._transaction() as conn:
+            return [(row.id, row.beacon) for row in conn.execute(query)]
 
     def leader_info(self) -> LeaderInfo | None:
         with self._transaction() as conn:
@@ -481,11 +500,12 @@ class LeaderStore(StoreConnection):
         limit: int,
         idle_timeout: float = 10.0,
         lease_seconds: float = 30.0,
+        dead: Sequence[uuid.UUID] = (),
     ) -> Reclaim:
         """The reaper, as leader ``epoch`` (fenced like a claim), in one transaction:
 
         - a ``running`` run whose lease expired (its worker died or was cut off),
-          or whose worker process's database session is gone (it died:
+          or whose worker process is known dead (``dead``: its beacon is gone,
           ``beat.liveness``), goes back to the outbox (``pending``, attempt kept) to be published
           again under the same task ID, unless it has had ``max_attempts``
           attempts (Celery retries not counted): then it is ``lost``. An attempt
@@ -504,7 +524,7 @@ class LeaderStore(StoreConnection):
             select(runs.c.id)
             .where(
                 runs.c.state == RunState.RUNNING.value,
-                or_(runs.c.lease_expires_at < func.now(), session_gone(runs.c.session_pid)),
+                or_(runs.c.lease_expires_at < func.now(), runs.c.id.in_(list(dead))),
             )
             .order_by(runs.c.lease_expires_at)
             .limit(limit)
@@ -514,7 +534,7 @@ class LeaderStore(StoreConnection):
         # A plain task is never started twice: once its worker is gone after it started,
         # the run is over. (Taken but not started, it is published again like any run.)
         interrupted_plain = and_(runs.c.plain, runs.c.started_at.is_not(None))
-        worker_died = or_(_worker_died(lease_seconds), session_gone(runs.c.session_pid))
+        worker_died = or_(_worker_died(lease_seconds), runs.c.id.in_(list(dead)))
         interruptions = runs.c.interruptions + case((worker_died, 1), else_=0)
         exhausted = or_(
             interrupted_plain,
@@ -749,11 +769,11 @@ class LeaderStore(StoreConnection):
         return list(quarantined.values())
 
     def watching_sessions(self) -> bool:
-        """Whether a running run has its worker's session recorded: the reaper then
+        """Whether a running run has its worker's beacon recorded: the reaper then
         looks often, to reclaim it as soon as that worker dies."""
         query = select(
             select(literal(1))
-            .where(runs.c.state == RunState.RUNNING.value, runs.c.session_pid.is_not(None))
+            .where(runs.c.state == RunState.RUNNING.value, runs.c.beacon.is_not(None))
             .exists()
         )
         with self._transaction() as conn:

@@ -1,27 +1,27 @@
-"""Crash detection: the leader's database session is its pulse.
+"""Crash detection: a process's connections are its pulse.
 
 A process that crashes (SIGKILL, an OOM kill) has its sockets closed by the
-kernel, and PostgreSQL ends its sessions within milliseconds. A process that
-hangs (SIGSTOP, a VM pause) or is cut off by the network keeps its sessions
-until TCP gives up. So a leader holds one connection of its own for its whole
-term, its *beacon*, and records that session (backend pid and start) in the
-leader row. A standby that finds the lease taken asks PostgreSQL whether the
-recorded session still exists; when it does not, the leader's process is
-gone: the standby deletes the dead holder's lease in Redis (compare-and-delete
-of that holder's token, so a lease taken meanwhile by anyone else is left
-alone) and takes it with a new epoch, as after a clean hand-over, instead of
-waiting for the lease's TTL.
+kernel: PostgreSQL ends its sessions and Redis drops its connections within
+milliseconds. A process that hangs (SIGSTOP, a VM pause) keeps them; a link
+cut to one server closes the connections to that server only. So a process
+keeps a *beacon* for its term: one PostgreSQL session and one named Redis
+connection of its own, and records both (the session's backend pid, the
+connection's name). When PostgreSQL no longer lists the session AND Redis no
+longer lists the connection, the process is dead:
 
-Nothing about fencing changes. The dead process cannot claim; a process that
-lost its beacon but lives (its connection cut) is fenced by the new epoch in
-every claim, finds its lease gone at its next renewal or at the check before
-sending runs claimed ahead, and steps down by itself as soon as it sees its
-beacon closed. The TTL stays the bound for a leader that hangs or is cut off
-with its session still open.
+- a standby that finds the lease taken by a dead leader deletes that holder's
+  lease (compare-and-delete of its token, so a lease taken meanwhile by anyone
+  else is left alone) and takes it with a new epoch, instead of waiting for the
+  lease's TTL;
+- the leader's reaper reclaims at once a run whose worker process is dead,
+  instead of waiting for the run's lease.
 
-Where sessions cannot be told apart (a pooler in transaction mode runs each
-statement on another backend), the beacon sees it at start, says so once and
-records nothing: standbys then wait for the lease's TTL, as before.
+Nothing about fencing changes: a process that is alive but lost a link keeps
+the other connection, is not judged dead, and is handled by the lease's TTL
+and the epoch exactly as before. A leader that sees its own database session
+closed steps down. Where the servers cannot tell (a pooler in transaction mode
+runs each statement on another backend; a managed Redis refuses CLIENT
+commands), the beacon says so once and records nothing: leases decide.
 """
 
 from __future__ import annotations
@@ -30,15 +30,20 @@ import contextlib
 import logging
 import os
 import select
+import socket
 import threading
+import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 import psycopg
+import redis
 
 from beat.db import masked_url, psycopg_conninfo, unreachable
-from beat.errors import StoreUnavailable
+from beat.errors import LeaseUnavailable, StoreUnavailable
+from beat.leader import BEACON_PREFIX, open_beacon_connection
 
 logger = logging.getLogger(__name__)
 
@@ -53,28 +58,37 @@ class Session:
 
     pid: int
     started_at: datetime
+    #: The name of the process's own Redis connection.
+    beacon: str
 
 
 class SessionBeacon:
-    """The connection a leader holds for its term (see the module docstring)."""
+    """The connections a process keeps as its pulse (see the module docstring)."""
 
-    def __init__(self, url: str, *, setting: str = "habeat_database_url") -> None:
-        self._conninfo = psycopg_conninfo(url)
-        self._masked = masked_url(url)
-        self._setting = setting
+    def __init__(
+        self,
+        database_url: str,
+        redis_url: str,
+        *,
+        database_setting: str = "habeat_database_url",
+        redis_setting: str = "habeat_redis_url",
+    ) -> None:
+        self._conninfo = psycopg_conninfo(database_url)
+        self._masked = masked_url(database_url)
+        self._database_setting = database_setting
+        self._redis_url = redis_url
+        self._redis_setting = redis_setting
         self._conn: psycopg.Connection[Any] | None = None
-        #: False once a pooler in transaction mode was seen: crash detection is off.
+        self._redis: redis.Redis | None = None
+        #: False once the servers were seen unable to tell: crash detection is off.
         self._supported = True
 
     def open(self) -> Session | None:
-        """Open the beacon; its session, or None where sessions cannot be told apart."""
+        """Open the beacon; its session, or None where the servers cannot tell a crash."""
         self.close()
         if not self._supported:
             return None
-        try:
-            conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
-        except psycopg.Error as exc:
-            raise StoreUnavailable(unreachable(self._masked, exc, self._setting)) from exc
+        conn = self._connect()
         try:
             first = conn.execute(_WHO_AM_I).fetchone()
             second = conn.execute(_WHO_AM_I).fetchone()
@@ -83,23 +97,47 @@ class SessionBeacon:
             raise StoreUnavailable(f"PostgreSQL at {self._masked}: {exc}") from exc
         if first is None or first != second:
             conn.close()
-            self._supported = False
-            logger.warning(
-                "crash detection is off: PostgreSQL at %s runs this connection's statements"
-                " on different sessions (a pooler in transaction mode?); a standby takes"
-                " over once the leader's lease expires (habeat_lock_ttl)",
-                self._masked,
+            self._unsupported(
+                f"PostgreSQL at {self._masked} runs one connection's statements on"
+                " different sessions (a pooler in transaction mode?)"
             )
             return None
-        self._conn = conn
-        return Session(pid=first[0], started_at=first[1])
+        name = f"{BEACON_PREFIX}{first[0]}:{socket.gethostname()}:{os.getpid()}"
+        name = f"{name}:{uuid.uuid4().hex[:8]}"
+        try:
+            client = open_beacon_connection(self._redis_url, name)
+        except LeaseUnavailable:
+            conn.close()
+            raise
+        if client is None:
+            conn.close()
+            self._unsupported(f"Redis at {masked_url(self._redis_url)} refuses CLIENT commands")
+            return None
+        self._conn, self._redis = conn, client
+        return Session(pid=first[0], started_at=first[1], beacon=name)
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
+        except psycopg.Error as exc:
+            raise StoreUnavailable(unreachable(self._masked, exc, self._database_setting)) from exc
+
+    def _unsupported(self, why: str) -> None:
+        self._supported = False
+        logger.warning(
+            "crash detection is off: %s; a crashed leader is replaced once its lease"
+            " expires (habeat_lock_ttl), a crashed worker's run once its lease does"
+            " (habeat_lease_timeout)",
+            why,
+        )
 
     def alive(self) -> bool:
-        """False once the beacon's session is known to be gone (without blocking: only
-        a socket with something to read, e.g. the server closing it, is queried)."""
+        """False once the beacon's database session is known to be gone (without
+        blocking: only a socket with something to read, e.g. the server closing
+        it, is queried)."""
         conn = self._conn
         if conn is None:
-            return True  # no beacon: nothing recorded for standbys to judge
+            return True  # no beacon: nothing recorded for others to judge
         if conn.closed:
             return False
         try:
@@ -116,6 +154,10 @@ class SessionBeacon:
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
+        client, self._redis = self._redis, None
+        if client is not None:
+            with contextlib.suppress(redis.RedisError):
+                client.close()
 
 
 _process_beacons: dict[tuple[int, str], SessionBeacon] = {}
@@ -123,43 +165,57 @@ _process_sessions: dict[tuple[int, str], Session | None] = {}
 _process_lock = threading.Lock()
 
 
-def process_session(url: str, *, setting: str = "habeat_database_url") -> Session | None:
+def process_session(
+    database_url: str,
+    redis_url: str,
+    *,
+    database_setting: str = "habeat_database_url",
+    redis_setting: str = "habeat_redis_url",
+) -> Session | None:
     """The session this process keeps open for its life (a worker process recording
     the runs it starts), opened on first use and again if it was lost; None where
     sessions cannot be told apart or PostgreSQL cannot be reached now (the run's
     lease then decides, as without it). A forked pool child opens its own."""
-    key = (os.getpid(), url)
+    key = (os.getpid(), database_url)
     with _process_lock:
         beacon = _process_beacons.get(key)
         if beacon is None:
-            beacon = _process_beacons[key] = SessionBeacon(url, setting=setting)
+            beacon = _process_beacons[key] = SessionBeacon(
+                database_url,
+                redis_url,
+                database_setting=database_setting,
+                redis_setting=redis_setting,
+            )
         elif beacon.alive() and key in _process_sessions:
             return _process_sessions[key]
         try:
             session = beacon.open()
-        except StoreUnavailable:
+        except (StoreUnavailable, LeaseUnavailable):
             _process_sessions.pop(key, None)
             return None
         _process_sessions[key] = session
         return session
 
 
-class DeadLeaders(Protocol):
-    """Who leads according to PostgreSQL, if its session is gone (``LeaderStore``)."""
+class SessionRecords(Protocol):
+    """The recorded beacons whose database session is gone (``LeaderStore``)."""
 
-    def dead_leader(self) -> str | None: ...
+    def leader_without_session(self) -> tuple[str, str] | None: ...
+    def runs_without_session(self, *, limit: int) -> list[tuple[uuid.UUID, str]]: ...
 
 
 class Evicting(Protocol):
-    """Deletes a dead holder's lease (``beat.leader.LeaderLease.evict``)."""
+    """The lease (``beat.leader.LeaderLease``): live beacons and eviction."""
 
+    def live_beacons(self, names: Iterable[str]) -> set[str]: ...
     def evict(self, holder: str) -> bool: ...
 
 
 class CrashDetection:
-    """A leader's beacon, and a standby's check for a leader that crashed."""
+    """A leader's beacon; a standby's check for a crashed leader; the reaper's for
+    crashed workers."""
 
-    def __init__(self, beacon: SessionBeacon, leaders: DeadLeaders, lease: Evicting) -> None:
+    def __init__(self, beacon: SessionBeacon, leaders: SessionRecords, lease: Evicting) -> None:
         self._beacon = beacon
         self._leaders = leaders
         self._lease = lease
@@ -175,13 +231,26 @@ class CrashDetection:
 
     def evict_dead_leader(self) -> bool:
         """Delete the lease of a leader whose session is gone; True if one was."""
-        holder = self._leaders.dead_leader()
-        if holder is None or not self._lease.evict(holder):
+        found = self._leaders.leader_without_session()
+        if found is None:
             return False
+        holder, beacon = found
+        if self._lease.live_beacons([beacon]) or not self._lease.evict(holder):
+            return False  # its Redis connection lives: a cut link, not a crash
         logger.warning(
-            "the leader %s crashed (its database session is gone): taking over without"
+            "the leader %s crashed (its database session and Redis connection are gone):"
+            " taking over without"
             " waiting for its lease",
             holder,
             extra={"holder": holder},
         )
         return True
+
+    def dead_runs(self, *, limit: int) -> list[uuid.UUID]:
+        """Running runs whose worker process is dead: its database session and its
+        Redis connection are both gone (one gone alone is a cut link: leases decide)."""
+        candidates = self._leaders.runs_without_session(limit=limit)
+        if not candidates:
+            return []
+        live = self._lease.live_beacons(beacon for _, beacon in candidates)
+        return [run_id for run_id, beacon in candidates if beacon not in live]

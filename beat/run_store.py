@@ -45,6 +45,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.db import StoreConnection, create_store_engine
+from beat.liveness import Session
 from beat.models import WAITING_STATES, RunState
 from beat.tables import runs, schedules, workers
 
@@ -236,12 +237,12 @@ class RunStore(StoreConnection):
         may_create: bool = True,
         task_id: str | None = None,
         expires: datetime | None = None,
-        session_pid: int | None = None,
+        session: Session | None = None,
     ) -> Started | Refused:
         """Take the run's lease if this delivery may run it (one statement), else record a refusal.
 
-        ``session_pid`` is the database session this worker process keeps open
-        (``beat.liveness``): once it is gone, the leader reclaims the run at once.
+        ``session`` is the beacon this worker process keeps (``beat.liveness``):
+        once it is gone, the leader reclaims the run at once.
 
         A run that does not exist yet (a task sent with ``delay()``) is created,
         with its payload, so the reaper can publish it again, unless
@@ -255,7 +256,8 @@ class RunStore(StoreConnection):
             "lease_expires_at": _lease_until(lease_seconds),
             "started_at": func.now(),
             "worker": worker,
-            "session_pid": session_pid,
+            "session_pid": None if session is None else session.pid,
+            "beacon": None if session is None else session.beacon,
         }
         if not may_create:
             return self._take(run_id, retries, lease, expires)

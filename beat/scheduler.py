@@ -71,6 +71,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._lease: LeaderLease | None = None
         self._listener: ScheduleChangeListener | None = None
         self._leadership: Leadership | None = None
+        self._crash_detection: CrashDetection | None = None
         self._loop: LeaderLoop | None = None
         self._started = False
         self._closed = False
@@ -196,6 +197,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 armed=ArmedRuns(),
                 reporter=self._report,
                 after_claim_commit=self._after_claim_commit,
+                crash_detection=self.crash_detection,
             )
         return self._loop
 
@@ -209,13 +211,22 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 self._report,
                 longest_step=config.lock_ttl + config.max_wait + config.claim_ahead,
                 on_lost=self._drop_armed,
-                crash_detection=CrashDetection(
-                    SessionBeacon(config.database_url, setting=config.database_setting),
-                    self.store,
-                    self.lease,
-                ),
+                crash_detection=self.crash_detection,
             )
         return self._leadership
+
+    @property
+    def crash_detection(self) -> CrashDetection:
+        if self._crash_detection is None:
+            config = self.config
+            beacon = SessionBeacon(
+                config.database_url,
+                config.redis_url,
+                database_setting=config.database_setting,
+                redis_setting=config.redis_setting,
+            )
+            self._crash_detection = CrashDetection(beacon, self.store, self.lease)
+        return self._crash_detection
 
     def _drop_armed(self) -> None:
         """Leadership ended: drop the runs claimed ahead (also from the renewer's thread)."""

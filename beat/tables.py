@@ -146,6 +146,8 @@ runs = Table(
     #: once PostgreSQL no longer lists it, the run is reclaimed without waiting for
     #: its lease. NULL: not known, the lease decides.
     Column("session_pid", Integer),
+    #: And the name of its Redis connection (see ``beat_leader.beacon``).
+    Column("beacon", Text),
     Column("worker", Text),
     Column("error", Text),
     #: The Celery task ID when the caller chose one that is not a UUID (``id`` is then
@@ -218,6 +220,9 @@ leader = Table(
     #: takes over without waiting for the lease. NULL: not known, wait for the lease.
     Column("session_pid", Integer),
     Column("session_started_at", TZ),
+    #: The name of the Redis connection the leader keeps for its term: a crash closes
+    #: both, a link cut to one server closes one. Both gone: the process is dead.
+    Column("beacon", Text),
 )
 
 workers = Table(

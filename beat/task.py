@@ -271,7 +271,12 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             may_create=not published_by_beat(request),
             task_id=None if str(run_id) == request.id else request.id,
             expires=self._expires(),
-            session_pid=_session_pid(config),
+            session=process_session(
+                config.database_url,
+                config.redis_url,
+                database_setting=config.database_setting,
+                redis_setting=config.redis_setting,
+            ),
         )
 
     def _execute(self, execution: _Execution, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -380,13 +385,6 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
     def _execution(self) -> _Execution | None:
         execution: _Execution | None = getattr(self.request, "habeat_execution", None)
         return execution
-
-
-def _session_pid(config: BeatConfig) -> int | None:
-    """This process's database session, recorded with each run it starts: if the
-    process dies, the leader sees the session gone and reclaims the run at once."""
-    session = process_session(config.database_url, setting=config.database_setting)
-    return None if session is None else session.pid
 
 
 @worker_init.connect  # type: ignore[untyped-decorator]

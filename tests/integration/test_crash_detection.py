@@ -1,6 +1,7 @@
-"""Crash detection against real PostgreSQL and Redis: a leader whose database session
-is gone is replaced at once; a live one never is; a leader that lost its session
-steps down; where sessions cannot be told apart, standbys wait for the TTL."""
+"""Crash detection against real PostgreSQL and Redis: a leader whose beacon (database
+session and Redis connection) is gone is replaced at once; a live one never is, nor
+one that lost one link only; a leader that lost its session steps down; where the
+servers cannot tell, standbys wait for the TTL. The same for a worker's run."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ import logging
 import time
 import uuid
 
-import psycopg
 import pytest
 import redis
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from beat import liveness
 from beat.leader import lock_key
+from beat.liveness import Session, SessionBeacon
 from beat.models import RunState
 from beat.run_store import RunStore, Started
 from beat.store import Store
@@ -56,7 +56,7 @@ def wait_until_gone(store: Store) -> None:
     raise AssertionError("the leader's session did not end")
 
 
-def test_a_standby_takes_over_at_once_from_a_leader_whose_session_is_gone(
+def test_a_standby_takes_over_at_once_from_a_leader_whose_beacon_is_gone(
     make_scheduler: SchedulerFactory,
     store: Store,
     redis_client: redis.Redis,
@@ -66,8 +66,10 @@ def test_a_standby_takes_over_at_once_from_a_leader_whose_session_is_gone(
     crashed.tick()
     old_epoch = crashed.epoch
     assert old_epoch is not None
-    crashed.lease.abandon("simulated crash")  # the dead process renews nothing
-    kill_leader_session(store)
+    # What the kernel does for a process that dies: both its connections close, and
+    # it renews nothing.
+    crashed.lease.abandon("simulated crash")
+    crashed.crash_detection.close_beacon()
     wait_until_gone(store)
 
     standby = make_scheduler(lock_ttl=LONG_TTL)
@@ -76,8 +78,7 @@ def test_a_standby_takes_over_at_once_from_a_leader_whose_session_is_gone(
     assert standby.epoch is not None
     assert standby.epoch > old_epoch
     holder = redis_client.get(lock_key(test_env.key_prefix))
-    assert holder is not None
-    assert holder.decode() == standby.lease.holder, "the dead holder's lease was replaced"
+    assert holder == standby.lease.holder.encode(), "the dead holder's lease was replaced"
 
 
 def test_a_live_leader_is_never_evicted(make_scheduler: SchedulerFactory) -> None:
@@ -89,6 +90,22 @@ def test_a_live_leader_is_never_evicted(make_scheduler: SchedulerFactory) -> Non
         standby.tick()
     assert not standby.is_leader
     assert leader.is_leader
+
+
+def test_a_leader_cut_from_postgres_only_is_not_taken_for_dead(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
+    """Its database session is gone, its Redis connection lives: a cut link, not a
+    crash. The standby waits for the lease; the leader, seeing its session closed,
+    steps down by itself."""
+    leader = make_scheduler(lock_ttl=LONG_TTL)
+    leader.tick()
+    leader.lease.abandon("the link is cut: no renewal reaches Redis")
+    kill_leader_session(store)
+    wait_until_gone(store)
+    standby = make_scheduler(lock_ttl=LONG_TTL)
+    standby.tick()
+    assert not standby.is_leader, "one connection gone is not a crash: the lease decides"
 
 
 def test_a_leader_that_lost_its_session_steps_down_and_claims_nothing(
@@ -121,8 +138,9 @@ def test_without_distinct_sessions_standbys_wait_for_the_lease(
     assert crashed.is_leader
     assert [r for r in caplog.records if "crash detection is off" in r.getMessage()]
     with store.engine.begin() as conn:
-        assert conn.execute(text("SELECT session_pid FROM beat_leader")).scalar_one() is None
+        assert conn.execute(text("SELECT beacon FROM beat_leader")).scalar_one() is None
     crashed.lease.abandon("simulated crash")
+    crashed.crash_detection.close_beacon()
 
     standby = make_scheduler(lock_ttl=LONG_TTL)
     standby.tick()
@@ -130,9 +148,9 @@ def test_without_distinct_sessions_standbys_wait_for_the_lease(
     assert not standby.is_leader, "nothing tells a crash from a hang: the TTL decides"
 
 
-def start_run(store: Store, session_pid: int | None) -> uuid.UUID:
-    """A run started by a worker process whose database session is ``session_pid``,
-    with a lease far longer than the test."""
+def start_run(store: Store, session: Session | None) -> uuid.UUID:
+    """A run started by a worker process whose beacon is ``session``, with a lease far
+    longer than the test."""
     run_id = uuid.uuid4()
     started = RunStore(store.engine).start(
         run_id,
@@ -145,41 +163,53 @@ def start_run(store: Store, session_pid: int | None) -> uuid.UUID:
         options={},
         retries=0,
         max_attempts=1,
-        session_pid=session_pid,
+        session=session,
     )
     assert isinstance(started, Started)
     return run_id
 
 
-def test_a_run_whose_worker_session_is_gone_is_reclaimed_at_once_as_an_interruption(
-    store: Store, test_env: SessionEnv
+def test_runs_of_a_dead_worker_are_reclaimed_at_once_and_of_a_cut_one_are_not(
+    make_scheduler: SchedulerFactory, store: Store, test_env: SessionEnv
 ) -> None:
-    assert store.take_leadership(1, "leader")
-    worker_session = psycopg.connect(
-        make_url(test_env.database_url).set(drivername="postgresql").render_as_string(False),
-        autocommit=True,
-    )
-    pid = worker_session.info.backend_pid
-    dies, lives = start_run(store, pid), start_run(store, None)
-    with psycopg.connect(
-        make_url(test_env.database_url).set(drivername="postgresql").render_as_string(False),
-        autocommit=True,
-    ) as other:
-        elsewhere = start_run(store, other.info.backend_pid)
-        assert store.reclaim(1, stale_queued_after=3600, limit=10).runs == [], (
-            "live sessions and leases: nothing to reclaim"
+    leader = make_scheduler(lock_ttl=LONG_TTL)
+    leader.tick()
+    epoch = leader.epoch
+    assert epoch is not None
+    dying = SessionBeacon(test_env.database_url, test_env.redis_url)
+    cut = SessionBeacon(test_env.database_url, test_env.redis_url)
+    alive = SessionBeacon(test_env.database_url, test_env.redis_url)
+    try:
+        dies, cut_off, lives, unknown = (
+            start_run(store, dying.open()),
+            start_run(store, cut.open()),
+            start_run(store, alive.open()),
+            start_run(store, None),
         )
+        assert leader.crash_detection.dead_runs(limit=10) == []
         assert store.watching_sessions()
-        worker_session.close()  # the worker process dies: its socket closes
-        for _ in range(100):
-            reclaim = store.reclaim(1, stale_queued_after=3600, limit=10)
-            if reclaim.runs:
-                break
-            time.sleep(0.01)
+        dying.close()  # the worker process dies: both its connections close
+        cut._conn.close()  # type: ignore[union-attr]  # its link to PostgreSQL is cut
+        wait_until_listed_without(store, 2)
+
+        dead = leader.crash_detection.dead_runs(limit=10)
+        reclaim = store.reclaim(epoch, stale_queued_after=3600, limit=10, dead=dead)
+    finally:
+        for beacon in (dying, cut, alive):
+            beacon.close()
 
     assert [run.id for run in reclaim.runs] == [dies], "only the dead worker's run, at once"
     assert reclaim.lost == [], "a worker's death is an interruption, not an attempt"
     states = {row.id: row.state for row in run_rows(store)}
-    assert states[lives] == states[elsewhere] == RunState.RUNNING.value
+    assert states[cut_off] == states[lives] == states[unknown] == RunState.RUNNING.value
     [row] = run_rows(store, id=dies)
     assert row.interruptions == 1
+
+
+def wait_until_listed_without(store: Store, count: int) -> None:
+    """Until ``count`` running runs' sessions are gone from pg_stat_activity."""
+    for _ in range(200):
+        if len(store.runs_without_session(limit=10)) >= count:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the closed sessions are still listed")

@@ -24,12 +24,17 @@ def upgrade() -> None:
     op.add_column(
         "beat_leader", sa.Column("session_started_at", sa.DateTime(timezone=True), nullable=True)
     )
+    # The name of the Redis connection it keeps too: a crash closes both, a cut link one.
+    op.add_column("beat_leader", sa.Column("beacon", sa.Text, nullable=True))
     # The session of the worker process running the run: gone, the run is reclaimed
     # at once. NULL: not known (a plain task, an older worker): its lease decides.
     op.add_column("beat_runs", sa.Column("session_pid", sa.Integer, nullable=True))
+    op.add_column("beat_runs", sa.Column("beacon", sa.Text, nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column("beat_runs", "beacon")
     op.drop_column("beat_runs", "session_pid")
+    op.drop_column("beat_leader", "beacon")
     op.drop_column("beat_leader", "session_started_at")
     op.drop_column("beat_leader", "session_pid")
