@@ -43,10 +43,22 @@ from beat.dispatch import PublishResult
 from beat.errors import LeaseUnavailable, StaleEpoch, StoreUnavailable
 from beat.leader import DRIFT_MARGIN
 from beat.leader_loop import LeaderLoop
-from beat.leader_store import ACTIVE_STATES, Claim, LostRun, PruneReport, Reclaim
+from beat.leader_store import Claim, LostRun, PruneReport, Reclaim
 from beat.leadership import Leadership
+from beat.liveness import Session
 from beat.lost_messages import Recovery
-from beat.models import DueSchedule, FirePlan, Quarantine, RunToPublish, UnpublishableRun
+from beat.models import (
+    ACTIVE_STATES,
+    FINISHED_STATES,
+    DueSchedule,
+    FirePlan,
+    MisfirePolicy,
+    OverlapPolicy,
+    Quarantine,
+    RunState,
+    RunToPublish,
+    UnpublishableRun,
+)
 from beat.planning import (
     Advance,
     NewRun,
@@ -57,7 +69,6 @@ from beat.planning import (
     release_of,
 )
 from beat.reporting import Reporter, TickErrors
-from beat.tables import FINISHED_STATES, MisfirePolicy, OverlapPolicy, RunState
 from beat.timing import Every, Once, Trigger
 
 #: The database's time when a manual clock starts.
@@ -619,7 +630,16 @@ class FakeClaimStore:
         self._enter("current_epoch")
         return self.leader.epoch if self.leader is not None else 0
 
-    def take_leadership(self, epoch: int, holder: str, *, lock_timeout: float = 2.0) -> bool:
+    def take_leadership(
+        self,
+        epoch: int,
+        holder: str,
+        *,
+        session: Session | None = None,
+        lock_timeout: float = 2.0,
+    ) -> bool:
+        """As ``LeaderStore.take_leadership``; the session is not kept: in memory no
+        process dies, so crash detection has nothing to judge."""
         self._enter("take_leadership")
         if self.leader is not None and self.leader.epoch >= epoch:
             return False
@@ -735,6 +755,7 @@ class FakeClaimStore:
         limit: int,
         idle_timeout: float = 10.0,
         lease_seconds: float = 30.0,
+        dead: Sequence[uuid.UUID] = (),
     ) -> Reclaim:
         """The reaper as ``LeaderStore.reclaim``, without what this store does not hold:
         no workers table (an attempt whose worker died counts), no plain runs, no retries."""
@@ -747,8 +768,10 @@ class FakeClaimStore:
                 run
                 for run in self.runs.values()
                 if run.state is RunState.RUNNING
-                and run.lease_expires_at is not None
-                and run.lease_expires_at < now
+                and (
+                    run.id in dead
+                    or (run.lease_expires_at is not None and run.lease_expires_at < now)
+                )
             ),
             key=lambda run: run.lease_expires_at or now,
         )[:limit]
@@ -806,6 +829,11 @@ class FakeClaimStore:
             and (_jittered(run) or run.epoch != epoch)
         ]
         return (min(times) - self.clock.now()).total_seconds() if times else None
+
+    def watching_sessions(self) -> bool:
+        """Fake workers keep no beacon (``beat.liveness``): leases decide."""
+        self._enter("watching_sessions")
+        return False
 
     def seconds_until_lease_expiry(self) -> float | None:
         self._enter("seconds_until_lease_expiry")

@@ -21,10 +21,10 @@ from beat.api import Schedules
 from beat.errors import StaleEpoch
 from beat.leader_loop import ClaimStore
 from beat.leadership import LeaderRow
-from beat.models import SkipKind
+from beat.models import OverlapPolicy, RunState, SkipKind
 from beat.planning import PlanningRules
 from beat.store import Store
-from beat.tables import OverlapPolicy, RunState, schedules
+from beat.tables import schedules
 from tests.fakes import FakeClaimStore, ManualClock
 
 PLAN = PlanningRules(misfire_grace=60, max_catchup=100).plan_schedule

@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 from beat.errors import StoreUnavailable
 from beat.leader_loop import BURST_MAINTENANCE_INTERVAL, LEASE_EXPIRY_MARGIN
 from beat.leader_store import Claim
-from beat.models import RunToPublish
-from beat.tables import OverlapPolicy, RunState
+from beat.models import OverlapPolicy, RunState, RunToPublish
 from beat.timing import Every
 from tests.fakes import FakeRun, Process, Sent, World, beat_config, deterministic_run_ids
 
