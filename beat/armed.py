@@ -11,6 +11,7 @@ publishes them from the outbox at their fire time.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -49,6 +50,10 @@ class ArmedRuns:
         """Forget every armed run (this process stops leading); how many there were."""
         armed, self._armed = self._armed, {}
         return sum(len(runs) for _, runs in list(armed.values()))
+
+    def run_ids(self) -> set[uuid.UUID]:
+        """The runs armed here: this leader sends them at their fire time."""
+        return {run.id for _, runs in list(self._armed.values()) for run in runs}
 
     def next_deadline(self) -> float:
         return min((deadline for deadline, _ in list(self._armed.values())), default=float("inf"))

@@ -262,7 +262,10 @@ class LeaderLoop:
     def _maintain(self, epoch: int) -> None:
         config = self.config
         outbox = self.store.pending_runs(epoch, grace=config.outbox_grace, limit=config.claim_batch)
-        self._publish(outbox, source=OUTBOX)
+        # A run this leader holds armed is sent from memory at its fire time, however
+        # long ago it was claimed (claim_ahead may exceed outbox_grace): not from here.
+        armed = self.armed.run_ids() if outbox else set()
+        self._publish([run for run in outbox if run.id not in armed], source=OUTBOX)
         self._reclaim(epoch)
         self._recover_lost_messages(epoch)
         self._enforce_retention()
@@ -348,6 +351,9 @@ class LeaderLoop:
         if not runs:
             return
         if deadline is None:
+            # Confirmed first, as for armed runs: a leader paused since its claim or its
+            # outbox read, past its lease, sends nothing (the next leader does).
+            self.leadership.confirm_for_send()
             result = self.publisher.publish(runs)
         else:
             result = self.publisher.publish_at(

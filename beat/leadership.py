@@ -177,9 +177,9 @@ class Leadership:
 
     def confirm_for_send(self) -> None:
         """Raise StaleEpoch unless Redis confirms that this process holds the lease with
-        enough of it left to send: asked at the fire time, just before runs claimed
-        ahead are sent. A leader paused past its lease sends nothing then (the next
-        leader publishes the runs from its outbox) and steps down.
+        enough of it left to send: asked just before every send (of runs claimed ahead,
+        at their fire time). A leader paused past its lease sends nothing then (the
+        next leader publishes the runs from its outbox) and steps down.
 
         Checking, then sending, is not atomic: a process paused between the two for
         longer than the lease had left still sends, a second message for a run the next
@@ -191,18 +191,14 @@ class Leadership:
         try:
             left = self._lease.time_left()
         except LeaseUnavailable as exc:
-            raise StaleEpoch(
-                f"cannot confirm the leader lease before sending runs claimed ahead: {exc}"
-            ) from exc
+            raise StaleEpoch(f"cannot confirm the leader lease before sending runs: {exc}") from exc
         if left is None:
             raise StaleEpoch(
                 "another process holds the leader lease, or it expired"
-                " (checked before sending runs claimed ahead)"
+                " (checked before sending runs)"
             )
         if left < self._lease.ttl * DRIFT_MARGIN:
-            raise StaleEpoch(
-                f"the leader lease expires in {left:.3f}s, too soon to send runs claimed ahead"
-            )
+            raise StaleEpoch(f"the leader lease expires in {left:.3f}s, too soon to send runs")
 
     def step_down(self, reason: str) -> None:
         """End this term at once (a fenced write was refused): give the lease back."""

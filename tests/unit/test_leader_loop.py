@@ -551,16 +551,9 @@ def test_processes_never_both_lead_and_every_fire_time_is_published_once(
     check_every_fire_time_published_once(w, w.clock.now() - timedelta(seconds=4))
 
 
-# -- known faults of the loop (each test fails today: strict xfail) --------------------------------
+# -- faults the fakes found in the loop (each test failed before its fix) ----------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the leader's own outbox returns a run it holds armed once the run was claimed more"
-    " than outbox_grace ago (claim_ahead > outbox_grace, a valid setting): the maintenance"
-    " pass, started a query's latency before the fire time, publishes it from the outbox,"
-    " then _publish_armed sends it again from memory",
-)
 def test_runs_claimed_further_ahead_than_outbox_grace_are_sent_once() -> None:
     w = world(claim_ahead=12.0, outbox_grace=10.0, max_wait=2.0)  # the default grace
     w.store.latency = 0.01  # each statement takes 10 ms
@@ -573,12 +566,6 @@ def test_runs_claimed_further_ahead_than_outbox_grace_are_sent_once() -> None:
     assert set(w.send_counts().values()) == {1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runs claimed for now (and outbox runs) are sent without confirming the lease:"
-    " a leader paused between its claim's commit and the send, past its TTL, sends runs"
-    " the next leader already published from its outbox",
-)
 def test_a_leader_paused_after_its_claim_commits_sends_nothing_once_deposed() -> None:
     w = world(lock_ttl=3.0, standby_poll=0.25)
     w.store.add_schedule("due", every=600, in_seconds=-0.1)
