@@ -54,7 +54,8 @@ _WHO_AM_I = "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_back
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Session:
-    """A PostgreSQL session, as ``pg_stat_activity`` lists it."""
+    """A process's beacon: its PostgreSQL session (as ``pg_stat_activity`` lists it)
+    and the name of its own Redis connection."""
 
     pid: int
     started_at: datetime
@@ -172,10 +173,10 @@ def process_session(
     database_setting: str = "habeat_database_url",
     redis_setting: str = "habeat_redis_url",
 ) -> Session | None:
-    """The session this process keeps open for its life (a worker process recording
+    """The beacon this process keeps for its life (a worker process records it with
     the runs it starts), opened on first use and again if it was lost; None where
-    sessions cannot be told apart or PostgreSQL cannot be reached now (the run's
-    lease then decides, as without it). A forked pool child opens its own."""
+    the servers cannot tell a crash or cannot be reached now (the run's lease then
+    decides, as without it). A forked pool child opens its own."""
     key = (os.getpid(), database_url)
     with _process_lock:
         beacon = _process_beacons.get(key)
