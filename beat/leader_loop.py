@@ -50,8 +50,8 @@ RETENTION_BUDGET = 0.25
 #: The leader wakes this long after a worker's lease expires (seconds), so the reaper
 #: sees it expired.
 LEASE_EXPIRY_MARGIN = 0.05
-#: While runs whose worker's session is recorded are running, the leader looks this
-#: often (seconds) for one whose worker died, to reclaim it at once (``beat.liveness``).
+#: While it waits, the leader looks this often (seconds) for a run whose worker died,
+#: to reclaim it at once (``beat.liveness``).
 CRASH_POLL_INTERVAL = 1.0
 #: While a burst is claimed batch after batch, the outbox and the reaper run this often (s).
 BURST_MAINTENANCE_INTERVAL = 1.0
@@ -84,7 +84,6 @@ class ClaimStore(Protocol):
     ) -> Reclaim: ...
     def seconds_until_next_fire(self, epoch: int | None = ...) -> float | None: ...
     def seconds_until_lease_expiry(self) -> float | None: ...
-    def watching_sessions(self) -> bool: ...
     def prune(
         self,
         older_than: timedelta,
@@ -144,6 +143,9 @@ class _NoCrashes:
         return []
 
 
+NO_CRASH_DETECTION = _NoCrashes()
+
+
 class LeaderLoop:
     """One process's loop (see the module docstring); ``run_once`` is one pass."""
 
@@ -174,7 +176,7 @@ class LeaderLoop:
         #: Test hook: called after a claim commits and before its runs are published.
         self.after_claim_commit = after_claim_commit
         #: Runs of dead workers, reclaimed without waiting for their lease.
-        self.crashes = crash_detection or _NoCrashes()
+        self.crashes: RunCrashes = crash_detection or NO_CRASH_DETECTION
         self.rules = PlanningRules(
             misfire_grace=config.misfire_grace, max_catchup=config.max_catchup
         )
@@ -209,7 +211,7 @@ class LeaderLoop:
         next_claim = self.clock() + self.until_next_claim(claimed_any=claim.schedules_claimed > 0)
         self._publish_armed(until=next_claim)
         self.leadership.made_progress()
-        self._wait(min(next_claim, self.armed.next_deadline()) - self.clock())
+        self._wait_watching(min(next_claim, self.armed.next_deadline()) - self.clock())
         self.leadership.made_progress()
 
     def stand_by(self) -> None:
@@ -243,8 +245,6 @@ class LeaderLoop:
         if until_expiry is not None:
             # The reaper compares with now(): wake just after the expiry, not before it.
             wait = min(wait, until_expiry + LEASE_EXPIRY_MARGIN)
-            if wait > CRASH_POLL_INTERVAL and self.store.watching_sessions():
-                wait = CRASH_POLL_INTERVAL
         return wait
 
     # -- maintenance ------------------------------------------------------------------
@@ -386,3 +386,17 @@ class LeaderLoop:
     def _wait(self, seconds: float) -> None:
         if seconds > 0:
             self.waiter.wait(seconds)
+
+    def _wait_watching(self, seconds: float) -> None:
+        """Wait as the leader: woken by a change, or cut short as soon as a worker
+        running a run is seen dead (looked for every ``CRASH_POLL_INTERVAL``), so
+        its run is reclaimed at once."""
+        if self.crashes is NO_CRASH_DETECTION:
+            self._wait(seconds)
+            return
+        deadline = self.clock() + seconds
+        while (left := deadline - self.clock()) > 0:
+            if self.waiter.wait(min(left, CRASH_POLL_INTERVAL)):
+                return
+            if self.crashes.dead_runs(limit=1):
+                return

@@ -768,17 +768,6 @@ class LeaderStore(StoreConnection):
             _quarantine(conn, list(quarantined.values()))
         return list(quarantined.values())
 
-    def watching_sessions(self) -> bool:
-        """Whether a running run has its worker's beacon recorded: the reaper then
-        looks often, to reclaim it as soon as that worker dies."""
-        query = select(
-            select(literal(1))
-            .where(runs.c.state == RunState.RUNNING.value, runs.c.beacon.is_not(None))
-            .exists()
-        )
-        with self._transaction() as conn:
-            return bool(conn.execute(query).scalar_one())
-
     def seconds_until_lease_expiry(self) -> float | None:
         """Seconds until the earliest lease of a running run expires (negative if it
         has), or None: the leader wakes then to reclaim the run of a dead worker."""

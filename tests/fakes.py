@@ -830,11 +830,6 @@ class FakeClaimStore:
         ]
         return (min(times) - self.clock.now()).total_seconds() if times else None
 
-    def watching_sessions(self) -> bool:
-        """Fake workers keep no beacon (``beat.liveness``): leases decide."""
-        self._enter("watching_sessions")
-        return False
-
     def seconds_until_lease_expiry(self) -> float | None:
         self._enter("seconds_until_lease_expiry")
         expiries = [
