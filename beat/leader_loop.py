@@ -36,6 +36,7 @@ from beat.config import BeatConfig
 from beat.dispatch import PublishResult
 from beat.errors import HABeatError, StaleEpoch
 from beat.leader_store import Claim, PruneReport, Reclaim
+from beat.liveness import WorkerDeaths
 from beat.lost_messages import Recovery
 from beat.models import Quarantine, RunToPublish, UnpublishableRun
 from beat.planning import PlanningRules, SchedulePlanner
@@ -81,6 +82,7 @@ class ClaimStore(Protocol):
         idle_timeout: float = ...,
         lease_seconds: float = ...,
         dead: Sequence[uuid.UUID] = ...,
+        interrupted: Sequence[uuid.UUID] = ...,
     ) -> Reclaim: ...
     def seconds_until_next_fire(self, epoch: int | None = ...) -> float | None: ...
     def seconds_until_lease_expiry(self) -> float | None: ...
@@ -135,12 +137,12 @@ class MessageRecovery(Protocol):
 class RunCrashes(Protocol):
     """Running runs whose worker process is dead (``beat.liveness.CrashDetection``)."""
 
-    def dead_runs(self, *, limit: int) -> list[uuid.UUID]: ...
+    def dead_runs(self, *, limit: int) -> WorkerDeaths: ...
 
 
 class _NoCrashes:
-    def dead_runs(self, *, limit: int) -> list[uuid.UUID]:
-        return []
+    def dead_runs(self, *, limit: int) -> WorkerDeaths:
+        return WorkerDeaths()
 
 
 NO_CRASH_DETECTION = _NoCrashes()
@@ -273,9 +275,11 @@ class LeaderLoop:
     def _reclaim(self, epoch: int) -> None:
         """Publish again the runs of dead workers; mark lost those out of attempts."""
         limit = self.config.claim_batch
+        deaths = self.crashes.dead_runs(limit=limit)
         reclaim = self.store.reclaim(
             epoch,
-            dead=self.crashes.dead_runs(limit=limit),
+            dead=deaths.runs,
+            interrupted=deaths.interrupted,
             stale_queued_after=2 * self.config.visibility_timeout,
             limit=limit,
             idle_timeout=self.config.claim_idle_timeout,
@@ -398,5 +402,5 @@ class LeaderLoop:
         while (left := deadline - self.clock()) > 0:
             if self.waiter.wait(min(left, CRASH_POLL_INTERVAL)):
                 return
-            if self.crashes.dead_runs(limit=1):
+            if self.crashes.dead_runs(limit=1).runs:
                 return

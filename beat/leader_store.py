@@ -162,6 +162,17 @@ class Unconfirmed:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SessionlessRun:
+    """A running run whose worker process's database session is gone."""
+
+    id: uuid.UUID
+    #: The beacon of the process running it.
+    beacon: str
+    #: The beacon of its worker's main process, if that session is gone too.
+    worker_beacon: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LeaderInfo:
     name: str
     epoch: int
@@ -272,11 +283,17 @@ class LeaderStore(StoreConnection):
             row = conn.execute(query).one_or_none()
         return None if row is None else (row.holder, row.beacon)
 
-    def runs_without_session(self, *, limit: int) -> list[tuple[uuid.UUID, str]]:
-        """(run ID, beacon) of running runs whose worker process's database session is no
-        longer listed by PostgreSQL: candidates for a crash, for Redis to confirm."""
+    def runs_without_session(self, *, limit: int) -> list[SessionlessRun]:
+        """Running runs whose worker process's database session is no longer listed by
+        PostgreSQL: candidates for a crash, for Redis to confirm; each with the beacon
+        of its worker's main process if that session is gone too."""
         query = (
-            select(runs.c.id, runs.c.beacon)
+            select(
+                runs.c.id,
+                runs.c.beacon,
+                case((session_gone(workers.c.session_pid), workers.c.beacon)).label("worker"),
+            )
+            .select_from(runs.outerjoin(workers, workers.c.name == runs.c.worker))
             .where(
                 runs.c.state == RunState.RUNNING.value,
                 runs.c.beacon.is_not(None),
@@ -285,7 +302,10 @@ class LeaderStore(StoreConnection):
             .limit(limit)
         )
         with self._transaction() as conn:
-            return [(row.id, row.beacon) for row in conn.execute(query)]
+            return [
+                SessionlessRun(id=row.id, beacon=row.beacon, worker_beacon=row.worker)
+                for row in conn.execute(query)
+            ]
 
     def leader_info(self) -> LeaderInfo | None:
         with self._transaction() as conn:
@@ -501,12 +521,14 @@ class LeaderStore(StoreConnection):
         idle_timeout: float = 10.0,
         lease_seconds: float = 30.0,
         dead: Sequence[uuid.UUID] = (),
+        interrupted: Sequence[uuid.UUID] = (),
     ) -> Reclaim:
         """The reaper, as leader ``epoch`` (fenced like a claim), in one transaction:
 
         - a ``running`` run whose lease expired (its worker died or was cut off),
           or whose worker process is known dead (``dead``: its beacon is gone,
-          ``beat.liveness``), goes back to the outbox (``pending``, attempt kept) to be published
+          ``beat.liveness``; ``interrupted`` if its whole worker died with it),
+          goes back to the outbox (``pending``, attempt kept) to be published
           again under the same task ID, unless it has had ``max_attempts``
           attempts (Celery retries not counted): then it is ``lost``. An attempt
           whose worker process is known to have died (``beat_workers``: not seen
@@ -534,7 +556,12 @@ class LeaderStore(StoreConnection):
         # A plain task is never started twice: once its worker is gone after it started,
         # the run is over. (Taken but not started, it is published again like any run.)
         interrupted_plain = and_(runs.c.plain, runs.c.started_at.is_not(None))
-        worker_died = or_(_worker_died(lease_seconds), runs.c.id.in_(list(dead)))
+        # The heuristic on beat_workers reads a run whose lease expired; a run taken back
+        # before that (its process is dead) was interrupted only if its whole worker died.
+        lease_expired = runs.c.lease_expires_at < func.now()
+        worker_died = or_(
+            and_(lease_expired, _worker_died(lease_seconds)), runs.c.id.in_(list(interrupted))
+        )
         interruptions = runs.c.interruptions + case((worker_died, 1), else_=0)
         exhausted = or_(
             interrupted_plain,

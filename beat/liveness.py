@@ -34,9 +34,9 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 import redis
@@ -44,6 +44,9 @@ import redis
 from beat.db import masked_url, psycopg_conninfo, unreachable
 from beat.errors import LeaseUnavailable, StoreUnavailable
 from beat.leader import BEACON_PREFIX, open_beacon_connection
+
+if TYPE_CHECKING:
+    from beat.leader_store import SessionlessRun
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +205,7 @@ class SessionRecords(Protocol):
     """The recorded beacons whose database session is gone (``LeaderStore``)."""
 
     def leader_without_session(self) -> tuple[str, str] | None: ...
-    def runs_without_session(self, *, limit: int) -> list[tuple[uuid.UUID, str]]: ...
+    def runs_without_session(self, *, limit: int) -> list[SessionlessRun]: ...
 
 
 class Evicting(Protocol):
@@ -247,11 +250,31 @@ class CrashDetection:
         )
         return True
 
-    def dead_runs(self, *, limit: int) -> list[uuid.UUID]:
+    def dead_runs(self, *, limit: int) -> WorkerDeaths:
         """Running runs whose worker process is dead: its database session and its
-        Redis connection are both gone (one gone alone is a cut link: leases decide)."""
+        Redis connection are both gone (one gone alone is a cut link: leases decide).
+        A run whose worker's main process died too was interrupted; one whose pool
+        process died under a living worker crashed it (an attempt)."""
         candidates = self._leaders.runs_without_session(limit=limit)
         if not candidates:
-            return []
-        live = self._lease.live_beacons(beacon for _, beacon in candidates)
-        return [run_id for run_id, beacon in candidates if beacon not in live]
+            return WorkerDeaths()
+        names = {run.beacon for run in candidates}
+        names |= {run.worker_beacon for run in candidates if run.worker_beacon is not None}
+        live = self._lease.live_beacons(names)
+        dead = [run for run in candidates if run.beacon not in live]
+        return WorkerDeaths(
+            runs=[run.id for run in dead],
+            interrupted=[
+                run.id
+                for run in dead
+                if run.worker_beacon is not None and run.worker_beacon not in live
+            ],
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerDeaths:
+    """Running runs whose worker process died, and those whose whole worker died."""
+
+    runs: list[uuid.UUID] = field(default_factory=list)
+    interrupted: list[uuid.UUID] = field(default_factory=list)

@@ -359,10 +359,18 @@ class RunStore(StoreConnection):
             )
         )
 
-    def worker_seen(self, name: str, *, pid: int, booted_at: datetime) -> None:
-        """The worker ``name`` (its process ``pid``, started at ``booted_at``) is alive."""
+    def worker_seen(
+        self, name: str, *, pid: int, booted_at: datetime, session: Session | None = None
+    ) -> None:
+        """The worker ``name`` (its process ``pid``, started at ``booted_at``, keeping
+        the beacon ``session``) is alive."""
         statement = pg_insert(workers).values(
-            name=name, pid=pid, booted_at=booted_at, seen_at=func.now()
+            name=name,
+            pid=pid,
+            booted_at=booted_at,
+            seen_at=func.now(),
+            session_pid=None if session is None else session.pid,
+            beacon=None if session is None else session.beacon,
         )
         with self._transaction() as conn:
             conn.execute(
@@ -372,6 +380,8 @@ class RunStore(StoreConnection):
                         "pid": statement.excluded.pid,
                         "booted_at": statement.excluded.booted_at,
                         "seen_at": func.now(),
+                        "session_pid": statement.excluded.session_pid,
+                        "beacon": statement.excluded.beacon,
                     },
                 )
             )

@@ -49,6 +49,7 @@ from beat import metrics
 from beat.config import BeatConfig, uses_this_scheduler
 from beat.dispatch import published_by_beat
 from beat.errors import HABeatError
+from beat.liveness import Session, process_session
 from beat.models import RunState
 from beat.run_store import Refused, RunStore, run_id_for, run_store_for
 
@@ -119,8 +120,16 @@ class WorkerHeartbeat:
     A worker that died stops being seen: the reaper then knows that the runs it held
     were interrupted, not that they crashed it."""
 
-    def __init__(self, store: RunStore, hostname: str, lease_seconds: float) -> None:
+    def __init__(
+        self,
+        store: RunStore,
+        hostname: str,
+        lease_seconds: float,
+        beacon: Callable[[], Session | None] = lambda: None,
+    ) -> None:
         self.store = store
+        #: This process's beacon (``beat.liveness``), recorded with its presence.
+        self.beacon = beacon
         self.hostname = hostname
         self.owner = f"{hostname}:{os.getpid()}:received"
         self.lease_seconds = lease_seconds
@@ -146,7 +155,12 @@ class WorkerHeartbeat:
         while True:
             held = self._still_held()
             try:
-                self.store.worker_seen(self.hostname, pid=os.getpid(), booted_at=self.booted_at)
+                self.store.worker_seen(
+                    self.hostname,
+                    pid=os.getpid(),
+                    booted_at=self.booted_at,
+                    session=self.beacon(),
+                )
                 self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
             except HABeatError as exc:
                 logger.warning("could not renew this worker's leases (%d runs): %s", len(held), exc)
@@ -173,7 +187,15 @@ def _leases_of(config: BeatConfig, hostname: str) -> WorkerHeartbeat:
         leases = _leases.get(os.getpid())
         if leases is None:
             leases = _leases[os.getpid()] = WorkerHeartbeat(
-                run_store_for(config.database_url), hostname, config.lease_timeout
+                run_store_for(config.database_url),
+                hostname,
+                config.lease_timeout,
+                beacon=lambda: process_session(
+                    config.database_url,
+                    config.redis_url,
+                    database_setting=config.database_setting,
+                    redis_setting=config.redis_setting,
+                ),
             )
         return leases
 

@@ -235,4 +235,7 @@ workers = Table(
     Column("booted_at", TZ, nullable=False),
     #: Renewed by the worker's main process every third of the lease timeout.
     Column("seen_at", TZ, nullable=False),
+    #: The beacon of the worker's main process (see ``beat_leader.beacon``).
+    Column("session_pid", Integer),
+    Column("beacon", Text),
 )

@@ -756,6 +756,7 @@ class FakeClaimStore:
         idle_timeout: float = 10.0,
         lease_seconds: float = 30.0,
         dead: Sequence[uuid.UUID] = (),
+        interrupted: Sequence[uuid.UUID] = (),
     ) -> Reclaim:
         """The reaper as ``LeaderStore.reclaim``, without what this store does not hold:
         no workers table (an attempt whose worker died counts), no plain runs, no retries."""

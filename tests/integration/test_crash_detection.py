@@ -148,14 +148,14 @@ def test_without_distinct_sessions_standbys_wait_for_the_lease(
     assert not standby.is_leader, "nothing tells a crash from a hang: the TTL decides"
 
 
-def start_run(store: Store, session: Session | None) -> uuid.UUID:
-    """A run started by a worker process whose beacon is ``session``, with a lease far
-    longer than the test."""
+def start_run(store: Store, session: Session | None, *, worker: str = "w1@host") -> uuid.UUID:
+    """A run started by a worker process whose beacon is ``session``, with one attempt
+    and a lease far longer than the test."""
     run_id = uuid.uuid4()
     started = RunStore(store.engine).start(
         run_id,
-        owner="w1:1:abc",
-        worker="w1@host",
+        owner=f"{worker}:1:abc",
+        worker=worker,
         lease_seconds=LONG_TTL,
         task="t",
         args=[],
@@ -176,29 +176,47 @@ def test_runs_of_a_dead_worker_are_reclaimed_at_once_and_of_a_cut_one_are_not(
     leader.tick()
     epoch = leader.epoch
     assert epoch is not None
-    dying = SessionBeacon(test_env.database_url, test_env.redis_url)
-    cut = SessionBeacon(test_env.database_url, test_env.redis_url)
-    alive = SessionBeacon(test_env.database_url, test_env.redis_url)
+    beacons = {
+        name: SessionBeacon(test_env.database_url, test_env.redis_url)
+        for name in ("dying", "cut", "alive", "pool child", "its worker")
+    }
     try:
-        dies, cut_off, lives, unknown = (
-            start_run(store, dying.open()),
-            start_run(store, cut.open()),
-            start_run(store, alive.open()),
-            start_run(store, None),
-        )
-        assert leader.crash_detection.dead_runs(limit=10) == []
-        dying.close()  # the worker process dies: both its connections close
-        cut._conn.close()  # type: ignore[union-attr]  # its link to PostgreSQL is cut
-        wait_until_listed_without(store, 2)
+        sessions = {name: beacon.open() for name, beacon in beacons.items()}
+        seen = RunStore(store.engine).worker_seen
+        booted = store.now()
+        # A worker whose runs run in its own process (threads pool): one beacon for both.
+        seen("w1@host", pid=1, booted_at=booted, session=sessions["dying"])
+        # A prefork worker: its main process and the pool child running the run.
+        seen("w2@host", pid=2, booted_at=booted, session=sessions["its worker"])
+        dies = start_run(store, sessions["dying"])
+        child_dies = start_run(store, sessions["pool child"], worker="w2@host")
+        cut_off = start_run(store, sessions["cut"])
+        lives = start_run(store, sessions["alive"])
+        unknown = start_run(store, None)
+        assert leader.crash_detection.dead_runs(limit=10).runs == []
+        beacons["dying"].close()  # the worker dies: both its connections close
+        beacons["pool child"].close()  # a job kills the pool process running it
+        beacons["cut"]._conn.close()  # type: ignore[union-attr]  # a link cut to PostgreSQL
+        wait_until_listed_without(store, 3)
 
-        dead = leader.crash_detection.dead_runs(limit=10)
-        reclaim = store.reclaim(epoch, stale_queued_after=3600, limit=10, dead=dead)
+        deaths = leader.crash_detection.dead_runs(limit=10)
+        reclaim = store.reclaim(
+            epoch,
+            stale_queued_after=3600,
+            limit=10,
+            dead=deaths.runs,
+            interrupted=deaths.interrupted,
+        )
     finally:
-        for beacon in (dying, cut, alive):
+        for beacon in beacons.values():
             beacon.close()
 
-    assert [run.id for run in reclaim.runs] == [dies], "only the dead worker's run, at once"
-    assert reclaim.lost == [], "a worker's death is an interruption, not an attempt"
+    assert sorted(deaths.runs) == sorted([dies, child_dies]), "dead processes only, at once"
+    assert deaths.interrupted == [dies], "only there did the whole worker die"
+    assert [run.id for run in reclaim.runs] == [dies], "a worker's death is not an attempt"
+    assert [lost.id for lost in reclaim.lost] == [child_dies], (
+        "a run that killed its pool process under a living worker used its one attempt"
+    )
     states = {row.id: row.state for row in run_rows(store)}
     assert states[cut_off] == states[lives] == states[unknown] == RunState.RUNNING.value
     [row] = run_rows(store, id=dies)

@@ -30,9 +30,16 @@ def upgrade() -> None:
     # at once. NULL: not known (a plain task, an older worker): its lease decides.
     op.add_column("beat_runs", sa.Column("session_pid", sa.Integer, nullable=True))
     op.add_column("beat_runs", sa.Column("beacon", sa.Text, nullable=True))
+    # The worker's main process keeps one too: a run whose pool process died under a
+    # living worker crashed it (an attempt); one whose whole worker died was
+    # interrupted (not an attempt).
+    op.add_column("beat_workers", sa.Column("session_pid", sa.Integer, nullable=True))
+    op.add_column("beat_workers", sa.Column("beacon", sa.Text, nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column("beat_workers", "beacon")
+    op.drop_column("beat_workers", "session_pid")
     op.drop_column("beat_runs", "beacon")
     op.drop_column("beat_runs", "session_pid")
     op.drop_column("beat_leader", "beacon")
