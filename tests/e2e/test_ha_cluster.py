@@ -21,6 +21,8 @@ pytestmark = pytest.mark.e2e
 
 SCHEDULES = 5
 LOCK_TTL = 3.0
+#: Seconds the several-beats tests run: long enough for every beat to poll dozens of times.
+RUN_FOR = 40
 
 
 def create_second_schedules(store: Store) -> datetime:
@@ -83,7 +85,7 @@ def assert_each_run_executed_once(cluster: Cluster, store: Store) -> None:
 
 
 @pytest.mark.parametrize("beats", [2, 3])
-def test_several_beats_for_a_minute_claim_each_fire_time_exactly_once(
+def test_several_beats_for_40_seconds_claim_each_fire_time_exactly_once(
     cluster: Cluster, store: Store, beats: int
 ) -> None:
     cluster.settings = {"HABEAT_LOCK_TTL": str(LOCK_TTL)}
@@ -92,7 +94,7 @@ def test_several_beats_for_a_minute_claim_each_fire_time_exactly_once(
     processes = [cluster.beat(f"beat{n}") for n in range(beats)]
 
     wait_until(lambda: cluster.leading_process() is not None, timeout=30)
-    time.sleep(60)
+    time.sleep(RUN_FOR)
     assert all(process.alive() for process in processes), cluster.logs()
     until = store.now() - timedelta(seconds=1)
     leaders = {holder for holder in [cluster.leader_holder()]}
@@ -102,7 +104,7 @@ def test_several_beats_for_a_minute_claim_each_fire_time_exactly_once(
         process.popen.wait(timeout=15)
 
     total = assert_each_fire_time_once(store, anchor, until)
-    assert total >= SCHEDULES * 60
+    assert total >= SCHEDULES * RUN_FOR
     assert len(leaders) == 1
     assert_each_run_executed_once(cluster, store)
 
