@@ -31,11 +31,11 @@ from sqlalchemy.engine import make_url
 from app.factory import create_app
 from beat import schema
 from beat.api import Schedules
-from beat.cli import parse_duration
 from beat.leader import lock_key
 from beat.models import RunState
 from beat.scheduler import HAScheduler
 from beat.store import Store
+from beat.user_input import parse_duration
 from tests.conftest import SessionEnv
 from tests.integration.helpers import (
     as_json,

@@ -15,9 +15,9 @@ from beat.api import (
     arguments_problem,
     define,
 )
-from beat.cli import duration_seconds, parse_duration, wall_time_in
 from beat.errors import InvalidSchedule, one_line
 from beat.limits import MAX_DURATION, MAX_INT4
+from beat.user_input import duration_seconds, parse_duration, wall_time_in
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 BERLIN = ZoneInfo("Europe/Berlin")
