@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -65,6 +65,7 @@ from beat.db import (
     psycopg_conninfo,
     unreachable,
 )
+from beat.dispatch import ROUTING_OPTIONS
 from beat.errors import (
     StaleEpoch,
     StoreUnavailable,
@@ -189,6 +190,30 @@ class PruneReport:
     cutoff: datetime
     #: False when the time budget ran out before the last old run was deleted.
     caught_up: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QueueBacklog:
+    """Runs published to ``queue`` that no worker has taken for a while."""
+
+    queue: str
+    waiting: int
+    oldest_published_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerPresence:
+    """A worker (its Celery node name) that renewed its row of ``beat_workers`` lately."""
+
+    name: str
+    pid: int
+    #: When its main process started.
+    booted_at: datetime
+    seen_at: datetime
+
+
+#: The queue a run's message went to, from its task name and publish options.
+QueueOf = Callable[[str, Mapping[str, Any]], str]
 
 
 class LeaderStore(StoreConnection):
@@ -880,6 +905,64 @@ class LeaderStore(StoreConnection):
         with self._transaction() as conn:
             return conn.execute(delete(runs).where(runs.c.id.in_(doomed))).rowcount
 
+    # -- what operators read about the cluster --------------------------------------
+
+    def queued_backlog(self, *, older_than: timedelta, queue_of: QueueOf) -> list[QueueBacklog]:
+        """Queues holding runs published more than ``older_than`` ago that no worker has
+        received, the most stuck first. Runs are grouped by task and routing options in
+        PostgreSQL (on the index of queued runs), and each group's queue is worked out
+        once by ``queue_of``, as the publisher routed it."""
+        waiting = (
+            select(
+                runs.c.task,
+                runs.c.published_at,
+                *(runs.c.options[key].astext.label(key) for key in ROUTING_OPTIONS),
+            )
+            # The index's predicate, as literal SQL: a bound parameter would keep a
+            # generic plan from using it.
+            .where(text("state = 'queued'"))
+            .where(
+                runs.c.published_at
+                < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than.total_seconds()),
+                runs.c.received_at.is_(None),
+            )
+            .subquery("waiting")
+        )
+        routing = [waiting.c[key] for key in ROUTING_OPTIONS]
+        query = select(
+            waiting.c.task,
+            *routing,
+            func.count().label("runs"),
+            func.min(waiting.c.published_at).label("oldest"),
+        ).group_by(waiting.c.task, *routing)
+        with self._transaction() as conn:
+            groups = list(conn.execute(query))
+        by_queue: dict[str, QueueBacklog] = {}
+        for row in groups:
+            options = {key: row._mapping[key] for key in ROUTING_OPTIONS if row._mapping[key]}
+            queue = queue_of(row.task, options)
+            by_queue[queue] = _merged_backlog(by_queue.get(queue), queue, row.runs, row.oldest)
+        return sorted(by_queue.values(), key=lambda b: (b.oldest_published_at, b.queue))
+
+    def live_workers(self, *, within: timedelta) -> list[WorkerPresence]:
+        """The workers that renewed their row less than ``within`` ago (a worker does it
+        every third of its lease), by name."""
+        query = (
+            select(workers.c.name, workers.c.pid, workers.c.booted_at, workers.c.seen_at)
+            .where(
+                workers.c.seen_at
+                >= func.now() - func.make_interval(0, 0, 0, 0, 0, 0, within.total_seconds())
+            )
+            .order_by(workers.c.name)
+        )
+        with self._transaction() as conn:
+            return [
+                WorkerPresence(
+                    name=row.name, pid=row.pid, booted_at=row.booted_at, seen_at=row.seen_at
+                )
+                for row in conn.execute(query)
+            ]
+
 
 class ScheduleChangeListener:
     """A dedicated autocommit connection that LISTENs for schedule changes and hand-overs.
@@ -929,6 +1012,19 @@ class ScheduleChangeListener:
 
 
 # -- row mapping --------------------------------------------------------------------
+
+
+def _merged_backlog(
+    known: QueueBacklog | None, queue: str, waiting: int, oldest: datetime
+) -> QueueBacklog:
+    """``known`` (None: none yet) with a group of ``waiting`` runs more."""
+    if known is None:
+        return QueueBacklog(queue=queue, waiting=waiting, oldest_published_at=oldest)
+    return QueueBacklog(
+        queue=queue,
+        waiting=known.waiting + waiting,
+        oldest_published_at=min(known.oldest_published_at, oldest),
+    )
 
 
 def _worker_died(lease_seconds: float) -> Any:

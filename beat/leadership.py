@@ -15,6 +15,9 @@ health watchdog that lets the lease go when this process cannot do the work.
 - **Lose**: whoever notices first (the renewer, a fenced write refused with
   ``StaleEpoch``, the check before sending runs claimed ahead) ends this term;
   the loop's ``on_lost`` drops what only this leader holds in memory.
+- **Presence**: every pass, leading or not, also refreshes this process's entry
+  among the cluster's beat processes (``beat.beat_presence``), for people to
+  read; a clean shutdown removes it. It never bears on who leads.
 """
 
 from __future__ import annotations
@@ -78,6 +81,22 @@ class _NoCrashDetection:
         return False
 
 
+class Presence(Protocol):
+    """This process's entry among the cluster's beat processes (``beat.beat_presence``):
+    never raises, and says nothing about who leads."""
+
+    def refresh(self) -> None: ...
+    def leave(self) -> None: ...
+
+
+class _NoPresence:
+    def refresh(self) -> None:
+        pass
+
+    def leave(self) -> None:
+        pass
+
+
 class Leadership:
     """This process's term as leader, if any (see the module docstring)."""
 
@@ -91,6 +110,7 @@ class Leadership:
         on_lost: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
         crash_detection: CrashDetector | None = None,
+        presence: Presence | None = None,
     ) -> None:
         self._lease = lease
         self._row = leader_row
@@ -100,6 +120,7 @@ class Leadership:
         self._on_lost = on_lost
         self._clock = clock
         self._crash = crash_detection or _NoCrashDetection()
+        self._presence = presence or _NoPresence()
         self._epoch: int | None = None
         self._progress = clock()
 
@@ -114,6 +135,9 @@ class Leadership:
 
     def lead(self) -> int | None:
         """This process's epoch if it leads (taking the lease if it is free), else None."""
+        # Every pass of a leader or a standby comes here first: the one place to say
+        # this process is up (throttled, and harmless if it fails).
+        self._presence.refresh()
         if self._epoch is not None:
             if not self._crash.beacon_alive():
                 self.step_down(
@@ -219,10 +243,14 @@ class Leadership:
         self._on_lost()
 
     def hand_over(self) -> None:
-        """Release the lease and wake the standbys (a clean shutdown)."""
+        """Release the lease and wake the standbys (a clean shutdown); leave the list
+        of the cluster's beat processes, leader or standby."""
         epoch, self._epoch = self._epoch, None
-        if epoch is None:
-            return
+        if epoch is not None:
+            self._release_term(epoch)  # first: a standby waits for it, nobody for the list
+        self._presence.leave()
+
+    def _release_term(self, epoch: int) -> None:
         released = False
         try:
             released = self._lease.release()

@@ -17,7 +17,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beat import timing
-from beat.api import ScheduleDetails, ScheduleSummary
+from beat.api import (
+    BeatProcess,
+    ClusterOverview,
+    OverdueSchedule,
+    QueueBacklog,
+    ScheduleDetails,
+    ScheduleSummary,
+    WorkerPresence,
+)
 from beat.health import ClusterStatus, Health
 from beat.leader_store import PruneReport
 from beat.models import FINISHED_STATES, Schedule
@@ -332,6 +340,66 @@ def health_lines(health: Health) -> list[tuple[bool, str]]:
         else (False, f"Error: {check.name}: {check.detail}")
         for check in health.checks
     ]
+
+
+def cluster_document(overview: ClusterOverview) -> dict[str, Any]:
+    """The cluster page's document: who leads (``leader_document``; None when it could
+    not be read), the beat processes, the workers, the overdue schedules, the stuck
+    queues, and what could not be read."""
+    status = overview.status
+    leader = None if status is None else status.lease.holder
+    return {
+        "status": None
+        if status is None
+        else leader_document(status) | {"detail": status.status, "now": iso(status.now)},
+        "beats": [beat_document(beat, leader) for beat in overview.beats],
+        "workers": [worker_document(worker) for worker in overview.workers],
+        "overdue": {
+            "total": overview.overdue_total,
+            "schedules": [overdue_document(entry) for entry in overview.overdue],
+        },
+        "stuck_queues": [backlog_document(backlog) for backlog in overview.stuck_queues],
+        "problems": list(overview.problems),
+    }
+
+
+def beat_document(beat: BeatProcess, leader: str | None) -> dict[str, Any]:
+    """A beat process; ``leading``: it holds the lease (None when the lease is not known)."""
+    return {
+        "holder": beat.holder,
+        "leading": None if leader is None else beat.holder == leader,
+        "host": beat.host,
+        "pid": beat.pid,
+        "version": beat.version,
+        "started_at": iso(beat.started_at),
+        "seen_at": iso(beat.seen_at),
+        "expires_at": iso(beat.expires_at),
+    }
+
+
+def worker_document(worker: WorkerPresence) -> dict[str, Any]:
+    return {
+        "name": worker.name,
+        "pid": worker.pid,
+        "booted_at": iso(worker.booted_at),
+        "seen_at": iso(worker.seen_at),
+    }
+
+
+def overdue_document(entry: OverdueSchedule) -> dict[str, Any]:
+    return {
+        "name": entry.name,
+        "next_fire_at": iso(entry.next_fire_at),
+        "overdue_seconds": entry.overdue_by.total_seconds(),
+    }
+
+
+def backlog_document(backlog: QueueBacklog) -> dict[str, Any]:
+    return {
+        "queue": backlog.queue,
+        "waiting": backlog.waiting,
+        "oldest_published_at": iso(backlog.oldest_published_at),
+    }
 
 
 # -- formatting ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -85,6 +85,24 @@ class QuarantinedSchedule:
     name: str
     reason: str | None
     quarantined_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OverdueSchedule:
+    """An enabled schedule whose fire time passed a while ago and is still unclaimed."""
+
+    name: str
+    next_fire_at: datetime
+    #: How long before the database's now it was due.
+    overdue_by: timedelta
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OverdueSchedules:
+    """The oldest overdue schedules (at most as many as asked), and how many there are."""
+
+    schedules: list[OverdueSchedule]
+    total: int
 
 
 class ScheduleStore(StoreConnection):
@@ -199,6 +217,32 @@ class ScheduleStore(StoreConnection):
                 )
                 for row in conn.execute(query)
             ]
+
+    def overdue(self, *, grace: timedelta, limit: int) -> OverdueSchedules:
+        """Enabled schedules due more than ``grace`` before now: a leader claims a fire
+        time within moments, so these wait for one that does not come (or cannot keep
+        up). Oldest first, at most ``limit``, with their total; on the partial index
+        of due schedules, whose predicate the query repeats."""
+        before = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, grace.total_seconds())
+        query = (
+            select(
+                schedules.c.name,
+                schedules.c.next_fire_at,
+                (func.now() - schedules.c.next_fire_at).label("overdue_by"),
+                func.count().over().label("total"),
+            )
+            .where(schedules.c.enabled, schedules.c.next_fire_at.is_not(None))
+            .where(schedules.c.next_fire_at < before)
+            .order_by(schedules.c.next_fire_at, schedules.c.name)
+            .limit(limit)
+        )
+        with self._transaction() as conn:
+            rows = list(conn.execute(query))
+        found = [
+            OverdueSchedule(name=row.name, next_fire_at=row.next_fire_at, overdue_by=row.overdue_by)
+            for row in rows
+        ]
+        return OverdueSchedules(schedules=found, total=rows[0].total if rows else 0)
 
     def delete_schedule(self, name: str) -> None:
         """Delete a schedule made at runtime; its run history stays (``schedule_id``

@@ -25,6 +25,7 @@ from celery.beat import Scheduler
 from beat import code_schedules, metrics
 from beat.api import first_fire_at
 from beat.armed import ArmedRuns
+from beat.beat_presence import BeatPresence
 from beat.config import BeatConfig
 from beat.db import masked_url
 from beat.dispatch import CeleryPublisher
@@ -35,7 +36,7 @@ from beat.leader_store import Claim, LeaderStore, ScheduleChangeListener
 from beat.leadership import Leadership
 from beat.liveness import CrashDetection, SessionBeacon
 from beat.lost_messages import LostMessages
-from beat.reporting import Reporter, TickErrors
+from beat.reporting import MAX_BACKOFF, Reporter, TickErrors
 from beat.schedule_store import ScheduleStore
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._lease: LeaderLease | None = None
         self._listener: ScheduleChangeListener | None = None
         self._leadership: Leadership | None = None
+        self._presence: BeatPresence | None = None
         self._crash_detection: CrashDetection | None = None
         self._loop: LeaderLoop | None = None
         self._started = False
@@ -212,8 +214,31 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
                 longest_step=config.lock_ttl + config.max_wait + config.claim_ahead,
                 on_lost=self._drop_armed,
                 crash_detection=self.crash_detection,
+                presence=self.presence,
             )
         return self._leadership
+
+    @property
+    def presence(self) -> BeatPresence:
+        """This process's entry among the cluster's beat processes (``beat.beat_presence``)."""
+        if self._presence is None:
+            config = self.config
+            # A client of its own, with short timeouts: an unreachable Redis delays the
+            # leader's pass by at most this much, once per interval.
+            client = redis.Redis.from_url(
+                config.redis_url, socket_timeout=1, socket_connect_timeout=1
+            )
+            self._presence = BeatPresence(
+                client,
+                prefix=config.key_prefix,
+                holder=self.lease.holder,
+                # Two lease TTLs past its last refresh, plus the longest wait between two
+                # passes (the leader's, a standby's, the back-off after a failed one).
+                lifetime=2 * config.lock_ttl
+                + max(config.max_wait, config.standby_poll, MAX_BACKOFF),
+                interval=config.renew_interval,
+            )
+        return self._presence
 
     @property
     def crash_detection(self) -> CrashDetection:
