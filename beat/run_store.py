@@ -36,6 +36,7 @@ from sqlalchemy import (
     Double,
     Integer,
     Row,
+    Select,
     and_,
     any_,
     bindparam,
@@ -44,6 +45,7 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, TEXT, UUID
@@ -205,15 +207,14 @@ class RunStore(StoreConnection):
         since: Since | None = None,
         limit: int = 20,
     ) -> list[RunRecord]:
-        """Runs newest first (by fire time, or claim time for runs without one)."""
-        when = _run_time()
-        query = select(runs).order_by(when.desc(), runs.c.id).limit(limit)
-        if schedule_name is not None:
-            query = query.where(runs.c.schedule_name == schedule_name)
-        if state is not None:
-            query = query.where(runs.c.state == state.value)
-        if since is not None:
-            query = query.where(when >= _moment(since))
+        """Runs newest first (by fire time, or claim time for runs without one), the
+        run ID breaking ties; of schedule ``schedule_name`` along its history index."""
+        if schedule_name is None:
+            when = _run_time()
+            query = _filtered(select(runs), when, state, since)
+            query = query.order_by(when.desc(), runs.c.id).limit(limit)
+        else:
+            query = _schedule_history(schedule_name, state, since, limit)
         with self._transaction() as conn:
             return [record_from_row(row) for row in conn.execute(query)]
 
@@ -699,6 +700,39 @@ def _older_than(cursor: RunCursor) -> ColumnElement[bool]:
         runs.c.fire_at <= cursor.fire_at,
         or_(runs.c.fire_at < cursor.fire_at, runs.c.id < cursor.id),
     )
+
+
+def _filtered(
+    query: Select[Any], when: ColumnElement[datetime], state: RunState | None, since: Since | None
+) -> Select[Any]:
+    """``query`` restricted to the runs in ``state`` whose time ``when`` is ``since``."""
+    if state is not None:
+        query = query.where(runs.c.state == state.value)
+    if since is not None:
+        query = query.where(when >= _moment(since))
+    return query
+
+
+def _schedule_history(
+    name: str, state: RunState | None, since: Since | None, limit: int
+) -> Select[Any]:
+    """``history`` of schedule ``name``: the newest ``limit`` of its runs with a fire
+    time, read along the history index in its order (ordering all by ``_run_time()``
+    sorts every run of the schedule: 750 ms for one with 200,000), merged with the
+    newest ``limit`` without one (none, but for runs written by hand)."""
+    named = runs.c.schedule_name == name
+    timed = _filtered(select(runs).where(named), runs.c.fire_at, state, since)
+    untimed = _filtered(select(runs).where(named), runs.c.claimed_at, state, since)
+    both = union_all(
+        timed.where(runs.c.fire_at.is_not(None))
+        .order_by(runs.c.fire_at.desc(), runs.c.id)
+        .limit(limit),
+        untimed.where(runs.c.fire_at.is_(None))
+        .order_by(runs.c.claimed_at.desc(), runs.c.id)
+        .limit(limit),
+    ).subquery("history")
+    when = func.coalesce(both.c.fire_at, both.c.claimed_at)
+    return select(both).order_by(when.desc(), both.c.id).limit(limit)
 
 
 def _moment(since: Since) -> Any:

@@ -227,6 +227,37 @@ def test_paging_through_a_schedules_runs_shows_each_once_in_order(
     assert 1 <= len(pages[-1]) <= limit
 
 
+def test_runs_of_one_schedule_keep_the_order_of_the_whole_history(
+    api: Schedules, store: Store
+) -> None:
+    """``runs(name)`` reads the history index, yet orders as ``runs()`` of all: by fire
+    time, else claim time, newest first, the run ID ascending among equal times."""
+    rng = random.Random(7)
+    now = store.now()
+    for _ in range(40):
+        fire_at = None if rng.random() < 0.25 else now - timedelta(minutes=rng.randrange(8))
+        claimed_at = now - timedelta(minutes=rng.randrange(8))
+        state = rng.choice([RunState.SUCCEEDED, RunState.FAILED])
+        add_run(store, "mixed", fire_at=fire_at, claimed_at=claimed_at, state=state)
+        add_run(store, "other", fire_at=fire_at, claimed_at=claimed_at, state=state)
+
+    def expected(state: RunState | None, since: datetime | None, limit: int) -> list[uuid.UUID]:
+        kept = [
+            run
+            for run in api.runs(limit=200)  # every schedule's: the order of old
+            if run.schedule_name == "mixed"
+            and (state is None or run.state is state)
+            and (since is None or (run.fire_at or run.claimed_at) >= since)
+        ]
+        return [run.id for run in kept[:limit]]
+
+    for state in (None, RunState.FAILED):
+        for since in (None, now - timedelta(minutes=3)):
+            for limit in (1, 7, 100):
+                found = api.runs("mixed", state=state, since=since, limit=limit)
+                assert [run.id for run in found] == expected(state, since, limit)
+
+
 def test_a_run_added_between_pages_shifts_no_page(api: Schedules, store: Store) -> None:
     now = store.now()
     for minute in range(10):
