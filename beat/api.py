@@ -52,7 +52,12 @@ from beat.limits import MAX_DURATION, MAX_INT4
 from beat.models import MisfirePolicy, Origin, OverlapPolicy, RunState, Schedule, ScheduleDefinition
 from beat.options import check_publish_options
 from beat.policies import MAX_JITTER_SECONDS
-from beat.run_store import LastRun, RunRecord, RunStore, Since
+from beat.run_stats import MIN_BUCKET, RunStatsStore
+from beat.run_stats import Percentiles as Percentiles
+from beat.run_stats import RunStats as RunStats
+from beat.run_stats import StatsBucket as StatsBucket
+from beat.run_store import LastRun, RecentRuns, RunRecord, RunStore, Since
+from beat.run_store import RunPage as RunPage
 from beat.schedule_store import OverdueSchedule as OverdueSchedule
 from beat.schedule_store import (
     OverdueSchedules,
@@ -60,6 +65,7 @@ from beat.schedule_store import (
     SyncReport,
     next_fire_after_retiming,
 )
+from beat.schedule_store import ScheduleFilter as ScheduleFilter
 from beat.store import Store
 from beat.timing import Trigger
 
@@ -91,6 +97,16 @@ OVERDUE_LIMIT = 50
 #: consumes (or whose workers are all busy): a free worker takes a message within
 #: milliseconds, and a worker restarting is back within seconds.
 STUCK_QUEUED_AFTER = timedelta(seconds=60)
+#: Latest runs whose lateness a row of :meth:`Schedules.page` carries.
+SPARK_RUNS = 20
+#: Most rows of one page (:meth:`Schedules.page`, :meth:`Schedules.run_page`).
+MAX_PAGE_ROWS = 500
+#: Longest window of :meth:`Schedules.run_stats` (it reads every run of the window).
+MAX_STATS_WINDOW = timedelta(days=31)
+#: Most buckets of :meth:`Schedules.run_stats`.
+MAX_STATS_BUCKETS = 500
+#: The filter that keeps every schedule.
+EVERY_SCHEDULE = ScheduleFilter()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,6 +124,29 @@ class ScheduleSummary:
 
     schedule: Schedule
     last_run: LastRun | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduleRow:
+    """A row of the schedule list: a schedule, its newest run and its recent lateness."""
+
+    schedule: Schedule
+    #: The newest run (by fire time); None before the first.
+    last_run: LastRun | None
+    #: Lateness in seconds (published_at - fire_at) of the newest ``SPARK_RUNS`` runs,
+    #: oldest first; None for a run not (yet) published.
+    recent_lateness: list[float | None]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SchedulePage:
+    """One page of the schedule list, by name."""
+
+    rows: list[ScheduleRow]
+    #: Schedules matching the filter, on every page.
+    total: int
+    offset: int
+    limit: int
 
 
 def define(
@@ -514,6 +553,7 @@ class Schedules:
         self.config = config
         #: The run history, on the same connection pool.
         self._run_store = RunStore(store.engine, setting=store.setting)
+        self._run_stats = RunStatsStore(store.engine, setting=store.setting)
 
     @classmethod
     def for_app(cls, app: Any) -> Schedules:
@@ -657,6 +697,24 @@ class Schedules:
         last = self.last_runs()
         return [ScheduleSummary(schedule=s, last_run=last.get(s.name)) for s in found]
 
+    def page(
+        self, filter: ScheduleFilter = EVERY_SCHEDULE, *, offset: int = 0, limit: int = 50
+    ) -> SchedulePage:
+        """The schedules matching ``filter`` by name, ``limit`` (at most
+        ``MAX_PAGE_ROWS``) from ``offset``, each with its newest run and the lateness of
+        its latest ``SPARK_RUNS`` runs, and how many match in all.
+
+        The rows' runs are a few entries of the history index per row of the page; the
+        filters read the schedules table (100,000 schedules: a scan of a few tens of
+        milliseconds for a search), ``failing`` only the schedules with a failed run.
+        """
+        _check_filter(filter)
+        _check_paging(offset, limit)
+        found, total = self.store.page_schedules(filter, offset=offset, limit=limit)
+        recent = self._run_store.recent_runs([s.name for s in found], count=SPARK_RUNS)
+        rows = [_schedule_row(schedule, recent[schedule.name]) for schedule in found]
+        return SchedulePage(rows=rows, total=total, offset=offset, limit=limit)
+
     def quarantined(self) -> builtins.list[QuarantinedSchedule]:
         """The schedules the scheduler disabled because it could not plan or publish
         them, oldest quarantine first: they fire no more until resumed."""
@@ -715,6 +773,37 @@ class Schedules:
         if not found and name is not None:
             self._check_known_name(name)
         return found
+
+    def run_page(self, name: str, *, before: str | None = None, limit: int = 50) -> RunPage:
+        """The runs of schedule ``name`` (also a removed one) newest first (by fire time,
+        then run ID), ``limit`` of them (at most ``MAX_PAGE_ROWS``), older than the cursor
+        ``before``: the ``next_before`` of the page before, None for the newest.
+
+        Keyset paging: a deep page costs what the first does, and runs added meanwhile
+        shift no page. Raises :class:`ScheduleNotFound` as :meth:`runs` does, and
+        :class:`InvalidSchedule` for a cursor no page gave."""
+        _check_paging(0, limit)
+        found = self._run_store.run_page(name, before=before, limit=limit)
+        if not found.runs:
+            self._check_known_name(name)
+        return found
+
+    def run_stats(
+        self, window: timedelta, *, schedule: str | None = None, buckets: int = 60
+    ) -> RunStats:
+        """The runs of the ``window`` (1 minute to ``MAX_STATS_WINDOW``) that ends at the
+        database's now, of schedule ``schedule`` (also a removed one) or of all, in
+        ``buckets`` equal buckets (at most ``MAX_STATS_BUCKETS``; fewer when a bucket
+        would be shorter than a minute): counts by state and lateness percentiles.
+
+        It reads every run of the window (see :mod:`beat.run_stats`), so a long window
+        over a busy cluster costs seconds. Raises :class:`ScheduleNotFound` as
+        :meth:`runs` does."""
+        _check_stats(window, buckets)
+        stats = self._run_stats.stats(window, buckets=buckets, schedule=schedule)
+        if schedule is not None and not any(stats.total_counts.values()):
+            self._check_known_name(schedule)
+        return stats
 
     def _check_known_name(self, name: str) -> None:
         try:
@@ -883,6 +972,51 @@ class Schedules:
     def _setting(self, name: str) -> Any:
         """The cluster's setting ``name``, or its default when the settings are not known."""
         return setting(name).default if self.config is None else getattr(self.config, name)
+
+
+def _schedule_row(schedule: Schedule, recent: RecentRuns) -> ScheduleRow:
+    return ScheduleRow(schedule=schedule, last_run=recent.last_run, recent_lateness=recent.lateness)
+
+
+def _check_filter(where: ScheduleFilter) -> None:
+    """A filter of the schedule list whose fields have their types; a search is text
+    that PostgreSQL can hold, no longer than a task name."""
+    if not isinstance(where, ScheduleFilter):
+        raise InvalidSchedule(
+            f"filter must be a ScheduleFilter (beat.api), got {type(where).__name__}:"
+            " pass ScheduleFilter(search=..., paused=..., failing=..., origin=...)"
+        )
+    search = where.search
+    if search is not None and (
+        not isinstance(search, str) or len(search) > MAX_TASK_NAME_LENGTH or "\x00" in search
+    ):
+        raise InvalidSchedule(
+            f"search must be text of at most {MAX_TASK_NAME_LENGTH} characters without NUL,"
+            f" got {search!r:.80}: search for a part of a schedule or task name"
+        )
+    for label, value in (("paused", where.paused), ("failing", where.failing)):
+        if value is not None and not isinstance(value, bool):
+            raise InvalidSchedule(f"{label} must be true or false, got {value!r:.80}")
+    if where.origin is not None and not isinstance(where.origin, Origin):
+        choices = ", ".join(f"Origin.{origin.name}" for origin in Origin)
+        raise InvalidSchedule(f"origin must be one of {choices} or None, got {where.origin!r:.80}")
+
+
+def _check_paging(offset: int, limit: int) -> None:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidSchedule(
+            f"offset must be a whole number from 0, got {offset!r:.80}: start from 0"
+        )
+    _check_count(limit, "limit (rows per page)", maximum=MAX_PAGE_ROWS)
+
+
+def _check_stats(window: timedelta, buckets: int) -> None:
+    if not isinstance(window, timedelta) or not MIN_BUCKET <= window <= MAX_STATS_WINDOW:
+        raise InvalidSchedule(
+            f"the statistics window must be from 1 minute to {MAX_STATS_WINDOW.days} days,"
+            f" got {window!r:.80}: give a timedelta in that range"
+        )
+    _check_count(buckets, "buckets", maximum=MAX_STATS_BUCKETS)
 
 
 def _fire_times_between(

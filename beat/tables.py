@@ -41,6 +41,10 @@ SCHEDULES_CHANNEL = "beat_schedules_changed"
 
 #: SQL that holds for a finished run (the predicate of the retention index).
 FINISHED_SQL = f"state IN ({', '.join(repr(state.value) for state in FINISHED_STATES)})"
+#: SQL that holds for a run not finished (the predicate of the index of active runs).
+ACTIVE_SQL = "state IN ('pending', 'queued', 'running', 'retrying')"
+#: SQL that holds for a run that failed or was lost (the predicate of the failures index).
+FAILED_SQL = "state IN ('failed', 'lost')"
 
 
 def _in(column: str, values: type[enum.StrEnum]) -> str:
@@ -180,8 +184,12 @@ Index("ix_beat_runs_schedule_name_fire_at", runs.c.schedule_name, runs.c.fire_at
 Index(
     "ix_beat_runs_active_by_schedule",
     runs.c.schedule_id,
-    postgresql_where=text("state IN ('pending', 'queued', 'running', 'retrying')"),
+    postgresql_where=text(ACTIVE_SQL),
 )
+# Which schedules have failed runs: the "failing" filter of the schedule list probes
+# their newest run only, not every schedule's. Partial, so a claim's insert (a pending
+# run) adds no entry to it.
+Index("ix_beat_runs_failed_by_schedule", runs.c.schedule_name, postgresql_where=text(FAILED_SQL))
 # Runs stuck in the broker.
 Index(
     "ix_beat_runs_queued_published_at",

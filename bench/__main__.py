@@ -1,8 +1,10 @@
 """The benchmark suite: ``python -m bench [suite ...]`` (``scripts/bench.sh`` wraps it).
 
-Suites (all by default): lateness, throughput, scale, failover, reclaim. Each
-prints what it measured as a Markdown table; ``--json FILE`` also writes every
-figure. Nothing is asserted: targets are printed beside the figures.
+Suites (all but pages by default): lateness, throughput, scale, failover, reclaim;
+and pages, run when named (``python -m bench pages``: its fill of 10,000,000 runs
+takes minutes). Each prints what it measured as a Markdown table; ``--json FILE``
+also writes every figure. Nothing is asserted: targets are printed beside the
+figures.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench import failover, lateness, reclaim, scale
+from bench import failover, lateness, pages, reclaim, scale
 from bench.common import table
 
-SUITES = ("lateness", "throughput", "scale", "failover", "reclaim")
+SUITES = ("lateness", "throughput", "scale", "failover", "reclaim", "pages")
+#: What runs when no suite is named.
+DEFAULT_SUITES = SUITES[:-1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stored", default="10000,1000000", help="scale: stored schedule counts to compare"
     )
+    parser.add_argument(
+        "--schedules", type=int, default=pages.SCHEDULES, help="pages: schedules stored"
+    )
+    parser.add_argument("--runs", type=int, default=pages.RUNS, help="pages: runs stored")
+    parser.add_argument(
+        "--repeats", type=int, default=pages.REPEATS, help="pages: timed calls of each read"
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help=f"pages: keep the database {pages.DATABASE} (used again at the same sizes)",
+    )
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     options = parser.parse_args(argv)
     unknown = set(options.suites) - set(SUITES)
@@ -47,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown suite {', '.join(sorted(unknown))}: use {', '.join(SUITES)}")
     schedulers = [name for name in options.schedulers.split(",") if name]
     results: dict[str, Any] = {"machine": machine(), "started": time.strftime("%FT%TZ")}
-    for suite in options.suites or SUITES:
+    for suite in options.suites or DEFAULT_SUITES:
         print(f"\n## {suite}\n", flush=True)
         if suite == "lateness":
             sizes = [int(size) for size in options.sizes.split(",")]
@@ -61,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
             results[suite] = failover.report(failover.measure())
         elif suite == "reclaim":
             results[suite] = reclaim.report(reclaim.measure())
+        elif suite == "pages":
+            fill, reads = pages.measure(
+                options.schedules, options.runs, repeats=options.repeats, keep=options.keep
+            )
+            results[suite] = pages.report(fill, reads)
     if options.json:
         options.json.write_text(json.dumps(results, indent=2, default=str))
     return 0
