@@ -1,9 +1,10 @@
 """``celery -A proj schedules ...``: operate the scheduler without opening psql.
 
 Commands: add, update, show, list, pause, resume, remove, trigger, runs,
-leader, sync, migrate, prune, health. Each takes ``--json`` for scripts (one
-JSON document on stdout; for commands that change something, an object
-describing the result). Human output is an aligned table.
+leader, sync, migrate, prune, health, and ui (serves the schedules UI, ``beat.ui``).
+Each but ui takes ``--json`` for scripts (one JSON document on stdout; for commands
+that change something, an object describing the result). Human output is an
+aligned table.
 
 Each command parses its options, calls one method of :class:`beat.api.Schedules`
 and renders what it returns with :mod:`beat.rendering`: no SQL and no Redis here.
@@ -16,6 +17,7 @@ line on stderr that says what to do.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -633,3 +635,74 @@ def health(ctx: click.Context, as_json: bool) -> None:
             click.echo(line, err=not ok)
     if not report.ok:
         sys.exit(1)
+
+
+@_command()
+@click.option(
+    "--address",
+    default="127.0.0.1",
+    envvar="HABEAT_UI_ADDRESS",
+    show_default=True,
+    help="address to listen on; other than loopback needs --basic-auth",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(min=1, max=65535),
+    default=5556,
+    envvar="HABEAT_UI_PORT",
+    show_default=True,
+    help="port to listen on (Flower's is 5555)",
+)
+@click.option(
+    "--basic-auth",
+    envvar="HABEAT_UI_BASIC_AUTH",
+    help="user:password pairs separated by commas, as Flower's (HABEAT_UI_BASIC_AUTH)",
+)
+@click.option(
+    "--read-only",
+    is_flag=True,
+    envvar="HABEAT_UI_READ_ONLY",
+    help="show everything, change nothing",
+)
+@click.option(
+    "--flower-url",
+    envvar="HABEAT_UI_FLOWER_URL",
+    help="Flower's address, e.g. http://localhost:5555: each run links to its task page",
+)
+@click.pass_context
+def ui(
+    ctx: click.Context,
+    address: str,
+    port: int,
+    basic_auth: str | None,
+    read_only: bool,
+    flower_url: str | None,
+) -> None:
+    """Serve the schedules UI: schedules, runs, the cluster and plots, in a browser."""
+    from beat.ui.security import check_exposure, parse_users
+    from beat.ui.server import UISettings, registered_tasks, serve
+
+    with _errors_as_exit_codes():
+        users = parse_users(basic_auth)
+        check_exposure(address, users)  # before connecting: nothing is served on a bad setup
+        _check_flower_url(flower_url)
+    manager = _schedules(ctx)
+    settings = UISettings(
+        address=address, port=port, users=users, read_only=read_only, flower_url=flower_url
+    )
+    try:
+        serve(
+            manager,
+            settings,
+            task_names=registered_tasks(ctx.obj.app),
+            ready=lambda line: click.echo(line, err=True),
+        )
+    except OSError as exc:
+        _fail(f"cannot listen on {address}:{port} ({exc.strerror}): choose another --port", 1)
+
+
+def _check_flower_url(url: str | None) -> None:
+    if url is not None and not re.match(r"^https?://[^\s/]+", url):
+        raise ConfigError(
+            f"--flower-url {url!r:.80} is not an http(s) address: give e.g. http://localhost:5555"
+        )

@@ -1,0 +1,423 @@
+"""The UI's pages: schedules, a schedule, its form, the cluster and the plots; and the
+actions (pause, resume, trigger, delete).
+
+Each handler reads its parameters, calls :class:`beat.api.Schedules` (off the event
+loop: the facade's calls block) and renders a template. Every request passes the
+basic-auth check first; every POST also the ``_xsrf`` check (Tornado) and the
+read-only check. A write that fails changes nothing and says why next to the field.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
+
+import tornado.web
+
+from beat import rendering, timing
+from beat.api import ScheduleFilter, Schedules
+from beat.errors import (
+    HABeatError,
+    InvalidSchedule,
+    ScheduleExists,
+    ScheduleNotFound,
+    StoreError,
+)
+from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState
+from beat.ui import charts, forms, wording
+from beat.ui.security import REALM, authorised
+
+T = TypeVar("T")
+
+#: Schedules a page of the list shows.
+PAGE_SIZE = 50
+#: Runs a page of a schedule's history shows.
+RUNS_PAGE_SIZE = 50
+#: Fire times a schedule's page lists.
+UPCOMING = 10
+#: The windows the plots offer, by the name in the URL.
+WINDOWS = {
+    "15m": timedelta(minutes=15),
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+}
+#: Errors that mean "what was asked is wrong" (shown, status 400), not "it broke".
+INPUT_ERRORS = (InvalidSchedule, ScheduleExists)
+#: No script, nothing from elsewhere: the pages need neither.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:;"
+    " form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+#: Messages shown after an action, by the ``done`` parameter of the redirect.
+DONE = {
+    "paused": "Paused: it fires no more until resumed.",
+    "resumed": "Resumed: it fires again from its next fire time.",
+    "triggered": "Triggered: the leader publishes the run at once.",
+    "created": "Created.",
+    "saved": "Saved.",
+    "deleted": "Deleted.",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class UIContext:
+    """What every handler shares."""
+
+    schedules: Schedules
+    settings: Any  # beat.ui.server.UISettings (not imported: server imports this module)
+    task_names: Callable[[], list[str]]
+    stylesheet: str
+
+
+class BaseHandler(tornado.web.RequestHandler):
+    """Basic auth, security headers, blocking calls off the loop, and error pages."""
+
+    context: UIContext
+
+    def initialize(self, context: UIContext) -> None:
+        self.context = context
+
+    @property
+    def schedules(self) -> Schedules:
+        return self.context.schedules
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("X-Frame-Options", "DENY")
+        self.set_header("Referrer-Policy", "same-origin")
+        self.set_header("Cache-Control", "no-store")
+
+    def prepare(self) -> None:
+        users = self.context.settings.users
+        if users and authorised(self.request.headers.get("Authorization"), users) is None:
+            self.send_error(401)  # write_error asks for the password
+            return
+        if self.request.method == "POST" and self.context.settings.read_only:
+            self.send_error(403, reason="read-only")
+
+    async def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``function`` in a thread: a slow query must not stall the other requests."""
+        loop = tornado.ioloop.IOLoop.current()
+        return await loop.run_in_executor(None, functools.partial(function, *args, **kwargs))
+
+    def get_template_namespace(self) -> dict[str, Any]:
+        namespace = super().get_template_namespace()
+        namespace.update(
+            stylesheet=self.context.stylesheet,
+            read_only=self.context.settings.read_only,
+            flower_url=(self.context.settings.flower_url or "").rstrip("/"),
+            time_text=_time_text,
+            seconds_text=charts.seconds_text,
+            schedule_url=schedule_url,
+            in_words=wording.in_words,
+            spec_text=rendering.spec_text,
+            enabled_text=rendering.enabled_text,
+            state_colours=charts.STATE_COLOURS,
+            done=DONE.get(self.get_argument("done", "")),
+            section="",
+        )
+        return namespace
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = self._reason
+        if isinstance(exc, ScheduleNotFound):
+            status_code, message = 404, str(exc)
+        elif isinstance(exc, StoreError | HABeatError):
+            message = str(exc)
+        elif isinstance(exc, tornado.web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args if exc.args else exc.log_message
+        self.set_status(status_code)
+        if self.challenge(status_code):
+            message = "This page needs a user name and password (--basic-auth)."
+        self.render("error.html", status=status_code, message=message)
+
+    def challenge(self, status_code: int) -> bool:
+        """Ask for the password on a 401 (set in ``write_error``: ``send_error`` clears
+        the headers set before it)."""
+        if status_code != 401:
+            return False
+        self.set_header("WWW-Authenticate", f'Basic realm="{REALM}", charset="UTF-8"')
+        return True
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, ScheduleNotFound | StoreError):
+            return  # a page the user asked for or an outage, shown on the page: not a bug
+        super().log_exception(typ, value, tb)
+
+    def _handle_request_exception(self, e: BaseException) -> None:
+        if isinstance(e, ScheduleNotFound):
+            self.send_error(404, exc_info=(type(e), e, e.__traceback__))
+            return
+        if isinstance(e, StoreError):
+            self.send_error(503, exc_info=(type(e), e, e.__traceback__))
+            return
+        super()._handle_request_exception(e)
+
+
+def schedule_url(name: str, *parts: str) -> str:
+    """The page of schedule ``name`` (a name may hold ``/``, so it is escaped)."""
+    return "/".join(["/schedules", quote(name, safe=""), *parts])
+
+
+def _time_text(moment: datetime | None, zone: Any = None) -> str:
+    if moment is None:
+        return "-"
+    if zone is None:
+        return f"{rendering.time_text(moment)} UTC"
+    return moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+# -- schedules ----------------------------------------------------------------------
+
+
+def schedule_filter(handler: tornado.web.RequestHandler) -> ScheduleFilter:
+    """The list's filter from the query: ``q``, ``paused`` (yes/no), ``failing``, ``origin``."""
+    paused = {"yes": True, "no": False}.get(handler.get_argument("paused", ""))
+    origin_text = handler.get_argument("origin", "")
+    origin = Origin(origin_text) if origin_text in {o.value for o in Origin} else None
+    return ScheduleFilter(
+        search=handler.get_argument("q", "").strip() or None,
+        paused=paused,
+        failing=handler.get_argument("failing", "") == "yes",
+        origin=origin,
+    )
+
+
+def page_number(handler: tornado.web.RequestHandler) -> int:
+    try:
+        return max(int(handler.get_argument("page", "1")), 1)
+    except ValueError:
+        return 1
+
+
+class SchedulesPage(BaseHandler):
+    async def get(self) -> None:
+        chosen = schedule_filter(self)
+        number = page_number(self)
+        found = await self.call(
+            self.schedules.page, chosen, offset=(number - 1) * PAGE_SIZE, limit=PAGE_SIZE
+        )
+        pages_count = max(math.ceil(found.total / PAGE_SIZE), 1)
+        query = {
+            key: self.get_argument(key, "")
+            for key in ("q", "paused", "failing", "origin")
+            if self.get_argument(key, "")
+        }
+
+        def page_link(target: int) -> str:
+            return "/?" + urlencode(query | {"page": str(target)})
+
+        self.render(
+            "schedules.html",
+            section="schedules",
+            found=found,
+            chosen=chosen,
+            query=query,
+            number=number,
+            pages_count=pages_count,
+            page_link=page_link,
+            sparkline=charts.sparkline,
+            origins=[origin.value for origin in Origin],
+        )
+
+
+class SchedulePage(BaseHandler):
+    async def get(self, name: str) -> None:
+        details = await self.call(self.schedules.details, name, upcoming=UPCOMING, recent=1)
+        before = self.get_argument("before", None)
+        try:
+            history = await self.call(
+                self.schedules.run_page, name, before=before, limit=RUNS_PAGE_SIZE
+            )
+        except InvalidSchedule as exc:
+            raise tornado.web.HTTPError(400, str(exc)) from None
+        zone = timing.parse_zone(details.schedule.definition.timezone)
+        self.render(
+            "schedule.html",
+            details=details,
+            schedule=details.schedule,
+            definition=details.schedule.definition,
+            zone=zone,
+            history=history,
+            first_page=before is None,
+            json_dumps=json.dumps,
+        )
+
+
+# -- the form -----------------------------------------------------------------------
+
+
+class FormPage(BaseHandler):
+    """Shared by the new-schedule and edit pages (none in read-only mode)."""
+
+    def prepare(self) -> None:
+        super().prepare()
+        if not self._finished and self.context.settings.read_only:
+            self.send_error(403, reason="read-only")
+
+    def render_form(self, form: forms.ScheduleForm, *, editing: str | None, status: int) -> None:
+        self.set_status(status)
+        self.render(
+            "form.html",
+            section="" if editing else "new",
+            form=form,
+            editing=editing,
+            task_names=self.context.task_names(),
+            kinds=forms.KINDS,
+            misfire_policies=[policy.value for policy in MisfirePolicy],
+            overlap_policies=[policy.value for policy in OverlapPolicy],
+        )
+
+
+class NewSchedulePage(FormPage):
+    async def get(self) -> None:
+        defaults = {"default_tz": self.schedules.default_tz, **self.schedules.defaults}
+        self.render_form(forms.blank_form(defaults), editing=None, status=200)
+
+    async def post(self) -> None:
+        form = forms.submitted(_form_arguments(self))
+        fields = forms.creation_arguments(form, self.schedules.default_tz)
+        name, task = form.values["name"], form.values["task"]
+        if form.ok:
+            try:
+                await self.call(self.schedules.create, name, task, **fields)
+            except INPUT_ERRORS as exc:
+                form.fail(str(exc))
+        if not form.ok:
+            self.render_form(form, editing=None, status=400)
+            return
+        self.redirect(schedule_url(name) + "?done=created", status=303)
+
+
+class EditSchedulePage(FormPage):
+    async def get(self, name: str) -> None:
+        current = await self.call(self.schedules.get, name)
+        self.render_form(forms.form_of(current), editing=name, status=200)
+
+    async def post(self, name: str) -> None:
+        current = await self.call(self.schedules.get, name)
+        form = forms.submitted(_form_arguments(self))
+        form.values["name"] = name
+        changes = forms.update_arguments(form, current)
+        if form.ok and changes:
+            try:
+                await self.call(self.schedules.update, name, **changes)
+            except INPUT_ERRORS as exc:
+                form.fail(str(exc))
+        if not form.ok:
+            self.render_form(form, editing=name, status=400)
+            return
+        self.redirect(schedule_url(name) + "?done=saved", status=303)
+
+
+def _form_arguments(handler: tornado.web.RequestHandler) -> dict[str, str]:
+    return {name: handler.get_body_argument(name, "") for name in forms.FIELDS}
+
+
+# -- actions ------------------------------------------------------------------------
+
+
+class ActionHandler(BaseHandler):
+    """POST /schedules/<name>/<action>: pause, resume, trigger or delete, then back to
+    the schedule's page (the list, after a delete) with a message."""
+
+    ACTIONS = {"pause": "paused", "resume": "resumed", "trigger": "triggered", "delete": "deleted"}
+
+    async def post(self, name: str, action: str) -> None:
+        if action not in self.ACTIONS:
+            raise tornado.web.HTTPError(404)
+        operation: dict[str, Callable[[str], object]] = {
+            "pause": self.schedules.pause,
+            "resume": self.schedules.resume,
+            "trigger": self.schedules.trigger_run,
+            "delete": self.schedules.delete,
+        }
+        try:
+            await self.call(operation[action], name)
+        except INPUT_ERRORS as exc:
+            raise tornado.web.HTTPError(400, str(exc)) from None
+        target = "/" if action == "delete" else schedule_url(name)
+        self.redirect(f"{target}?done={self.ACTIONS[action]}", status=303)
+
+
+# -- the cluster and the plots ------------------------------------------------------
+
+
+class ClusterPage(BaseHandler):
+    async def get(self) -> None:
+        overview = await self.call(self.schedules.cluster_overview)
+        health = await self.call(self.schedules.health)
+        self.render("cluster.html", section="cluster", overview=overview, health=health)
+
+
+class PlotsPage(BaseHandler):
+    async def get(self) -> None:
+        window_name = self.get_argument("window", "1h")
+        if window_name not in WINDOWS:
+            window_name = "1h"
+        schedule = self.get_argument("schedule", "").strip() or None
+        stats = await self.call(self.schedules.run_stats, WINDOWS[window_name], schedule=schedule)
+        labels = [_bucket_label(bucket.start, stats.bucket) for bucket in stats.buckets]
+        percentiles = {
+            name: [None if b.lateness is None else getattr(b.lateness, name) for b in stats.buckets]
+            for name in ("p50", "p95", "p99", "max")
+        }
+        minutes = stats.bucket.total_seconds() / 60
+        per_minute = [
+            {state.value: count / minutes for state, count in bucket.counts.items()}
+            for bucket in stats.buckets
+        ]
+        order = [*(s.value for s in FINISHED_STATES), *(s.value for s in RunState)]
+        self.render(
+            "plots.html",
+            section="plots",
+            stats=stats,
+            window_name=window_name,
+            windows=list(WINDOWS),
+            schedule=schedule,
+            lateness_chart=charts.line_chart(
+                percentiles, labels, colours=charts.PERCENTILE_COLOURS, unit="seconds late"
+            ),
+            runs_chart=charts.stacked_bars(
+                per_minute,
+                labels,
+                order=list(dict.fromkeys(order)),
+                colours=charts.STATE_COLOURS,
+                unit="runs per minute",
+            ),
+        )
+
+
+def _bucket_label(start: datetime, width: timedelta) -> str:
+    moment = start.astimezone(UTC)
+    return moment.strftime("%m-%d %H:%M" if width >= timedelta(hours=1) else "%H:%M")
+
+
+class NotFoundHandler(BaseHandler):
+    def prepare(self) -> None:
+        super().prepare()
+        if not self._finished:
+            raise tornado.web.HTTPError(404, "no such page")
+
+
+def routes(context: UIContext) -> list[tuple[str, type[tornado.web.RequestHandler], Any]]:
+    arguments = {"context": context}
+    return [
+        (r"/", SchedulesPage, arguments),
+        (r"/new", NewSchedulePage, arguments),
+        (r"/schedules/([^/]+)", SchedulePage, arguments),
+        (r"/schedules/([^/]+)/edit", EditSchedulePage, arguments),
+        (r"/schedules/([^/]+)/(pause|resume|trigger|delete)", ActionHandler, arguments),
+        (r"/cluster", ClusterPage, arguments),
+        (r"/plots", PlotsPage, arguments),
+    ]
