@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install the project into .venv, make sure PostgreSQL and Redis run (starting them
 # from local binaries if needed), create the schema, then run a local cluster on the
-# demo jobs in tasks/: two beat processes (one leads, one stands by), two workers
-# and Flower. Logs go to .cluster/logs/; Ctrl-C stops everything.
+# demo jobs in tasks/: two beat processes (one leads, one stands by), two workers,
+# Flower and the schedules UI. Logs go to .cluster/logs/; Ctrl-C stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +22,9 @@ if [ -z "${FLOWER_BASIC_AUTH:-}" ]; then
   FLOWER_BASIC_AUTH="admin:$(.venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(12))')"
   export FLOWER_BASIC_AUTH
 fi
+# The schedules UI asks for the same password as Flower unless told otherwise.
+export HABEAT_UI_BASIC_AUTH=${HABEAT_UI_BASIC_AUTH:-$FLOWER_BASIC_AUTH}
+export HABEAT_UI_FLOWER_URL=${HABEAT_UI_FLOWER_URL:-http://127.0.0.1:5555}
 CELERY=(.venv/bin/celery -A app)
 LOGS=.cluster/logs
 mkdir -p "$LOGS"
@@ -50,12 +53,14 @@ start beat2 beat -l info
 start worker1 worker -l info -n worker1@%h -c 2
 start worker2 worker -l info -n worker2@%h -c 2
 start flower flower --port=5555 --address=127.0.0.1
+start ui schedules ui --port 5556 --address 127.0.0.1
 
 cat <<INFO
 quickstart: cluster running (logs in $LOGS/)
   beats:    2 (one leads; kill it and the other takes over)
   workers:  2
   Flower:   http://127.0.0.1:5555  (user:password ${FLOWER_BASIC_AUTH})
+  UI:       http://127.0.0.1:5556  (schedules, runs, cluster, plots; user:password ${HABEAT_UI_BASIC_AUTH})
   try:      .venv/bin/celery -A app schedules list
 Ctrl-C stops everything. Following the leader's and workers' logs:
 INFO
