@@ -879,9 +879,11 @@ class Schedules:
         """
         return str(self.trigger_run(name).id)
 
-    def trigger_run(self, name: str) -> RunRecord:
-        """:meth:`trigger`, returning the run as queued rather than its ID."""
-        return self.store.trigger(name)
+    def trigger_run(self, name: str, *, run_id: uuid.UUID | None = None) -> RunRecord:
+        """:meth:`trigger`, returning the run as queued rather than its ID. With
+        ``run_id`` it is idempotent: the same ID again returns the run already queued
+        (a form posted twice runs once)."""
+        return self.store.trigger(name, run_id=run_id)
 
     # -- the cluster --------------------------------------------------------------
 

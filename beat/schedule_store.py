@@ -384,29 +384,51 @@ class ScheduleStore(StoreConnection):
 
     # -- runs asked by an operator (see the module docstring) ---------------------
 
-    def trigger(self, name: str) -> RunRecord:
+    def trigger(self, name: str, *, run_id: uuid.UUID | None = None) -> RunRecord:
         """Queue one run of schedule ``name`` now, outside its timing (even if paused).
 
         One ``INSERT ... SELECT`` plus a ``NOTIFY`` that wakes the leader, in one
         transaction; the leader publishes the run at its next tick.
+
+        ``run_id`` makes the trigger idempotent: a second trigger with the same ID
+        (a form posted twice, a retried request) returns the run the first queued
+        rather than queuing another. InvalidSchedule if that ID is another
+        schedule's run.
         """
         from beat.leader_store import run_copy_columns  # it imports this module
 
-        run_id = uuid.uuid4()
+        chosen = run_id or uuid.uuid4()
         values = run_copy_columns(
-            id=literal(run_id, runs.c.id.type),
+            id=literal(chosen, runs.c.id.type),
             fire_at=func.now(),
             state=literal(RunState.PENDING.value),
             reason=literal(TRIGGER_REASON),
         )
         source = select(*values.values()).where(schedules.c.name == name)
-        statement = insert(runs).from_select(list(values), source).returning(*runs.c)
+        statement = (
+            pg_insert(runs)
+            .from_select(list(values), source)
+            .on_conflict_do_nothing(index_elements=[runs.c.id])
+            .returning(*runs.c)
+        )
         with self._transaction() as conn:
             row = conn.execute(statement).one_or_none()
             if row is None:
-                raise schedule_not_found(name)
+                return self._triggered_before(conn, name, chosen)
             conn.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "trigger")))
         return record_from_row(row)
+
+    def _triggered_before(self, conn: Connection, name: str, run_id: uuid.UUID) -> RunRecord:
+        """The run an earlier trigger with ``run_id`` queued (nothing was inserted)."""
+        earlier = conn.execute(select(runs).where(runs.c.id == run_id)).one_or_none()
+        if earlier is None:
+            raise schedule_not_found(name)
+        if earlier.schedule_name != name:
+            raise InvalidSchedule(
+                f"run ID {run_id} is a run of another schedule: trigger without a run ID,"
+                " or with a new one"
+            )
+        return record_from_row(earlier)
 
     def backfill(
         self, name: str, fire_times: Callable[[datetime], list[datetime]]

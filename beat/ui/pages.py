@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -123,6 +124,7 @@ class BaseHandler(tornado.web.RequestHandler):
             enabled_text=rendering.enabled_text,
             state_colours=charts.STATE_COLOURS,
             done=DONE.get(self.get_argument("done", "")),
+            new_run_id=lambda: str(uuid.uuid4()),
             section="",
         )
         return namespace
@@ -339,7 +341,7 @@ class ActionHandler(BaseHandler):
         operation: dict[str, Callable[[str], object]] = {
             "pause": self.schedules.pause,
             "resume": self.schedules.resume,
-            "trigger": self.schedules.trigger_run,
+            "trigger": functools.partial(self.schedules.trigger_run, run_id=self._trigger_id()),
             "delete": self.schedules.delete,
         }
         try:
@@ -348,6 +350,17 @@ class ActionHandler(BaseHandler):
             raise tornado.web.HTTPError(400, str(exc)) from None
         target = "/" if action == "delete" else schedule_url(name)
         self.redirect(f"{target}?done={self.ACTIONS[action]}", status=303)
+
+    def _trigger_id(self) -> uuid.UUID | None:
+        """The run ID the page chose for its trigger button: posting the form twice (a
+        double click, a resent request) queues one run, not two."""
+        given = self.get_body_argument("run_id", "")
+        if not given:
+            return None
+        try:
+            return uuid.UUID(given)
+        except ValueError:
+            raise tornado.web.HTTPError(400, "run_id is not a UUID") from None
 
 
 # -- the cluster and the plots ------------------------------------------------------

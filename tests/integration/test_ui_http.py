@@ -328,3 +328,28 @@ def test_the_ui_refuses_to_serve_other_hosts_without_a_password(app: Celery) -> 
     flower = invoke(app, "ui", "--flower-url", "localhost:5555")
     assert flower.exit_code == 2
     assert "http://localhost:5555" in error_lines(flower)[0]
+
+
+def test_a_trigger_posted_twice_queues_one_run(
+    serve: Callable[..., UI], schedules: Schedules, store: Store
+) -> None:
+    schedules.create("once-please", "ui.job", every=3600)
+    schedules.create("other", "ui.job", every=3600)
+    ui = serve()
+    page = ui.request("/schedules/once-please")
+    run_id = re.search(r'name="run_id" value="([0-9a-f-]{36})"', page.body)
+    assert run_id is not None, "the trigger form carries the run ID it will queue"
+    token = ui.token()
+    for _ in range(3):  # a double click, then a resent request
+        posted = ui.post_form("/schedules/once-please/trigger", {"run_id": run_id[1]}, token)
+        assert posted.status == 303
+    assert [str(run.id) for run in schedules.runs("once-please")] == [run_id[1]]
+    stolen = ui.post_form("/schedules/other/trigger", {"run_id": run_id[1]}, token)
+    assert stolen.status == 400, "another schedule's run ID is refused"
+    assert schedules.runs("other") == []
+    assert ui.post_form("/schedules/other/trigger", {"run_id": "x"}, token).status == 400
+    fresh = re.search(
+        r'name="run_id" value="([0-9a-f-]{36})"', ui.request("/schedules/once-please").body
+    )
+    assert fresh is not None
+    assert fresh[1] != run_id[1], "each page offers a new run"
