@@ -704,9 +704,11 @@ class Schedules:
         ``MAX_PAGE_ROWS``) from ``offset``, each with its newest run and the lateness of
         its latest ``SPARK_RUNS`` runs, and how many match in all.
 
-        The rows' runs are a few entries of the history index per row of the page; the
-        filters read the schedules table (100,000 schedules: a scan of a few tens of
-        milliseconds for a search), ``failing`` only the schedules with a failed run.
+        The rows' runs are a few entries of the history index per row of the page. A
+        filter reads the schedules table: a search scans it, for the count and for the
+        page (at 100,000 schedules: 40 to 80 ms in all). ``failing`` looks up the newest
+        run of the schedules with a failed or lost run kept (0.4 s when 53,000 of
+        100,000 have one), not of every schedule.
         """
         _check_filter(filter)
         _check_paging(offset, limit)

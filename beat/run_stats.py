@@ -33,7 +33,6 @@ from sqlalchemy import (
     Subquery,
     TextClause,
     bindparam,
-    cast,
     func,
     literal,
     select,
@@ -44,6 +43,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from beat.db import StoreConnection
 from beat.models import RunState
+from beat.run_store import lateness_seconds
 from beat.tables import ACTIVE_SQL, FINISHED_SQL, TZ, runs
 
 #: The narrowest bucket: a shorter window gets fewer buckets.
@@ -175,7 +175,7 @@ def _window_runs(schedule: str | None) -> Subquery:
     """The runs whose time is in ``:start`` .. ``:now`` (see the module docstring for
     the index each part uses): their time, state and lateness."""
     at = func.coalesce(runs.c.fire_at, runs.c.claimed_at)
-    lateness = cast(func.extract("epoch", runs.c.published_at - runs.c.fire_at), Double)
+    lateness = lateness_seconds()
     start, now = bindparam("start", type_=TZ), bindparam("now", type_=TZ)
 
     def part(*conditions: ColumnElement[bool] | TextClause) -> Select[Any]:

