@@ -32,7 +32,7 @@ from beat.errors import (
 )
 from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState
 from beat.ui import charts, forms, wording
-from beat.ui.security import REALM, authorised
+from beat.ui.security import REALM, authorised, is_local_host_header
 
 T = TypeVar("T")
 
@@ -99,6 +99,9 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def prepare(self) -> None:
         users = self.context.settings.users
+        if not users and not is_local_host_header(self.request.headers.get("Host")):
+            self.send_error(403, reason="not a loopback host")  # see is_local_host_header
+            return
         if users and authorised(self.request.headers.get("Authorization"), users) is None:
             self.send_error(401)  # write_error asks for the password
             return

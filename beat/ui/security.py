@@ -56,6 +56,20 @@ def check_exposure(address: str, users: Mapping[str, str]) -> None:
     )
 
 
+def is_local_host_header(host: str | None) -> bool:
+    """Whether a request's ``Host`` names this machine's loopback (``localhost``,
+    ``127.0.0.1:5556``, ``[::1]:5556``). A UI without a password accepts no other:
+    a web page a browser on this machine opens could otherwise point its own name at
+    127.0.0.1 (DNS rebinding) and use the UI as if it were the user."""
+    if not host:
+        return False
+    if host.startswith("["):  # [::1]:5556
+        name = host[1 : host.find("]")] if "]" in host else ""
+    else:
+        name = host.rsplit(":", 1)[0]
+    return is_loopback(name)
+
+
 def authorised(header: str | None, users: Mapping[str, str]) -> str | None:
     """The user an ``Authorization: Basic`` header proves, or None. Every configured
     user is compared in constant time, so the time taken tells nothing of which

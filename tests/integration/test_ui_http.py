@@ -55,6 +55,7 @@ class UI:
         form: dict[str, str] | None = None,
         authorization: str | None = "default",
         cookie: str | None = None,
+        host: str | None = None,
     ) -> Reply:
         data = None if form is None else urllib.parse.urlencode(form).encode()
         request = urllib.request.Request(self.base + path, data=data)
@@ -63,6 +64,8 @@ class UI:
             request.add_header("Authorization", chosen)
         if cookie is not None:
             request.add_header("Cookie", cookie)
+        if host is not None:
+            request.add_header("Host", host)
         opener = urllib.request.build_opener(_NoRedirect())
         try:
             with opener.open(request, timeout=10) as response:
@@ -158,6 +161,24 @@ def test_every_page_and_api_needs_the_password(
         assert ui.request(path, authorization=basic("intruder", PASSWORD)).status == 401, path
     assert ui.request("/").status == 200
     assert ui.request("/api/schedules").status == 200
+
+
+def test_without_a_password_a_page_asked_for_by_another_host_name_is_refused(
+    serve: Callable[..., UI], schedules: Schedules, store: Store
+) -> None:
+    """DNS rebinding: a web page points its own name at 127.0.0.1 and the browser sends
+    that name as Host; the UI without a password serves loopback names only."""
+    schedules.create("local", "ui.job", every=60)
+    ui = serve()
+    assert ui.request("/schedules/local").status == 200
+    rebound = ui.request("/schedules/local", host="attacker.example:5556")
+    assert rebound.status == 403
+    assert "ui.job" not in rebound.body, "nothing of the schedule is shown"
+    assert ui.request("/api/schedules", host="attacker.example").status == 403
+    guarded = serve(users={USER: PASSWORD})
+    assert guarded.request("/schedules/local", host="ui.example.org").status == 200, (
+        "with a password, any name may reach it (a proxy, a DNS name)"
+    )
 
 
 def test_a_write_without_the_csrf_token_is_refused_and_changes_nothing(

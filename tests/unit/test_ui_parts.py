@@ -15,7 +15,13 @@ from beat import timing
 from beat.errors import ConfigError
 from beat.models import MisfirePolicy, Origin, OverlapPolicy, Schedule, ScheduleDefinition
 from beat.ui import charts, forms, wording
-from beat.ui.security import authorised, check_exposure, is_loopback, parse_users
+from beat.ui.security import (
+    authorised,
+    check_exposure,
+    is_local_host_header,
+    is_loopback,
+    parse_users,
+)
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
@@ -65,6 +71,20 @@ def test_other_hosts_are_served_only_with_a_password() -> None:
         with pytest.raises(ConfigError, match="refusing to listen"):
             check_exposure(address, {})
         check_exposure(address, {"ops": "pw"})
+
+
+def test_without_a_password_only_loopback_host_names_are_served() -> None:
+    for host in ("localhost", "localhost:5556", "127.0.0.1:5556", "[::1]:5556", "[::1]"):
+        assert is_local_host_header(host), host
+    for host in (
+        None,
+        "",
+        "evil.example:5556",
+        "10.0.0.2:5556",
+        "[2001:db8::1]:80",
+        "localhost.evil",
+    ):
+        assert not is_local_host_header(host), host
 
 
 # -- timing in words --------------------------------------------------------------------
