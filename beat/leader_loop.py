@@ -12,7 +12,8 @@ A pass, as the design reads:
 2. **maintenance** (every pass, once a second during a burst): publish the
    outbox (runs an earlier leader or a failed publish left, jittered runs
    whose time came), reclaim the runs of dead workers, send again the runs
-   whose message the broker lost, prune history past its retention;
+   whose message the broker lost, prune history past its retention, summarise
+   the runs finished (``beat.run_stats``);
 3. **claim**: one transaction fenced by the epoch, planned by
    ``beat.planning``; runs due now, and those due within ``claim_ahead``;
 4. **publish** what is due now; **arm** what was claimed ahead, sent at its
@@ -28,7 +29,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from beat.armed import ArmedRuns
@@ -41,6 +42,7 @@ from beat.lost_messages import Recovery
 from beat.models import Quarantine, RunToPublish, UnpublishableRun
 from beat.planning import PlanningRules, SchedulePlanner
 from beat.reporting import CLAIM, OUTBOX, RECLAIM, Reporter
+from beat.run_stats import SummaryReport
 
 #: The leader deletes run history past its retention on its maintenance passes: batches
 #: of RETENTION_BATCH rows for up to RETENTION_BUDGET seconds a pass, again at the next
@@ -48,6 +50,11 @@ from beat.reporting import CLAIM, OUTBOX, RECLAIM, Reporter
 RETENTION_INTERVAL = 60.0
 RETENTION_BATCH = 1000
 RETENTION_BUDGET = 0.25
+#: The leader summarises the runs finished (``beat.run_stats``) on its maintenance
+#: passes the same way: for up to SUMMARY_BUDGET seconds a pass, again at the next pass
+#: while minutes are left (a first catch-up), else after SUMMARY_INTERVAL.
+SUMMARY_INTERVAL = 60.0
+SUMMARY_BUDGET = 0.25
 #: The leader wakes this long after a worker's lease expires (seconds), so the reaper
 #: sees it expired.
 LEASE_EXPIRY_MARGIN = 0.05
@@ -94,6 +101,9 @@ class ClaimStore(Protocol):
         on_batch: Callable[[int], None] | None = ...,
         budget: float | None = ...,
     ) -> PruneReport: ...
+    def summarise(
+        self, *, until: datetime | None = ..., budget: float | None = ...
+    ) -> SummaryReport: ...
 
 
 class Leader(Protocol):
@@ -186,6 +196,7 @@ class LeaderLoop:
         self._in_burst = False
         self._next_maintenance = 0.0
         self._next_retention = 0.0  # clock() of the next history prune
+        self._next_summary = 0.0  # clock() of the next summary of finished runs
 
     def run_once(self) -> None:
         """One pass; a fenced write refused raises StaleEpoch (the caller steps down)."""
@@ -271,6 +282,7 @@ class LeaderLoop:
         self._reclaim(epoch)
         self._recover_lost_messages(epoch)
         self._enforce_retention()
+        self._summarise()
 
     def _reclaim(self, epoch: int) -> None:
         """Publish again the runs of dead workers; mark lost those out of attempts."""
@@ -316,6 +328,18 @@ class LeaderLoop:
         if report.caught_up:
             self._next_retention = self.clock() + RETENTION_INTERVAL
         self.report.pruned(report, days)
+
+    def _summarise(self) -> None:
+        """Summarise the minutes of finished runs that have settled (for the run
+        statistics): within a small time budget, again at the next maintenance pass
+        while minutes are left, else a minute later."""
+        if self.clock() < self._next_summary:
+            return
+        budget = min(SUMMARY_BUDGET, self.armed.next_deadline() - self.clock())
+        report = self.store.summarise(budget=max(budget, 0.0))
+        if report.caught_up:
+            self._next_summary = self.clock() + SUMMARY_INTERVAL
+        self.report.summarised(report)
 
     # -- claim and publish --------------------------------------------------------------
 

@@ -96,6 +96,7 @@ from beat.planning import (
     plan_claim,
     release_of,
 )
+from beat.run_stats import RunStatsStore, SummaryReport
 from beat.schedule_store import trigger_from_row
 from beat.tables import FINISHED_SQL, SCHEDULES_CHANNEL, TZ, leader, runs, schedules, workers
 
@@ -877,6 +878,8 @@ class LeaderStore(StoreConnection):
             raise ValueError(f"batch={batch!r}: must be at least 1")
         with self._transaction() as conn:
             cutoff: datetime = conn.execute(select(func.now() - older_than)).scalar_one()
+            # The summary of the minutes whose runs go (``beat.run_stats``) goes too.
+            self._run_stats().delete_summary_before(cutoff, conn)
         deadline = None if budget is None else time.monotonic() + budget
         deleted = batches = 0
         while True:
@@ -890,6 +893,18 @@ class LeaderStore(StoreConnection):
                 return PruneReport(
                     deleted=deleted, batches=batches, cutoff=cutoff, caught_up=caught_up
                 )
+
+    def summarise(
+        self, *, until: datetime | None = None, budget: float | None = None
+    ) -> SummaryReport:
+        """Summarise the settled minutes of finished runs for the run statistics
+        (:meth:`beat.run_stats.RunStatsStore.summarise`). Not fenced: the summary
+        is derived from committed runs, and its own row lock keeps two processes
+        from summarising a minute twice."""
+        return self._run_stats().summarise(until=until, budget=budget)
+
+    def _run_stats(self) -> RunStatsStore:
+        return RunStatsStore(self.engine, setting=self.setting)
 
     def _prune_batch(self, cutoff: datetime, batch: int) -> int:
         age = func.coalesce(runs.c.finished_at, runs.c.claimed_at)

@@ -18,6 +18,7 @@ from beat.errors import HABeatError
 from beat.leader_store import Claim, PruneReport, Reclaim
 from beat.lost_messages import Recovery
 from beat.models import Quarantine, RunToPublish, UnpublishableRun
+from beat.run_stats import SummaryReport
 from beat.schedule_store import SyncReport
 
 logger = logging.getLogger("beat.scheduler")
@@ -263,6 +264,15 @@ class Reporter:
                 run.id,
                 run.schedule_name,
                 extra={"run_id": str(run.id), "schedule": run.schedule_name},
+            )
+
+    def summarised(self, report: SummaryReport) -> None:
+        if report.runs and not report.caught_up:
+            logger.info(
+                "summarised %d finished runs up to %s; more at the next pass",
+                report.runs,
+                "?" if report.summarised_until is None else report.summarised_until.isoformat(),
+                extra={"summarised": report.runs},
             )
 
     def pruned(self, report: PruneReport, days: float) -> None:

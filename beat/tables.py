@@ -26,7 +26,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState, TriggerKind
 
@@ -213,6 +213,36 @@ Index(
     "ix_beat_runs_finished_age",
     func.coalesce(runs.c.finished_at, runs.c.claimed_at),
     postgresql_where=text(FINISHED_SQL),
+)
+
+#: The finished runs summarised minute by minute (``beat.run_stats``): one row per
+#: minute and state, keyed as the retention index is, by the minute the run finished
+#: (``coalesce(finished_at, claimed_at)``). The statistics of long windows read these
+#: instead of every run.
+run_minutes = Table(
+    "beat_run_minutes",
+    metadata,
+    Column("minute", TZ, primary_key=True),
+    Column("state", Text, primary_key=True),
+    Column("runs", BigInteger, nullable=False),
+    #: Runs with a lateness (published, with a fire time).
+    Column("published", BigInteger, nullable=False),
+    #: Their lateness counted in the bins of ``beat.run_stats.LATENESS_BINS``; NULL
+    #: when none was published.
+    Column("lateness_bins", ARRAY(Integer)),
+    Column("lateness_max", Double),
+    Column("lateness_sum", Double),
+    CheckConstraint(_in("state", RunState), name="ck_beat_run_minutes_state"),
+)
+
+#: How far the summary has gone: every minute before ``summarised_until`` is in
+#: ``beat_run_minutes`` (one row, created by the first summariser).
+run_summary = Table(
+    "beat_run_summary",
+    metadata,
+    Column("id", Boolean, primary_key=True, server_default=text("true")),
+    Column("summarised_until", TZ, nullable=False),
+    CheckConstraint("id", name="ck_beat_run_summary_one_row"),
 )
 
 leader = Table(

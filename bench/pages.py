@@ -8,7 +8,10 @@ evenly over the last 7 days, in time order as a cluster writes them, over the
 schedules with a skew (the busiest has about one in 46 runs, the median schedule
 about one in 10,000 of them); about 1% failed, 0.2% lost, 0.8% skipped, the newest 2%
 not finished; lateness a few milliseconds, seconds for 1% of them. Then each facade
-read a page makes is timed ``--repeats`` times, after one untimed call.
+read a page makes is timed ``--repeats`` times, after one untimed call. Then the
+finished runs are summarised as the leader does it (passes of ``SUMMARY_BUDGET``
+seconds until caught up: the catch-up of a database that already holds them, timed)
+and the statistics of all schedules, which then read the summary, are timed again.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from beat.api import ScheduleFilter, Schedules
+from beat.leader_loop import SUMMARY_BUDGET
+from beat.leader_store import LeaderStore
 from beat.run_store import RunCursor
 from beat.store import Store
 from bench.common import ADMIN_URL, percentile, table
@@ -67,12 +72,35 @@ def measure(schedules: int, runs: int, *, repeats: int, keep: bool) -> tuple[Fil
     fill = prepare(url, schedules, runs)
     store = Store.connect(url)
     try:
-        reads = [timed(name, read, repeats) for name, read in reads_of(Schedules(store), store)]
+        api = Schedules(store)
+        reads = [timed(name, read, repeats) for name, read in reads_of(api, store)]
+        reads.append(catch_up(store))
+        reads += [
+            timed(f"{name} (summary)", read, repeats)
+            for name, read in reads_of(api, store)
+            if name.startswith("run_stats()") and BUSIEST not in name
+        ]
     finally:
         store.dispose()
         if not keep:
             drop_database()
     return fill, reads
+
+
+def catch_up(store: Store) -> Read:
+    """Summarise every settled minute as the leader would: passes of ``SUMMARY_BUDGET``."""
+    leader = LeaderStore(store.engine)
+    passes = summarised = 0
+    started = time.perf_counter()
+    while True:
+        report = leader.summarise(budget=SUMMARY_BUDGET)
+        passes, summarised = passes + 1, summarised + report.runs
+        if report.caught_up:
+            break
+    ms = (time.perf_counter() - started) * 1000
+    name = f"summarise() catch-up, {passes} passes"
+    print(f"  {name}: {ms / 1000:,.1f} s for {summarised:,} runs", flush=True)
+    return Read(name=name, p50_ms=ms, p95_ms=ms, max_ms=ms, returned=summarised)
 
 
 def database_url() -> str:

@@ -69,6 +69,7 @@ from beat.planning import (
     release_of,
 )
 from beat.reporting import Reporter, TickErrors
+from beat.run_stats import SETTLE, SummaryReport
 from beat.timing import Every, Once, Trigger
 
 #: The database's time when a manual clock starts.
@@ -531,6 +532,9 @@ class FakeClaimStore:
         self._hangs: dict[str | None, float] = {}
         self.calls: list[StoreCall] = []
         self._released: list[Callable[[], None]] = []
+        #: The summary of finished runs: runs by (finish minute, state), and how far.
+        self.run_minutes: Counter[tuple[datetime, RunState]] = Counter()
+        self.summarised_until: datetime | None = None
 
     # -- test controls ---------------------------------------------------------------------
 
@@ -874,6 +878,31 @@ class FakeClaimStore:
                 return PruneReport(
                     deleted=deleted, batches=batches, cutoff=cutoff, caught_up=caught_up
                 )
+
+    def summarise(
+        self, *, until: datetime | None = None, budget: float | None = None
+    ) -> SummaryReport:
+        """The whole backlog at once (no budget): runs counted by minute and state."""
+        self._enter("summarise")
+        limit = (self.clock.now() - SETTLE).replace(second=0, microsecond=0)
+        if until is not None:
+            limit = min(limit, until.replace(second=0, microsecond=0))
+        finished = [run for run in self.runs.values() if run.state in FINISHED_STATES]
+        start = self.summarised_until
+        if start is None:
+            start = min((_age(run) for run in finished), default=limit)
+            start = start.replace(second=0, microsecond=0)
+        summarised = [run for run in finished if start <= _age(run) < limit]
+        for run in summarised:
+            self.run_minutes[_age(run).replace(second=0, microsecond=0), run.state] += 1
+        self.summarised_until = max(start, limit)
+        return SummaryReport(
+            runs=len(summarised),
+            rows=0,
+            batches=1,
+            summarised_until=self.summarised_until,
+            caught_up=True,
+        )
 
     # -- the claim's statements ---------------------------------------------------------------
 

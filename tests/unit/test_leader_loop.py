@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from beat.errors import StoreUnavailable
-from beat.leader_loop import BURST_MAINTENANCE_INTERVAL, LEASE_EXPIRY_MARGIN
+from beat.leader_loop import BURST_MAINTENANCE_INTERVAL, LEASE_EXPIRY_MARGIN, SUMMARY_INTERVAL
 from beat.leader_store import Claim
 from beat.models import OverlapPolicy, RunState, RunToPublish
 from beat.timing import Every
@@ -201,6 +201,22 @@ def test_during_a_long_burst_maintenance_runs_at_most_once_a_second() -> None:
     gaps = [later - earlier for earlier, later in itertools.pairwise(reads)]
     assert min(gaps) >= BURST_MAINTENANCE_INTERVAL
     assert a.waiter.waits, "once the burst is over, it waits"
+
+
+def test_the_leader_summarises_finished_runs_once_a_minute_and_a_standby_never() -> None:
+    w = world()
+    w.store.add_schedule("often", every=5, in_seconds=1)
+    leader(w, "a")
+    standby(w, "b")
+
+    w.run_for(150)
+
+    times = w.store.call_times("summarise", of="a")
+    assert len(times) == 3, times  # at 0 s, 60 s and 120 s
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert min(gaps) >= SUMMARY_INTERVAL
+    assert w.store.count("summarise", of="b") == 0
+    assert w.store.summarised_until is not None
 
 
 # -- how long the leader waits ---------------------------------------------------------------------
