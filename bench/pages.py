@@ -27,11 +27,14 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from beat.api import ScheduleFilter, Schedules
+from beat.config import BeatConfig
 from beat.leader_loop import SUMMARY_BUDGET
 from beat.leader_store import LeaderStore
 from beat.run_store import RunCursor
 from beat.store import Store
-from bench.common import ADMIN_URL, percentile, table
+from beat.ui.server import BackgroundUI, UISettings
+from bench.common import ADMIN_URL, REDIS_URL, percentile, table
+from bench.ui_http import page_reads
 
 DATABASE = "habeat_bench_pages"
 SCHEDULES = 100_000
@@ -80,11 +83,29 @@ def measure(schedules: int, runs: int, *, repeats: int, keep: bool) -> tuple[Fil
             for name, read in reads_of(api, store)
             if name.startswith("run_stats()") and BUSIEST not in name
         ]
+        reads += timed_pages(store, repeats)
     finally:
         store.dispose()
         if not keep:
             drop_database()
     return fill, reads
+
+
+def timed_pages(store: Store, repeats: int) -> list[Read]:
+    """The UI's pages over HTTP (``bench.ui_http``): the reads above, rendered."""
+    config = BeatConfig(
+        database_url=database_url(), redis_url=REDIS_URL, key_prefix=f"{DATABASE}-ui"
+    )
+    api = Schedules(store, config=config)
+    total = api.page(limit=1).total
+    with BackgroundUI(api, UISettings(port=0)) as ui:
+        reads = page_reads(
+            ui.url,
+            busiest=BUSIEST,
+            quiet=quiet(total),
+            deep_cursor=deep_cursor(store, BUSIEST, PAGE),
+        )
+        return [timed(name, read, repeats) for name, read in reads]
 
 
 def catch_up(store: Store) -> Read:
@@ -350,5 +371,5 @@ def report(fill: Fill, reads: list[Read]) -> dict[str, Any]:
         [r.name, f"{r.p50_ms:,.1f}", f"{r.p95_ms:,.1f}", f"{r.max_ms:,.1f}", f"{r.returned:,}"]
         for r in reads
     ]
-    print(table(["read", "p50 ms", "p95 ms", "max ms", "rows / runs"], rows), flush=True)
+    print(table(["read", "p50 ms", "p95 ms", "max ms", "rows, runs or bytes"], rows), flush=True)
     return {"fill": asdict(fill), "reads": [asdict(r) for r in reads]}
