@@ -336,7 +336,14 @@ class LeaderLoop:
         if self.clock() < self._next_summary:
             return
         budget = min(SUMMARY_BUDGET, self.armed.next_deadline() - self.clock())
-        report = self.store.summarise(budget=max(budget, 0.0))
+        try:
+            report = self.store.summarise(budget=max(budget, 0.0))
+        except Exception as exc:
+            # Statistics for people to read: whatever breaks them must not stop the
+            # claims. Tried again a minute later; PostgreSQL down fails the claim anyway.
+            self._next_summary = self.clock() + SUMMARY_INTERVAL
+            self.report.summary_failed(exc)
+            return
         if report.caught_up:
             self._next_summary = self.clock() + SUMMARY_INTERVAL
         self.report.summarised(report)

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from beat import metrics
-from beat.errors import HABeatError
+from beat.errors import HABeatError, error_text
 from beat.leader_store import Claim, PruneReport, Reclaim
 from beat.lost_messages import Recovery
 from beat.models import Quarantine, RunToPublish, UnpublishableRun
@@ -274,6 +274,13 @@ class Reporter:
                 "?" if report.summarised_until is None else report.summarised_until.isoformat(),
                 extra={"summarised": report.runs},
             )
+
+    def summary_failed(self, exc: BaseException) -> None:
+        logger.warning(
+            "could not summarise the finished runs (the plots of all schedules read them"
+            " live meanwhile): %s; trying again in a minute",
+            error_text(exc),
+        )
 
     def pruned(self, report: PruneReport, days: float) -> None:
         if report.deleted:

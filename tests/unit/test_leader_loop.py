@@ -20,6 +20,7 @@ from beat.errors import StoreUnavailable
 from beat.leader_loop import BURST_MAINTENANCE_INTERVAL, LEASE_EXPIRY_MARGIN, SUMMARY_INTERVAL
 from beat.leader_store import Claim
 from beat.models import OverlapPolicy, RunState, RunToPublish
+from beat.run_stats import SummaryReport
 from beat.timing import Every
 from tests.fakes import FakeRun, Process, Sent, World, beat_config, deterministic_run_ids
 
@@ -217,6 +218,24 @@ def test_the_leader_summarises_finished_runs_once_a_minute_and_a_standby_never()
     assert min(gaps) >= SUMMARY_INTERVAL
     assert w.store.count("summarise", of="b") == 0
     assert w.store.summarised_until is not None
+
+
+def test_a_summary_that_fails_stops_no_claim_and_is_tried_again_a_minute_later() -> None:
+    w = world()
+    w.store.add_schedule("often", every=5, in_seconds=1)
+    leader(w, "a")
+
+    def broken(**_: object) -> SummaryReport:
+        w.store._enter("summarise")
+        raise RuntimeError("a statistics bug")
+
+    w.store.summarise = broken  # type: ignore[method-assign]
+    w.run_for(130)
+
+    assert len(w.sent) >= 25, "the schedule fired every 5 s all along"
+    times = w.store.call_times("summarise", of="a")
+    assert len(times) == 3, times
+    assert min(later - earlier for earlier, later in itertools.pairwise(times)) >= SUMMARY_INTERVAL
 
 
 # -- how long the leader waits ---------------------------------------------------------------------
