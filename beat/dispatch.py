@@ -36,6 +36,7 @@ from typing import Any
 from kombu.exceptions import EncodeError
 from kombu.exceptions import OperationalError as KombuOperationalError
 
+from beat import messages
 from beat.errors import HABeatError, InvalidSchedule, error_text
 from beat.models import RunToPublish, UnpublishableRun
 from beat.options import check_publish_options
@@ -61,6 +62,10 @@ NEVER_FLUSH = sys.maxsize
 
 #: ``argsrepr``/``kwargsrepr`` (shown by Flower and in worker logs) are cut to this.
 REPR_LIMIT = 1024
+
+#: Build messages from templates made once per schedule definition (``beat.messages``)
+#: rather than with ``send_task`` for each; False sends every message with ``send_task``.
+TEMPLATES = True
 
 #: Routing options of a run: a queue is declared once per batch for each distinct set.
 ROUTING_OPTIONS = ("queue", "exchange", "routing_key", "exchange_type")
@@ -226,8 +231,19 @@ def _send(app: Any, producer: Any, run: RunToPublish, declared: set[tuple[Any, .
     options = publish_options(run)
     # kombu would re-check the queue declaration on every message; once a batch is enough.
     routing = tuple(repr(options.get(key)) for key in ROUTING_OPTIONS)
+    template = _template(app, producer, run, options)
+    if template is not None:
+        messages.publish(app, producer, template, run, options, declare=routing not in declared)
+        declared.add(routing)
+        return
     if routing in declared:
         options["declare"] = []
+    send_plain(app, producer, run, options)
+    declared.add(routing)  # only once a message went through the declaration
+
+
+def send_plain(app: Any, producer: Any, run: RunToPublish, options: dict[str, Any]) -> None:
+    """Publish ``run`` with ``send_task``: every message built from scratch."""
     app.send_task(
         run.task,
         args=run.args,
@@ -239,7 +255,19 @@ def _send(app: Any, producer: Any, run: RunToPublish, declared: set[tuple[Any, .
         retry=False,
         **options,
     )
-    declared.add(routing)  # only once a message went through the declaration
+
+
+def _template(
+    app: Any, producer: Any, run: RunToPublish, options: Mapping[str, Any]
+) -> messages.MessageTemplate | None:
+    """The message template of ``run``'s schedule, or None to build its message with
+    ``send_task``: ad hoc runs (they carry the options of whoever sent them), and what
+    ``beat.messages.usable`` refuses."""
+    if not TEMPLATES or run.schedule_name is None:
+        return None
+    if not isinstance(options.get("expires"), datetime | None) or not messages.usable(app):
+        return None
+    return messages.templates_of(app).get(producer, run, options)
 
 
 def publish_options(run: RunToPublish) -> dict[str, Any]:

@@ -1,0 +1,225 @@
+"""Task messages built once per schedule definition and stamped per run.
+
+``send_task`` does for every message what is the same for every run of a schedule:
+it merges the task's own options, routes, builds the protocol 2 headers, takes the
+``repr`` of the arguments and serialises the body. A template does that once, through
+Celery's own code: ``send_task`` itself is called with a producer that records what
+it would publish (``_Recorder``). Each run then only stamps what differs from one run
+to the next and hands the message to the producer (kombu does the rest: properties,
+body encoding, delivery tag, routing to the queue's list):
+
+* headers ``id`` and ``root_id``, property ``correlation_id``: the run's task ID;
+* headers ``retries``, ``habeat_schedule``, ``habeat_fire_at``, ``habeat_attempt``;
+* header ``expires`` and property ``expiration`` (the seconds left until then, at
+  the send, as ``send_task`` computes them), when the run's options have an expiry;
+* property ``reply_to``: Celery's ID of the sending thread.
+
+What no template can reproduce falls back to ``send_task`` for every message
+(``usable`` says which): signal receivers around publishing (they may change a
+message, or expect to be called for each), ``task_sent`` events, a sender running
+inside a worker task (parent and root IDs, inherited priority), and an expiry or ETA
+that comes from the task's own options (computed from the time of the send).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from celery import signals
+from celery.backends.base import BaseBackend
+from kombu.serialization import dumps
+
+from beat.models import RunToPublish
+
+#: Templates a Celery app keeps; the oldest is dropped beyond this.
+MAX_TEMPLATES: Final = 10_000
+
+#: Placeholders the template is built with: each run stamps its own values.
+_TEMPLATE_TASK_ID: Final = "00000000-0000-0000-0000-000000000000"
+
+#: Publish arguments of ``send_task_message`` that a template does not keep: the body
+#: is serialised once (so no ``serializer``), ``headers`` are stamped, ``declare`` is
+#: decided per batch, ``retry`` is never used inside a batch.
+_NOT_KEPT: Final = frozenset({"serializer", "headers", "declare", "retry", "retry_policy"})
+
+
+class _Recorder:
+    """A producer for ``send_task`` that keeps what it would publish instead."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.published: tuple[Any, dict[str, Any]] | None = None
+
+    def publish(self, body: Any, **kwargs: Any) -> None:
+        self.published = (body, kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageTemplate:
+    """One schedule definition's message, as ``send_task`` would publish it, less the run."""
+
+    task: str
+    body: bytes | str
+    content_type: str
+    content_encoding: str
+    headers: dict[str, Any]
+    #: Producer.publish arguments: exchange, routing key, delivery mode, priority, the
+    #: properties (``correlation_id`` and ``reply_to`` stamped per run)...
+    publish_kwargs: dict[str, Any]
+    declare: tuple[Any, ...]
+    #: Whether ``send_task`` would call the result backend's ``on_task_call``.
+    backend_call: bool
+
+
+def usable(app: Any) -> bool:
+    """Whether messages of ``app`` may be built from templates (see the module docstring)."""
+    if app.conf.task_send_sent_event or app.current_worker_task is not None:
+        return False
+    watched = (signals.before_task_publish, signals.after_task_publish, signals.task_sent)
+    return not any(signal.receivers for signal in watched)
+
+
+def build(
+    app: Any, producer: Any, run: RunToPublish, options: Mapping[str, Any]
+) -> MessageTemplate | None:
+    """The template of ``run``'s schedule definition, ``options`` being its ``send_task``
+    options (``beat.dispatch.publish_options``), built by ``send_task`` itself; None if
+    this message cannot be made from a template. Raises what ``send_task`` raises for
+    the run's options or payload."""
+    given = dict(options)
+    given.pop("expires", None)  # stamped per run
+    given.pop("retries", None)  # stamped per run
+    given.pop("declare", None)
+    recorder = _Recorder(producer.connection)
+    app.send_task(
+        run.task,
+        args=run.args,
+        kwargs=run.kwargs,
+        task_id=_TEMPLATE_TASK_ID,
+        producer=recorder,
+        retry=False,
+        add_to_parent=False,
+        **given,
+    )
+    if recorder.published is None:
+        return None
+    body, kwargs = recorder.published
+    headers = dict(kwargs["headers"])
+    if headers.get("expires") is not None or headers.get("eta") is not None:
+        return None  # the task's own options: relative to each send
+    if "expiration" in kwargs or kwargs.get("content_type"):
+        return None
+    # Once per template: the body is the same for every run of the definition.
+    serializer = kwargs.get("serializer")
+    content_type, content_encoding, data = dumps(body, serializer=serializer)  # type: ignore[no-untyped-call]
+    backend = app.backend
+    backend_call = not headers.get("ignore_result") and (
+        type(backend).on_task_call is not BaseBackend.on_task_call
+    )
+    return MessageTemplate(
+        task=run.task,
+        body=data,
+        content_type=content_type,
+        content_encoding=content_encoding,
+        headers=headers,
+        publish_kwargs={key: value for key, value in kwargs.items() if key not in _NOT_KEPT},
+        declare=tuple(kwargs.get("declare") or ()),
+        backend_call=backend_call,
+    )
+
+
+def stamped_headers(
+    template: MessageTemplate, run: RunToPublish, task_id: str, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The template's headers with the run's own values; key order as ``send_task``'s."""
+    headers = template.headers.copy()
+    headers["id"] = task_id
+    headers["root_id"] = task_id
+    headers["retries"] = options.get("retries", 0)
+    for name, value in options["headers"].items():
+        headers[name] = value
+    return headers
+
+
+class Templates:
+    """The templates of one Celery app, by schedule definition (bounded: ``MAX_TEMPLATES``)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._by_key: dict[tuple[Any, ...], MessageTemplate | None] = {}
+
+    def get(
+        self, producer: Any, run: RunToPublish, options: Mapping[str, Any]
+    ) -> MessageTemplate | None:
+        key = (run.task, repr(run.args), repr(run.kwargs), repr(run.options))
+        try:
+            return self._by_key[key]
+        except KeyError:
+            pass
+        template = build(self.app, producer, run, options)
+        if len(self._by_key) >= MAX_TEMPLATES:
+            del self._by_key[next(iter(self._by_key))]
+        self._by_key[key] = template
+        return template
+
+    def all(self) -> list[MessageTemplate | None]:
+        """The templates kept (None for definitions sent with ``send_task``)."""
+        return list(self._by_key.values())
+
+
+_TEMPLATES: weakref.WeakKeyDictionary[Any, Templates] = weakref.WeakKeyDictionary()
+
+
+def templates_of(app: Any) -> Templates:
+    """The templates kept for ``app`` (made on first use)."""
+    found = _TEMPLATES.get(app)
+    if found is None:
+        found = _TEMPLATES[app] = Templates(app)
+    return found
+
+
+def publish(
+    app: Any,
+    producer: Any,
+    template: MessageTemplate,
+    run: RunToPublish,
+    options: Mapping[str, Any],
+    *,
+    declare: bool,
+) -> None:
+    """Publish ``run``'s message from its template through ``producer`` (in its batch, if
+    one is open). ``options`` are the run's ``send_task`` options; ``declare``: whether
+    the template's queues are to be declared (once per batch is enough)."""
+    task_id = run.celery_task_id
+    headers = stamped_headers(template, run, task_id, options)
+    kwargs = template.publish_kwargs.copy()
+    kwargs["correlation_id"] = task_id
+    kwargs["reply_to"] = app.thread_oid
+    expires = options.get("expires")
+    if expires is not None:
+        headers["expires"] = expires.isoformat()
+        # As send_task: the seconds left at the send, none if already past.
+        kwargs["expiration"] = max(0.0, (expires - app.now()).total_seconds())
+    with _library_errors(producer):
+        if template.backend_call:
+            app.backend.on_task_call(producer, task_id)
+        producer.publish(
+            template.body,
+            content_type=template.content_type,
+            content_encoding=template.content_encoding,
+            headers=headers,
+            declare=list(template.declare) if declare else [],
+            retry=False,
+            **kwargs,
+        )
+
+
+@contextlib.contextmanager
+def _library_errors(producer: Any) -> Iterator[None]:
+    """As ``send_task``: the transport's errors raised as kombu's."""
+    with producer.connection._reraise_as_library_errors():
+        yield

@@ -1,0 +1,297 @@
+"""Messages stamped from a template are the messages ``send_task`` publishes.
+
+Each run is published twice to the real Redis broker, once with ``send_task`` and once
+from its schedule's template, and what lands in Redis is compared: the same lists
+(queue and priority), and the same JSON envelope, key order included, except for
+what differs from one publish to the next whatever the path (``PER_PUBLISH``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu import Exchange, Queue
+
+from app.factory import create_app
+from beat import dispatch, messages
+from beat.models import RunToPublish
+from tests.conftest import SessionEnv
+
+pytestmark = [
+    pytest.mark.integration,
+    # Celery 5 still honours a task's own priority (deprecated for Celery 6).
+    pytest.mark.filterwarnings("ignore::celery.exceptions.CDeprecationWarning"),
+]
+
+TASK = "tasks.demo.add"
+FIRE_AT = datetime(2030, 5, 4, 3, 2, 1, 123456, tzinfo=UTC)
+
+#: Envelope properties set by each publish, whatever builds the message:
+#: ``delivery_tag``, a random UUID kombu's virtual channel draws per message, and
+#: ``expiration``, the milliseconds left until ``expires`` at the moment of the send
+#: (``send_task`` computes it from its clock; compared within ``EXPIRATION_SLACK_MS``).
+PER_PUBLISH = ("delivery_tag", "expiration")
+EXPIRATION_SLACK_MS = 5_000
+
+
+@pytest.fixture
+def app(test_env: SessionEnv, redis_client: redis.Redis) -> Iterator[Celery]:
+    app = create_app(test_env.settings())
+    app.conf.task_routes = {"tasks.routed": {"queue": "routed"}}
+    app.conf.task_queues = [
+        Queue("celery"),
+        Queue("bound", Exchange("jobs", type="direct"), routing_key="jobs.bound"),
+    ]
+
+    @app.task(name="tasks.local.tuned", priority=7, time_limit=30, soft_time_limit=20, shared=False)
+    def tuned() -> None: ...
+
+    @app.task(name="tasks.local.expiring", expires=120, shared=False)
+    def expiring() -> None: ...
+
+    app.finalize()
+    with app.connection_for_write() as connection:
+        # The binding an exchange-only route is delivered through.
+        Queue("bound", Exchange("jobs", type="direct"), routing_key="jobs.bound")(
+            connection.default_channel
+        ).declare()
+    yield app
+    app.close()
+
+
+def make_run(task: str = TASK, **fields: Any) -> RunToPublish:
+    values: dict[str, Any] = {
+        "id": uuid.uuid4(),
+        "task": task,
+        "args": [1, 2],
+        "kwargs": {},
+        "options": {},
+        "schedule_name": "every-minute",
+        "fire_at": FIRE_AT,
+        "attempt": 0,
+    }
+    values.update(fields)
+    return RunToPublish(**values)
+
+
+CASES = [
+    pytest.param(make_run(), id="plain"),
+    pytest.param(
+        make_run(
+            args=["héllo ✓", {"a": [1, {"b": None, "c": [True, 1.5]}]}, -3],
+            kwargs={"naïve": {"x": ["y", 2, {"z": "🙂"}]}, "empty": {}, "list": []},
+        ),
+        id="unicode-nested-args",
+    ),
+    pytest.param(make_run(args=[], kwargs={}), id="no-args"),
+    pytest.param(make_run(args=["x" * 3000]), id="repr-cut"),
+    pytest.param(make_run(options={"queue": "named"}), id="queue"),
+    pytest.param(
+        make_run(options={"queue": "bound", "exchange": "jobs", "routing_key": "jobs.bound"}),
+        id="queue-exchange-routing-key",
+    ),
+    pytest.param(
+        make_run(options={"exchange": "jobs", "routing_key": "jobs.bound"}),
+        id="exchange-routing-key",
+    ),
+    pytest.param(make_run(options={"priority": 5}), id="priority"),
+    pytest.param(make_run(options={"priority": 0}), id="priority-0"),
+    pytest.param(make_run(options={"expires": 3600}), id="expires-relative"),
+    pytest.param(
+        make_run(options={"expires": 30}, fire_at=datetime.now(UTC)), id="expires-relative-now"
+    ),
+    pytest.param(make_run(options={"expires": "2099-01-01T00:00:00+02:00"}), id="expires-absolute"),
+    pytest.param(
+        make_run(options={"expires": "2001-01-01T00:00:00+00:00"}), id="expires-absolute-past"
+    ),
+    pytest.param(
+        make_run(options={"headers": {"tenant": "acmé", "n": 3, "ok": True, "none": None}}),
+        id="headers",
+    ),
+    pytest.param(make_run("tasks.routed"), id="task-routes"),
+    pytest.param(make_run("tasks.routed", options={"queue": "named"}), id="option-over-route"),
+    pytest.param(make_run("tasks.nowhere.unknown"), id="unknown-task"),
+    pytest.param(make_run("tasks.local.tuned"), id="task-own-options"),
+    pytest.param(make_run("tasks.local.tuned", options={"priority": 2}), id="option-over-task"),
+    pytest.param(make_run(attempt=2, retries=3), id="retries"),
+    pytest.param(make_run(task_id="caller-chosen-id"), id="caller-task-id"),
+    pytest.param(
+        make_run(
+            options={
+                "queue": "named",
+                "priority": 9,
+                "expires": 600,
+                "headers": {"tenant": "acme"},
+            },
+            kwargs={"k": [1, 2]},
+            attempt=1,
+        ),
+        id="everything",
+    ),
+]
+
+
+@pytest.mark.parametrize("run", CASES)
+def test_a_message_from_its_template_is_the_message_send_task_publishes(
+    app: Celery,
+    test_env: SessionEnv,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    run: RunToPublish,
+) -> None:
+    plain = published(app, test_env, redis_client, monkeypatch, run, templates=False)
+    stamped = published(app, test_env, redis_client, monkeypatch, run, templates=True)
+
+    assert templates_built(app) == 1, "the message was built from a template"
+    assert_same_messages(plain, stamped)
+
+
+def test_a_template_is_built_once_per_schedule_definition_and_stamped_per_run(
+    app: Celery,
+    test_env: SessionEnv,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = make_run(options={"expires": 60, "headers": {"tenant": "acme"}})
+    runs = [
+        first,
+        replace(first, id=uuid.uuid4(), fire_at=FIRE_AT + timedelta(minutes=1), attempt=1),
+        replace(first, id=uuid.uuid4(), schedule_name="twin", fire_at=FIRE_AT - timedelta(days=1)),
+    ]
+    for run in runs:
+        plain = published(app, test_env, redis_client, monkeypatch, run, templates=False)
+        stamped = published(app, test_env, redis_client, monkeypatch, run, templates=True)
+        assert_same_messages(plain, stamped)
+    assert templates_built(app) == 1
+
+
+def test_a_task_whose_own_options_expire_it_is_sent_with_send_task(
+    app: Celery,
+    test_env: SessionEnv,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The task's ``expires`` counts from each send: no template can hold it."""
+    run = make_run("tasks.local.expiring")
+    sent: list[str] = []
+    monkeypatch.setattr(dispatch, "TEMPLATES", True)
+    monkeypatch.setattr(
+        dispatch, "send_plain", lambda *args: sent.append(args[2].task) or send_plain(*args)
+    )
+
+    result = dispatch.publish_runs(app, [run])
+
+    assert result.published == [run.id]
+    assert sent == ["tasks.local.expiring"]
+    assert redis_client.llen(f"{test_env.broker_key_prefix}celery") == 1
+
+
+def test_a_run_whose_options_cannot_be_built_is_rejected_and_the_others_are_stamped(
+    app: Celery, test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    good = make_run()
+    unserialisable = make_run(args=[object()])
+    not_a_list = make_run(args="oops")
+    batch = [unserialisable, good, not_a_list, replace(good, id=uuid.uuid4())]
+
+    result = dispatch.publish_runs(app, batch)
+
+    assert result.error is None
+    assert [(entry.run.id, entry.error.split(":")[0]) for entry in result.rejected] == [
+        (unserialisable.id, "EncodeError"),
+        (not_a_list.id, "TypeError"),
+    ]
+    assert result.published == [good.id, batch[3].id]
+    assert redis_client.llen(f"{test_env.broker_key_prefix}celery") == 2
+    assert templates_built(app) == 1
+
+
+send_plain = dispatch.send_plain
+
+
+def templates_built(app: Celery) -> int:
+    return sum(1 for template in messages.templates_of(app).all() if template is not None)
+
+
+def published(
+    app: Celery,
+    test_env: SessionEnv,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    run: RunToPublish,
+    *,
+    templates: bool,
+) -> dict[str, list[bytes]]:
+    """Publish ``run`` alone through ``publish_runs``, with or without templates; the
+    broker's lists then (key without the session prefix: raw payloads), emptied."""
+    monkeypatch.setattr(dispatch, "TEMPLATES", templates)
+    if templates:
+
+        def refused(*args: object) -> None:
+            raise AssertionError("sent with send_task, not from a template")
+
+        monkeypatch.setattr(dispatch, "send_plain", refused)
+    else:
+        monkeypatch.setattr(dispatch, "send_plain", send_plain)
+    result = dispatch.publish_runs(app, [run])
+    assert result.error is None
+    assert result.rejected == []
+    assert result.published == [run.id]
+    prefix = test_env.broker_key_prefix
+    lists: dict[str, list[bytes]] = {}
+    for key in sorted(redis_client.scan_iter(match=f"{prefix}*")):
+        if redis_client.type(key) != b"list":
+            continue  # kombu's bindings (sets)
+        lists[key.decode()[len(prefix) :]] = list(redis_client.lrange(key, 0, -1))  # type: ignore[arg-type]
+        redis_client.delete(key)
+    return lists
+
+
+def assert_same_messages(plain: dict[str, list[bytes]], stamped: dict[str, list[bytes]]) -> None:
+    assert list(stamped) == list(plain), "the same queue and priority lists"
+    for key, payloads in plain.items():
+        assert len(payloads) == len(stamped[key]) == 1, key
+        assert_same_envelope(payloads[0], stamped[key][0])
+
+
+def assert_same_envelope(plain: bytes, stamped: bytes) -> None:
+    """Field by field, then byte for byte once the per-publish values are set aside."""
+    expected, got = json.loads(plain), json.loads(stamped)
+    expected_properties, got_properties = expected["properties"], got["properties"]
+    uuid.UUID(expected_properties["delivery_tag"])
+    uuid.UUID(got_properties["delivery_tag"])
+    assert ("expiration" in expected_properties) == ("expiration" in got_properties)
+    if "expiration" in expected_properties:
+        left = int(expected_properties["expiration"]), int(got_properties["expiration"])
+        assert abs(left[0] - left[1]) <= EXPIRATION_SLACK_MS, left
+    for name in PER_PUBLISH:
+        expected_properties.pop(name, None)
+        got_properties.pop(name, None)
+    assert set(got) == set(expected)
+    for field in expected:
+        if field == "body":
+            continue
+        assert got[field] == expected[field], field
+    assert json.loads(_base64(got["body"])) == json.loads(_base64(expected["body"]))
+    assert got["body"] == expected["body"]
+    assert _without_per_publish(stamped) == _without_per_publish(plain)
+
+
+def _base64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def _without_per_publish(payload: bytes) -> bytes:
+    for name in PER_PUBLISH:
+        payload = re.sub(rb'"%s": "[^"]*"' % name.encode(), b'"%s": "-"' % name.encode(), payload)
+    return payload
