@@ -11,6 +11,10 @@ uncertain outcome (some of its messages may be in the queue): its runs stay in
 the outbox and are published again, and the worker's guard refuses a second
 delivery of a run.
 
+A schedule's runs differ only in their task ID, fire time, attempt and expiry: their
+messages are stamped from a template built once per schedule definition
+(``beat.messages``) rather than built from scratch by ``send_task`` each time.
+
 Runs claimed ahead of their fire time are built into a batch before it and
 sent at it (``publish_at``): their lateness is one Redis round trip. Nothing of
 them reaches the broker before that time, whatever the routing or transport.
@@ -38,15 +42,11 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from beat import messages
 from beat.errors import HABeatError, InvalidSchedule, error_text
+from beat.messages import ATTEMPT_HEADER, FIRE_AT_HEADER, SCHEDULE_HEADER
 from beat.models import RunToPublish, UnpublishableRun
 from beat.options import check_publish_options
 
 logger = logging.getLogger(__name__)
-
-#: Message headers that tell a worker (and Flower) which schedule and fire time a run is for.
-SCHEDULE_HEADER = "habeat_schedule"
-FIRE_AT_HEADER = "habeat_fire_at"
-ATTEMPT_HEADER = "habeat_attempt"
 
 #: Messages per producer batch: one Redis pipeline each. Large enough that the
 #: round trip is amortised, small enough that a failed flush leaves few runs to
@@ -124,9 +124,14 @@ def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
     try:
         with app.producer_or_acquire() as producer:
             declared: set[tuple[Any, ...]] = set()
+            templates = _templates(app)
             for chunk in _chunks(runs, CHUNK):
                 with producer.batch(max_size=len(chunk) + 1):
-                    sent = [run for run in chunk if _sent(app, producer, run, declared, rejected)]
+                    sent = [
+                        run
+                        for run in chunk
+                        if _sent(app, producer, run, declared, rejected, templates)
+                    ]
                 published.extend(run.id for run in sent)
     except Exception as exc:  # the broker's errors are many and transport-specific
         logger.error(
@@ -192,11 +197,12 @@ def _sent(
     run: RunToPublish,
     declared: set[tuple[Any, ...]],
     rejected: list[UnpublishableRun],
+    templates: messages.Templates | None,
 ) -> bool:
     """Add the message of ``run`` to the producer's batch; False (and the error in
     ``rejected``) if the run itself cannot be made into a message. Broker errors raise."""
     try:
-        _send(app, producer, run, declared)
+        _send(app, producer, run, declared, templates)
     except Exception as exc:
         if not is_run_fault(exc, producer.connection):
             raise
@@ -224,18 +230,26 @@ def _send_all(
 ) -> list[RunToPublish]:
     """Add the messages of ``runs`` to the batch; the runs whose message was built."""
     declared: set[tuple[Any, ...]] = set()
-    return [run for run in runs if _sent(app, producer, run, declared, rejected)]
+    templates = _templates(app)
+    return [run for run in runs if _sent(app, producer, run, declared, rejected, templates)]
 
 
-def _send(app: Any, producer: Any, run: RunToPublish, declared: set[tuple[Any, ...]]) -> None:
-    options = publish_options(run)
+def _send(
+    app: Any,
+    producer: Any,
+    run: RunToPublish,
+    declared: set[tuple[Any, ...]],
+    templates: messages.Templates | None,
+) -> None:
     # kombu would re-check the queue declaration on every message; once a batch is enough.
-    routing = tuple(repr(options.get(key)) for key in ROUTING_OPTIONS)
-    template = _template(app, producer, run, options)
+    routing = tuple(repr(run.options.get(key)) for key in ROUTING_OPTIONS)
+    template, options = _template(producer, run, templates)
     if template is not None:
-        messages.publish(app, producer, template, run, options, declare=routing not in declared)
+        expires = expiry_of(run)
+        messages.publish(app, producer, template, run, expires, declare=routing not in declared)
         declared.add(routing)
         return
+    options = publish_options(run) if options is None else options
     if routing in declared:
         options["declare"] = []
     send_plain(app, producer, run, options)
@@ -257,17 +271,31 @@ def send_plain(app: Any, producer: Any, run: RunToPublish, options: dict[str, An
     )
 
 
+def _templates(app: Any) -> messages.Templates | None:
+    """The message templates of ``app`` for one publish, or None to send every message
+    with ``send_task`` (``TEMPLATES`` off, or what ``beat.messages.usable`` refuses)."""
+    if not TEMPLATES or not messages.usable(app):
+        return None
+    return messages.templates_of(app)
+
+
 def _template(
-    app: Any, producer: Any, run: RunToPublish, options: Mapping[str, Any]
-) -> messages.MessageTemplate | None:
-    """The message template of ``run``'s schedule, or None to build its message with
-    ``send_task``: ad hoc runs (they carry the options of whoever sent them), and what
-    ``beat.messages.usable`` refuses."""
-    if not TEMPLATES or run.schedule_name is None:
-        return None
-    if not isinstance(options.get("expires"), datetime | None) or not messages.usable(app):
-        return None
-    return messages.templates_of(app).get(producer, run, options)
+    producer: Any, run: RunToPublish, templates: messages.Templates | None
+) -> tuple[messages.MessageTemplate | None, dict[str, Any] | None]:
+    """The message template of ``run``'s schedule definition, and the run's options if
+    they had to be made (to build the template). No template for ad hoc runs (they carry
+    the options of whoever sent them), nor for an expiry that cannot be placed in time
+    (``send_task`` counts it from the send)."""
+    if templates is None or run.schedule_name is None:
+        return None, None
+    if run.options.get("expires") is not None and expiry_of(run) is None:
+        return None, None
+    key = templates.key(run)
+    if templates.has(key):
+        # Its options were checked when it was built: the key holds them all.
+        return templates.cached(key), None
+    options = publish_options(run)
+    return templates.build(key, producer, run, options), options
 
 
 def publish_options(run: RunToPublish) -> dict[str, Any]:

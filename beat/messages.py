@@ -27,6 +27,7 @@ import contextlib
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from celery import signals
@@ -34,6 +35,11 @@ from celery.backends.base import BaseBackend
 from kombu.serialization import dumps
 
 from beat.models import RunToPublish
+
+#: Message headers that tell a worker (and Flower) which schedule and fire time a run is for.
+SCHEDULE_HEADER: Final = "habeat_schedule"
+FIRE_AT_HEADER: Final = "habeat_fire_at"
+ATTEMPT_HEADER: Final = "habeat_attempt"
 
 #: Templates a Celery app keeps; the oldest is dropped beyond this.
 MAX_TEMPLATES: Final = 10_000
@@ -132,19 +138,6 @@ def build(
     )
 
 
-def stamped_headers(
-    template: MessageTemplate, run: RunToPublish, task_id: str, options: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The template's headers with the run's own values; key order as ``send_task``'s."""
-    headers = template.headers.copy()
-    headers["id"] = task_id
-    headers["root_id"] = task_id
-    headers["retries"] = options.get("retries", 0)
-    for name, value in options["headers"].items():
-        headers[name] = value
-    return headers
-
-
 class Templates:
     """The templates of one Celery app, by schedule definition (bounded: ``MAX_TEMPLATES``)."""
 
@@ -152,19 +145,31 @@ class Templates:
         self.app = app
         self._by_key: dict[tuple[Any, ...], MessageTemplate | None] = {}
 
-    def get(
-        self, producer: Any, run: RunToPublish, options: Mapping[str, Any]
+    @staticmethod
+    def key(run: RunToPublish) -> tuple[Any, ...]:
+        """What a template depends on: runs with equal keys share it."""
+        return (run.task, repr(run.args), repr(run.kwargs), repr(run.options))
+
+    def has(self, key: tuple[Any, ...]) -> bool:
+        return key in self._by_key
+
+    def cached(self, key: tuple[Any, ...]) -> MessageTemplate | None:
+        """The template of ``key`` (``has`` it); None: its runs go with ``send_task``."""
+        return self._by_key[key]
+
+    def build(
+        self, key: tuple[Any, ...], producer: Any, run: RunToPublish, options: Mapping[str, Any]
     ) -> MessageTemplate | None:
-        key = (run.task, repr(run.args), repr(run.kwargs), repr(run.options))
-        try:
-            return self._by_key[key]
-        except KeyError:
-            pass
+        """Build (``build``), keep and return the template of ``key``; not kept if
+        ``send_task`` raises (the run is at fault, and rejected)."""
         template = build(self.app, producer, run, options)
         if len(self._by_key) >= MAX_TEMPLATES:
             del self._by_key[next(iter(self._by_key))]
         self._by_key[key] = template
         return template
+
+    def clear(self) -> None:
+        self._by_key.clear()
 
     def all(self) -> list[MessageTemplate | None]:
         """The templates kept (None for definitions sent with ``send_task``)."""
@@ -187,23 +192,29 @@ def publish(
     producer: Any,
     template: MessageTemplate,
     run: RunToPublish,
-    options: Mapping[str, Any],
+    expires: datetime | None,
     *,
     declare: bool,
 ) -> None:
     """Publish ``run``'s message from its template through ``producer`` (in its batch, if
-    one is open). ``options`` are the run's ``send_task`` options; ``declare``: whether
-    the template's queues are to be declared (once per batch is enough)."""
+    one is open). ``expires``: when the run expires (``beat.dispatch.expiry_of``);
+    ``declare``: whether the template's queues are to be declared (once per batch is
+    enough). Header keys stay in the order ``send_task`` gives them."""
     task_id = run.celery_task_id
-    headers = stamped_headers(template, run, task_id, options)
+    headers = template.headers.copy()
+    headers["id"] = task_id
+    headers["root_id"] = task_id
+    headers["retries"] = run.retries
+    headers[SCHEDULE_HEADER] = run.schedule_name
+    headers[FIRE_AT_HEADER] = run.fire_at.isoformat() if run.fire_at else None
+    headers[ATTEMPT_HEADER] = run.attempt + 1
     kwargs = template.publish_kwargs.copy()
     kwargs["correlation_id"] = task_id
     kwargs["reply_to"] = app.thread_oid
-    expires = options.get("expires")
     if expires is not None:
         headers["expires"] = expires.isoformat()
         # As send_task: the seconds left at the send, none if already past.
-        kwargs["expiration"] = max(0.0, (expires - app.now()).total_seconds())
+        kwargs["expiration"] = max(0.0, (expires - datetime.now(UTC)).total_seconds())
     with _library_errors(producer):
         if template.backend_call:
             app.backend.on_task_call(producer, task_id)

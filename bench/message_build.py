@@ -1,0 +1,98 @@
+"""Building messages: ``send_task`` for each run against templates stamped per run.
+
+``python -m bench.message_build [--messages N] [--schedules S]``: N runs of S schedule
+definitions are added to a kombu producer batch on Redis that is never flushed (it is
+discarded: nothing reaches the broker), once with ``send_task`` per message, then from
+templates (first pass: each definition's template is built on its first run; second
+pass: all templates already built). Prints µs per message; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from app.factory import create_app
+from app.settings import Settings
+from beat import dispatch, messages
+from beat.models import RunToPublish
+from bench.common import REDIS_URL, table
+
+
+class _Discard(Exception):
+    """Leaves the producer batch without flushing it."""
+
+
+def make_runs(count: int, schedules: int) -> list[RunToPublish]:
+    start = datetime.now(UTC)
+    return [
+        RunToPublish(
+            id=uuid.uuid4(),
+            task="tasks.demo.add",
+            args=[index % schedules, 1],
+            kwargs={"label": f"s{index % schedules:05d}"},
+            options={"expires": 300, "headers": {"tenant": "acme"}},
+            schedule_name=f"s{index % schedules:05d}",
+            fire_at=start + timedelta(seconds=index // schedules),
+            attempt=0,
+        )
+        for index in range(count)
+    ]
+
+
+def time_building(app: object, runs: Sequence[RunToPublish], *, templates: bool) -> float:
+    """Seconds to add the messages of ``runs`` to a batch that is then discarded."""
+    dispatch.TEMPLATES = templates
+    rejected: list[object] = []
+    with app.producer_or_acquire() as producer:  # type: ignore[attr-defined]
+        try:
+            with producer.batch(max_size=dispatch.NEVER_FLUSH):
+                started = time.perf_counter()
+                sent = dispatch._send_all(app, producer, runs, rejected)  # type: ignore[arg-type]
+                elapsed = time.perf_counter() - started
+                raise _Discard
+        except _Discard:
+            pass
+    if len(sent) != len(runs):
+        raise RuntimeError(f"messages not built: {rejected[:3]}")
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.message_build")
+    parser.add_argument("--messages", type=int, default=10_000)
+    parser.add_argument("--schedules", type=int, default=1_000)
+    options = parser.parse_args(argv)
+    prefix = f"habeat-bench-{uuid.uuid4().hex[:8]}:broker:"
+    settings = Settings.from_env()
+    app = create_app(settings)
+    app.conf.broker_url = REDIS_URL
+    app.conf.broker_transport_options = {
+        **app.conf.broker_transport_options,
+        "global_keyprefix": prefix,
+    }
+    runs = make_runs(options.messages, options.schedules)
+    time_building(app, runs[:100], templates=False)  # connection, imports
+    messages.templates_of(app).clear()
+    rows: list[list[str]] = []
+    plain = time_building(app, runs, templates=False)
+    cold = time_building(app, runs, templates=True)
+    warm = time_building(app, runs, templates=True)
+    for label, seconds in (
+        ("send_task per message", plain),
+        (f"templates, {options.schedules} built in the pass", cold),
+        ("templates, all built before", warm),
+    ):
+        per_message = seconds / len(runs) * 1e6
+        rows.append([label, f"{per_message:.1f}", f"{len(runs) / seconds:,.0f}"])
+    print(f"{len(runs):,} messages of {options.schedules:,} schedule definitions, not flushed\n")
+    print(table(["path", "µs/message", "messages/s"], rows))
+    dispatch.TEMPLATES = True
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
