@@ -11,9 +11,10 @@ uncertain outcome (some of its messages may be in the queue): its runs stay in
 the outbox and are published again, and the worker's guard refuses a second
 delivery of a run.
 
-A schedule's runs differ only in their task ID, fire time, attempt and expiry: their
-messages are stamped from a template built once per schedule definition
-(``beat.messages``) rather than built from scratch by ``send_task`` each time.
+A schedule's runs differ only in their task ID, fire time, attempt and expiry, and the
+schedules of one task and options only in their arguments besides: their messages are
+stamped from a template built once per task and options (``beat.messages``) rather
+than built from scratch by ``send_task`` each time.
 
 Runs claimed ahead of their fire time are built into a batch before it and
 sent at it (``publish_at``): their lateness is one Redis round trip. Nothing of
@@ -246,7 +247,16 @@ def _send(
     template, options = _template(producer, run, templates)
     if template is not None:
         expires = expiry_of(run)
-        messages.publish(app, producer, template, run, expires, declare=routing not in declared)
+        messages.publish(
+            app,
+            producer,
+            template,
+            run,
+            expires,
+            argsrepr=_short_repr(run.args),
+            kwargsrepr=_short_repr(run.kwargs),
+            declare=routing not in declared,
+        )
         declared.add(routing)
         return
     options = publish_options(run) if options is None else options
@@ -276,13 +286,15 @@ def _templates(app: Any) -> messages.Templates | None:
     with ``send_task`` (``TEMPLATES`` off, or what ``beat.messages.usable`` refuses)."""
     if not TEMPLATES or not messages.usable(app):
         return None
-    return messages.templates_of(app)
+    templates = messages.templates_of(app)
+    templates.check_routing()
+    return templates
 
 
 def _template(
     producer: Any, run: RunToPublish, templates: messages.Templates | None
 ) -> tuple[messages.MessageTemplate | None, dict[str, Any] | None]:
-    """The message template of ``run``'s schedule definition, and the run's options if
+    """The message template of ``run``'s task and options, and the run's options if
     they had to be made (to build the template). No template for ad hoc runs (they carry
     the options of whoever sent them), nor for an expiry that cannot be placed in time
     (``send_task`` counts it from the send)."""
@@ -292,7 +304,8 @@ def _template(
         return None, None
     key = templates.key(run)
     if templates.has(key):
-        # Its options were checked when it was built: the key holds them all.
+        # Its options were checked when it was built: the key holds them all. The
+        # arguments are checked as the message is stamped.
         return templates.cached(key), None
     options = publish_options(run)
     return templates.build(key, producer, run, options), options

@@ -1,12 +1,18 @@
 """Task messages built once per schedule definition and stamped per run.
 
-``send_task`` does for every message what is the same for every run of a schedule:
-it merges the task's own options, routes, builds the protocol 2 headers, takes the
-``repr`` of the arguments and serialises the body. A template does that once, through
-Celery's own code: ``send_task`` itself is called with a producer that records what
-it would publish (``_Recorder``). Each run then only stamps what differs from one run
-to the next and hands the message to the producer (kombu does the rest: properties,
-body encoding, delivery tag, routing to the queue's list):
+``send_task`` does for every message what is the same for every run of a task with
+the same options: it merges the task's own options, routes, builds the protocol 2
+headers. A template does that once, through Celery's own code: ``send_task`` itself is
+called with a producer that records what it would publish (``_Recorder``). Each run
+then only stamps what differs from one run to the next and hands the message to the
+producer (kombu does the rest: properties, body encoding, delivery tag, routing to the
+queue's list):
+
+* the body, protocol 2's ``(args, kwargs, embed)``, serialised as ``send_task`` has
+  kombu serialise it (the embed, callbacks and the like, is the template's);
+* headers ``argsrepr`` and ``kwargsrepr``, and the properties of the same names
+  (``send_task`` passes its options on to kombu): the run's own, as ``beat.dispatch``
+  gives them to ``send_task`` (``publish_options``);
 
 * headers ``id`` and ``root_id``, property ``correlation_id``: the run's task ID;
 * headers ``retries``, ``habeat_schedule``, ``habeat_fire_at``, ``habeat_attempt``;
@@ -19,6 +25,12 @@ What no template can reproduce falls back to ``send_task`` for every message
 message, or expect to be called for each), ``task_sent`` events, a sender running
 inside a worker task (parent and root IDs, inherited priority), and an expiry or ETA
 that comes from the task's own options (computed from the time of the send).
+
+A template is shared by every schedule of one task and one set of options, whatever
+their arguments (``Templates.key``), as long as routing looks at the task's name only:
+Celery's own ``task_routes`` mappings (names and globs). A router that is a function,
+an object or an import path may route by the arguments: the template is then one
+schedule definition's, arguments included, and holds its routing.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from celery import signals
+from celery.app.routes import MapRoute, Router
 from celery.backends.base import BaseBackend
 from kombu.serialization import dumps
 
@@ -69,9 +82,10 @@ class MessageTemplate:
     """One schedule definition's message, as ``send_task`` would publish it, less the run."""
 
     task: str
-    body: bytes | str
-    content_type: str
-    content_encoding: str
+    #: The body's third part (callbacks, errbacks, chain, chord), and kombu's serialiser
+    #: of the body (``send_task``'s: the app's ``task_serializer`` or the task's own).
+    embed: dict[str, Any]
+    serializer: str | None
     headers: dict[str, Any]
     #: Producer.publish arguments: exchange, routing key, delivery mode, priority, the
     #: properties (``correlation_id`` and ``reply_to`` stamped per run)...
@@ -87,6 +101,13 @@ def usable(app: Any) -> bool:
         return False
     watched = (signals.before_task_publish, signals.after_task_publish, signals.task_sent)
     return not any(signal.receivers for signal in watched)
+
+
+def routes_by_name(app: Any) -> bool:
+    """Whether ``app`` routes a task by its name alone (Celery's router with only
+    ``task_routes`` mappings): then a template holds for any arguments."""
+    router = app.amqp.router
+    return type(router) is Router and all(type(route) is MapRoute for route in router.routes)
 
 
 def build(
@@ -119,18 +140,16 @@ def build(
         return None  # the task's own options: relative to each send
     if "expiration" in kwargs or kwargs.get("content_type"):
         return None
-    # Once per template: the body is the same for every run of the definition.
-    serializer = kwargs.get("serializer")
-    content_type, content_encoding, data = dumps(body, serializer=serializer)  # type: ignore[no-untyped-call]
+    if not isinstance(body, tuple) or len(body) != 3 or not isinstance(body[2], dict):
+        return None  # not protocol 2
     backend = app.backend
     backend_call = not headers.get("ignore_result") and (
         type(backend).on_task_call is not BaseBackend.on_task_call
     )
     return MessageTemplate(
         task=run.task,
-        body=data,
-        content_type=content_type,
-        content_encoding=content_encoding,
+        embed=body[2],
+        serializer=kwargs.get("serializer"),
         headers=headers,
         publish_kwargs={key: value for key, value in kwargs.items() if key not in _NOT_KEPT},
         declare=tuple(kwargs.get("declare") or ()),
@@ -144,11 +163,18 @@ class Templates:
     def __init__(self, app: Any) -> None:
         self.app = app
         self._by_key: dict[tuple[Any, ...], MessageTemplate | None] = {}
+        self.by_name = routes_by_name(app)
 
-    @staticmethod
-    def key(run: RunToPublish) -> tuple[Any, ...]:
-        """What a template depends on: runs with equal keys share it."""
-        return (run.task, repr(run.args), repr(run.kwargs), repr(run.options))
+    def check_routing(self) -> None:
+        """Look again at how the app routes (``routes_by_name``): once per publish."""
+        self.by_name = routes_by_name(self.app)
+
+    def key(self, run: RunToPublish) -> tuple[Any, ...]:
+        """What a template depends on: runs with equal keys share it. The task and its
+        options; the arguments too if a router may look at them."""
+        if self.by_name:
+            return (run.task, repr(run.options))
+        return (run.task, repr(run.options), repr(run.args), repr(run.kwargs))
 
     def has(self, key: tuple[Any, ...]) -> bool:
         return key in self._by_key
@@ -194,22 +220,42 @@ def publish(
     run: RunToPublish,
     expires: datetime | None,
     *,
+    argsrepr: str,
+    kwargsrepr: str,
     declare: bool,
 ) -> None:
     """Publish ``run``'s message from its template through ``producer`` (in its batch, if
     one is open). ``expires``: when the run expires (``beat.dispatch.expiry_of``);
+    ``argsrepr``, ``kwargsrepr``: the run's arguments as ``send_task`` is given them;
     ``declare``: whether the template's queues are to be declared (once per batch is
-    enough). Header keys stay in the order ``send_task`` gives them."""
+    enough). Header keys stay in the order ``send_task`` gives them. Raises what
+    ``send_task`` raises for the run's arguments (TypeError, kombu's EncodeError)."""
+    # As Celery's protocol 2 (``AMQP.as_task_v2``), then kombu's ``Producer.publish``.
+    args = run.args or ()
+    kwargs_ = run.kwargs or {}
+    if not isinstance(args, list | tuple):
+        raise TypeError("task args must be a list or tuple")
+    if not isinstance(kwargs_, Mapping):
+        raise TypeError("task keyword arguments must be a mapping")
+    content_type, content_encoding, body = dumps(  # type: ignore[no-untyped-call]
+        (args, kwargs_, template.embed), serializer=template.serializer
+    )
     task_id = run.celery_task_id
     headers = template.headers.copy()
     headers["id"] = task_id
     headers["root_id"] = task_id
+    headers["argsrepr"] = argsrepr
+    headers["kwargsrepr"] = kwargsrepr
     headers["retries"] = run.retries
     headers[SCHEDULE_HEADER] = run.schedule_name
     headers[FIRE_AT_HEADER] = run.fire_at.isoformat() if run.fire_at else None
     headers[ATTEMPT_HEADER] = run.attempt + 1
     kwargs = template.publish_kwargs.copy()
     kwargs["correlation_id"] = task_id
+    if "argsrepr" in kwargs:  # send_task hands its options on as properties too
+        kwargs["argsrepr"] = argsrepr
+    if "kwargsrepr" in kwargs:
+        kwargs["kwargsrepr"] = kwargsrepr
     kwargs["reply_to"] = app.thread_oid
     if expires is not None:
         headers["expires"] = expires.isoformat()
@@ -219,9 +265,9 @@ def publish(
         if template.backend_call:
             app.backend.on_task_call(producer, task_id)
         producer.publish(
-            template.body,
-            content_type=template.content_type,
-            content_encoding=template.content_encoding,
+            body,
+            content_type=content_type,
+            content_encoding=content_encoding,
             headers=headers,
             declare=list(template.declare) if declare else [],
             retry=False,

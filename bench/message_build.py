@@ -1,10 +1,13 @@
 """Building messages: ``send_task`` for each run against templates stamped per run.
 
 ``python -m bench.message_build [--messages N] [--schedules S]``: N runs of S schedule
-definitions are added to a kombu producer batch on Redis that is never flushed (it is
-discarded: nothing reaches the broker), once with ``send_task`` per message, then from
-templates (first pass: each definition's template is built on its first run; second
-pass: all templates already built). Prints µs per message; nothing is asserted.
+definitions (each with its own arguments) are added to a kombu producer batch on Redis
+that is never flushed (it is discarded: nothing reaches the broker), once with
+``send_task`` per message, then from templates: N runs that are all distinct
+definitions (distinct arguments, one task and options: one template), the same with a
+router function (it may read the arguments: a template per definition, built in the
+pass), the N runs of S definitions (first pass, then with all templates already built).
+Prints µs per message; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from app.factory import create_app
 from app.settings import Settings
@@ -41,6 +45,18 @@ def make_runs(count: int, schedules: int) -> list[RunToPublish]:
         )
         for index in range(count)
     ]
+
+
+def route_nowhere(*args: Any, **kwargs: Any) -> None:
+    """A router function: Celery's routing then stays with each definition's arguments."""
+    return None
+
+
+def set_routes(app: Any, routes: Any) -> None:
+    """``task_routes`` changed after the app has routed: Celery keeps its router."""
+    app.conf.task_routes = routes
+    app.amqp.flush_routes()
+    del app.amqp.router
 
 
 def time_building(app: object, runs: Sequence[RunToPublish], *, templates: bool) -> float:
@@ -75,15 +91,25 @@ def main(argv: list[str] | None = None) -> int:
         "global_keyprefix": prefix,
     }
     runs = make_runs(options.messages, options.schedules)
+    distinct = make_runs(options.messages, options.messages)
     time_building(app, runs[:100], templates=False)  # connection, imports
-    messages.templates_of(app).clear()
+    templates = messages.templates_of(app)
+    templates.clear()
     rows: list[list[str]] = []
     plain = time_building(app, runs, templates=False)
+    all_distinct = time_building(app, distinct, templates=True)
+    templates.clear()
+    set_routes(app, [route_nowhere])
+    per_definition = time_building(app, distinct, templates=True)
+    set_routes(app, None)
+    templates.clear()
     cold = time_building(app, runs, templates=True)
     warm = time_building(app, runs, templates=True)
     for label, seconds in (
         ("send_task per message", plain),
-        (f"templates, {options.schedules} built in the pass", cold),
+        ("templates, every run a distinct definition (args)", all_distinct),
+        ("  the same, a router function: one per definition", per_definition),
+        (f"templates, {options.schedules} definitions, first pass", cold),
         ("templates, all built before", warm),
     ):
         per_message = seconds / len(runs) * 1e6

@@ -175,6 +175,124 @@ def test_a_template_is_built_once_per_schedule_definition_and_stamped_per_run(
     assert templates_built(app) == 1
 
 
+#: Arguments of schedules of one task and options: each message is stamped from one template.
+DISTINCT_ARGUMENTS = [
+    ([1, 2], {}),
+    (["x" * 3000], {"long": "y" * 5000}),  # both reprs cut at the limit
+    (["héllo ✓", {"a": [1, {"b": None, "c": [True, 1.5]}]}, -3], {"naïve": {"z": "🙂"}}),
+    ([], {}),
+    ([[[[[["deep"]]]]]], {"list": [], "empty": {}, "n": -1.25e-7}),
+    (['\u2028 " \\ \t'], {"é" * 400: "🙂" * 400}),
+]
+
+
+def test_schedules_of_one_task_and_options_share_a_template_whatever_their_arguments(
+    app: Celery,
+    test_env: SessionEnv,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    options = {"queue": "named", "expires": 60, "headers": {"tenant": "acme"}}
+    for index, (args, kwargs) in enumerate(DISTINCT_ARGUMENTS):
+        run = make_run(
+            args=args,
+            kwargs=kwargs,
+            options=options,
+            schedule_name=f"schedule-{index}",
+            fire_at=FIRE_AT + timedelta(seconds=index),
+        )
+        plain = published(app, test_env, redis_client, monkeypatch, run, templates=False)
+        stamped = published(app, test_env, redis_client, monkeypatch, run, templates=True)
+        assert_same_messages(plain, stamped)
+        headers = json.loads(stamped["named"][0])["headers"]
+        assert len(headers["argsrepr"]) <= dispatch.REPR_LIMIT
+        assert len(headers["kwargsrepr"]) <= dispatch.REPR_LIMIT
+    assert templates_built(app) == 1
+
+    other = make_run(options={**options, "priority": 3})
+    assert_same_messages(
+        published(app, test_env, redis_client, monkeypatch, other, templates=False),
+        published(app, test_env, redis_client, monkeypatch, other, templates=True),
+    )
+    assert templates_built(app) == 2, "other options, another template"
+
+
+def test_a_batch_of_schedules_with_distinct_arguments_is_stamped_from_one_template(
+    app: Celery, test_env: SessionEnv, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = [
+        make_run(args=args, kwargs=kwargs, schedule_name=f"schedule-{index}")
+        for index, (args, kwargs) in enumerate(DISTINCT_ARGUMENTS)
+    ]
+    monkeypatch.setattr(dispatch, "TEMPLATES", False)
+    dispatch.publish_runs(app, runs)
+    queue = f"{test_env.broker_key_prefix}celery"
+    plain: list[bytes] = list(redis_client.lrange(queue, 0, -1))  # type: ignore[arg-type]
+    redis_client.delete(queue)
+    monkeypatch.setattr(dispatch, "TEMPLATES", True)
+
+    result = dispatch.publish_runs(app, runs)
+
+    assert result.published == [run.id for run in runs]
+    stamped: list[bytes] = list(redis_client.lrange(queue, 0, -1))  # type: ignore[arg-type]
+    assert len(stamped) == len(plain) == len(runs)
+    for expected, got in zip(plain, stamped, strict=True):
+        assert_same_envelope(expected, got)
+    assert templates_built(app) == 1
+
+
+def route_by_arguments(
+    name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **rest: Any
+) -> dict[str, str] | None:
+    """A router that looks at the arguments, not only at the task's name."""
+    if name == TASK and args and args[0] == "urgent":
+        return {"queue": "urgent"}
+    return None
+
+
+@pytest.mark.parametrize(
+    "routes",
+    [
+        pytest.param([route_by_arguments, {"tasks.routed": {"queue": "routed"}}], id="function"),
+        pytest.param(
+            [f"{__name__}.route_by_arguments", {"tasks.routed": {"queue": "routed"}}],
+            id="import-path",
+        ),
+    ],
+)
+def test_a_router_that_may_look_at_the_arguments_gets_one_template_per_definition(
+    app: Celery,
+    test_env: SessionEnv,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    routes: list[Any],
+) -> None:
+    set_routes(app, routes)
+    assert not messages.routes_by_name(app)
+    runs = [
+        make_run(args=["urgent", 1], schedule_name="a"),
+        make_run(args=["normal", 1], schedule_name="b"),
+        make_run(args=["urgent", 2], schedule_name="c"),
+        make_run("tasks.routed", args=["urgent", 1], schedule_name="d"),
+    ]
+    lists = []
+    for run in runs:
+        plain = published(app, test_env, redis_client, monkeypatch, run, templates=False)
+        stamped = published(app, test_env, redis_client, monkeypatch, run, templates=True)
+        assert_same_messages(plain, stamped)
+        lists.append(list(stamped))
+    assert lists == [["urgent"], ["celery"], ["urgent"], ["routed"]]
+    assert templates_built(app) == 4, "one per schedule definition, arguments included"
+
+
+def test_task_routes_by_name_and_glob_share_templates_across_arguments(app: Celery) -> None:
+    set_routes(app, [{"tasks.routed": {"queue": "routed"}, "tasks.glob.*": "globbed"}])
+    assert messages.routes_by_name(app)
+    templates = messages.Templates(app)
+    keys = {templates.key(make_run(args=[index], kwargs={"k": index})) for index in range(3)}
+    assert len(keys) == 1
+
+
 def test_a_task_whose_own_options_expire_it_is_sent_with_send_task(
     app: Celery,
     test_env: SessionEnv,
@@ -217,6 +335,13 @@ def test_a_run_whose_options_cannot_be_built_is_rejected_and_the_others_are_stam
 
 
 send_plain = dispatch.send_plain
+
+
+def set_routes(app: Celery, routes: Any) -> None:
+    """``task_routes`` changed after the app may have routed: Celery keeps its router."""
+    app.conf.task_routes = routes
+    app.amqp.flush_routes()
+    del app.amqp.router
 
 
 def templates_built(app: Celery) -> int:
