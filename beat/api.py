@@ -687,7 +687,8 @@ class Schedules:
         return ScheduleDetails(
             schedule=schedule,
             upcoming=upcoming_fires(schedule, self.store.now(), upcoming),
-            recent_runs=self._run_store.history(schedule_name=name, limit=recent),
+            # None asked (a page that reads its runs by pages of its own): no query.
+            recent_runs=self._run_store.history(schedule_name=name, limit=recent) if recent else [],
         )
 
     # ``builtins.list`` in annotations from here on: ``list`` is a method of this class.

@@ -35,13 +35,10 @@ class JSONHandler(BaseHandler):
         self.finish(json.dumps(document, indent=2))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        message = str(exc) if exc is not None and not isinstance(exc, tornado.web.HTTPError) else ""
-        if isinstance(exc, tornado.web.HTTPError):
-            message = exc.log_message or self._reason
+        message = self.error_message(kwargs.get("exc_info"))
         self.set_header("Content-Type", "application/json; charset=UTF-8")
         self.challenge(status_code)
-        self.finish(json.dumps({"error": message or self._reason, "status": status_code}))
+        self.finish(json.dumps({"error": message, "status": status_code}))
 
     def bounded_int(self, name: str, default: int, low: int, high: int) -> int:
         text = self.get_argument(name, str(default))
@@ -92,7 +89,7 @@ class RunsAPI(JSONHandler):
                 self.schedules.run_page, name, before=self.get_argument("before", None), limit=limit
             )
         except InvalidSchedule as exc:
-            raise tornado.web.HTTPError(400, str(exc)) from None
+            raise tornado.web.HTTPError(400, "%s", exc) from None
         self.send({"runs": rendering.runs_document(found.runs), "next_before": found.next_before})
 
 

@@ -109,9 +109,23 @@ class BaseHandler(tornado.web.RequestHandler):
             self.send_error(403, reason="read-only")
 
     async def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``function`` in a thread: a slow query must not stall the other requests."""
+        """``function`` in a thread: a slow query must not stall the other requests.
+
+        The facade's errors become HTTP statuses here, the one place it is called: an
+        unknown schedule 404, PostgreSQL unreachable 503, any other failure 500, each
+        with its message. Input errors (``INPUT_ERRORS``) are left to the caller, which
+        shows them beside the field they are about."""
         loop = tornado.ioloop.IOLoop.current()
-        return await loop.run_in_executor(None, functools.partial(function, *args, **kwargs))
+        try:
+            return await loop.run_in_executor(None, functools.partial(function, *args, **kwargs))
+        except INPUT_ERRORS:
+            raise
+        except ScheduleNotFound as exc:
+            raise tornado.web.HTTPError(404, "%s", exc) from exc
+        except StoreError as exc:
+            raise tornado.web.HTTPError(503, "%s", exc) from exc
+        except HABeatError as exc:
+            raise tornado.web.HTTPError(500, "%s", exc) from exc
 
     def get_template_namespace(self) -> dict[str, Any]:
         namespace = super().get_template_namespace()
@@ -133,18 +147,18 @@ class BaseHandler(tornado.web.RequestHandler):
         return namespace
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        message = self._reason
-        if isinstance(exc, ScheduleNotFound):
-            status_code, message = 404, str(exc)
-        elif isinstance(exc, StoreError | HABeatError):
-            message = str(exc)
-        elif isinstance(exc, tornado.web.HTTPError) and exc.log_message:
-            message = exc.log_message % exc.args if exc.args else exc.log_message
-        self.set_status(status_code)
+        message = self.error_message(kwargs.get("exc_info"))
         if self.challenge(status_code):
             message = "This page needs a user name and password (--basic-auth)."
         self.render("error.html", status=status_code, message=message)
+
+    def error_message(self, exc_info: Any) -> str:
+        """What to tell the user of an error: an HTTPError's message (``call`` made the
+        facade's errors into those), else only the status's reason."""
+        exc = None if exc_info is None else exc_info[1]
+        if isinstance(exc, tornado.web.HTTPError) and exc.log_message:
+            return exc.log_message % exc.args if exc.args else exc.log_message
+        return self._reason
 
     def challenge(self, status_code: int) -> bool:
         """Ask for the password on a 401 (set in ``write_error``: ``send_error`` clears
@@ -153,20 +167,6 @@ class BaseHandler(tornado.web.RequestHandler):
             return False
         self.set_header("WWW-Authenticate", f'Basic realm="{REALM}", charset="UTF-8"')
         return True
-
-    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        if isinstance(value, ScheduleNotFound | StoreError):
-            return  # a page the user asked for or an outage, shown on the page: not a bug
-        super().log_exception(typ, value, tb)
-
-    def _handle_request_exception(self, e: BaseException) -> None:
-        if isinstance(e, ScheduleNotFound):
-            self.send_error(404, exc_info=(type(e), e, e.__traceback__))
-            return
-        if isinstance(e, StoreError):
-            self.send_error(503, exc_info=(type(e), e, e.__traceback__))
-            return
-        super()._handle_request_exception(e)
 
 
 def schedule_url(name: str, *parts: str) -> str:
@@ -238,14 +238,14 @@ class SchedulesPage(BaseHandler):
 
 class SchedulePage(BaseHandler):
     async def get(self, name: str) -> None:
-        details = await self.call(self.schedules.details, name, upcoming=UPCOMING, recent=1)
+        details = await self.call(self.schedules.details, name, upcoming=UPCOMING, recent=0)
         before = self.get_argument("before", None)
         try:
             history = await self.call(
                 self.schedules.run_page, name, before=before, limit=RUNS_PAGE_SIZE
             )
         except InvalidSchedule as exc:
-            raise tornado.web.HTTPError(400, str(exc)) from None
+            raise tornado.web.HTTPError(400, "%s", exc) from None
         zone = timing.parse_zone(details.schedule.definition.timezone)
         self.render(
             "schedule.html",
@@ -283,6 +283,27 @@ class FormPage(BaseHandler):
             overlap_policies=[policy.value for policy in OverlapPolicy],
         )
 
+    async def save(
+        self,
+        form: forms.ScheduleForm,
+        write: Callable[[], object] | None,
+        *,
+        name: str,
+        editing: str | None,
+        done: str,
+    ) -> None:
+        """``write`` the form if it was read without error (None: nothing to write),
+        then go to the schedule's page; or show the form again with what was wrong."""
+        if form.ok and write is not None:
+            try:
+                await self.call(write)
+            except INPUT_ERRORS as exc:
+                form.fail(str(exc))
+        if not form.ok:
+            self.render_form(form, editing=editing, status=400)
+            return
+        self.redirect(f"{schedule_url(name)}?done={done}", status=303)
+
 
 class NewSchedulePage(FormPage):
     async def get(self) -> None:
@@ -293,15 +314,8 @@ class NewSchedulePage(FormPage):
         form = forms.submitted(_form_arguments(self))
         fields = forms.creation_arguments(form, self.schedules.default_tz)
         name, task = form.values["name"], form.values["task"]
-        if form.ok:
-            try:
-                await self.call(self.schedules.create, name, task, **fields)
-            except INPUT_ERRORS as exc:
-                form.fail(str(exc))
-        if not form.ok:
-            self.render_form(form, editing=None, status=400)
-            return
-        self.redirect(schedule_url(name) + "?done=created", status=303)
+        write = functools.partial(self.schedules.create, name, task, **fields)
+        await self.save(form, write, name=name, editing=None, done="created")
 
 
 class EditSchedulePage(FormPage):
@@ -314,15 +328,8 @@ class EditSchedulePage(FormPage):
         form = forms.submitted(_form_arguments(self))
         form.values["name"] = name
         changes = forms.update_arguments(form, current)
-        if form.ok and changes:
-            try:
-                await self.call(self.schedules.update, name, **changes)
-            except INPUT_ERRORS as exc:
-                form.fail(str(exc))
-        if not form.ok:
-            self.render_form(form, editing=name, status=400)
-            return
-        self.redirect(schedule_url(name) + "?done=saved", status=303)
+        write = functools.partial(self.schedules.update, name, **changes) if changes else None
+        await self.save(form, write, name=name, editing=name, done="saved")
 
 
 def _form_arguments(handler: tornado.web.RequestHandler) -> dict[str, str]:
@@ -350,7 +357,7 @@ class ActionHandler(BaseHandler):
         try:
             await self.call(operation[action], name)
         except INPUT_ERRORS as exc:
-            raise tornado.web.HTTPError(400, str(exc)) from None
+            raise tornado.web.HTTPError(400, "%s", exc) from None
         target = "/" if action == "delete" else schedule_url(name)
         self.redirect(f"{target}?done={self.ACTIONS[action]}", status=303)
 

@@ -374,3 +374,19 @@ def test_a_trigger_posted_twice_queues_one_run(
     )
     assert fresh is not None
     assert fresh[1] != run_id[1], "each page offers a new run"
+
+
+def test_postgres_unreachable_is_a_503_that_says_so_on_pages_and_api(app: Celery) -> None:
+    closed = Store.connect("postgresql+psycopg://postgres@127.0.0.1:1/habeat_nowhere")
+    try:
+        with BackgroundUI(Schedules(closed, app=app), UISettings(port=0)) as server:
+            ui = UI(server.url.rstrip("/"))
+            page = ui.request("/schedules/any")
+            assert page.status == 503
+            assert "PostgreSQL at" in page.body
+            assert "is unreachable" in page.body
+            api = ui.request("/api/schedules")
+            assert api.status == 503
+            assert "is unreachable" in api.json()["error"]
+    finally:
+        closed.dispose()
