@@ -311,8 +311,10 @@ class RunStatsStore(StoreConnection):
             )
 
     def delete_summary_before(self, cutoff: datetime, conn: Connection | None = None) -> int:
-        """Delete the summary of the minutes that end by ``cutoff`` (retention)."""
-        statement = run_minutes.delete().where(run_minutes.c.minute <= cutoff - MIN_BUCKET)
+        """Delete the summary of every minute retention deletes runs of, those that
+        begin before ``cutoff``: a minute the cutoff falls in loses its runs before the
+        cutoff, and a summary never counts runs that are gone."""
+        statement = run_minutes.delete().where(run_minutes.c.minute < cutoff)
         if conn is not None:
             return conn.execute(statement).rowcount
         with self._transaction() as own:

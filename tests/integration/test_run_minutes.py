@@ -242,3 +242,43 @@ def test_retention_deletes_the_summary_of_the_runs_it_deletes(store: Store) -> N
         )
         for key, count in rows.items()
     )
+
+
+def test_retention_leaves_no_summary_of_a_minute_whose_runs_it_began_to_delete(
+    store: Store,
+) -> None:
+    """The cutoff falls inside a minute: its runs before the cutoff go, so its summary
+    would count runs that are gone. It goes with them."""
+    now = store.now()
+    older_than = timedelta(hours=2)
+    cutoff_then = now - older_than
+    rows = [
+        {
+            "id": uuid.uuid4(),
+            "schedule_name": "edge",
+            "task": "tasks.demo.add",
+            "state": RunState.SUCCEEDED.value,
+            "fire_at": at,
+            "claimed_at": at,
+            "published_at": at,
+            "finished_at": at,
+        }
+        for at in (
+            minute_of(cutoff_then) + timedelta(seconds=1),  # before any later cutoff: deleted
+            cutoff_then + timedelta(minutes=1),  # kept, in the next minute
+            cutoff_then + timedelta(minutes=30),  # kept
+        )
+    ]
+    with store.engine.begin() as conn:
+        conn.execute(insert(runs), rows)
+    RunStatsStore(store.engine).summarise()
+    assert sum(summary_rows(store).values()) == 3
+
+    report = LeaderStore(store.engine).prune(older_than)
+
+    assert report.deleted == 1
+    kept = stored(store)
+    counted = Counter((minute_of(run.finished_at), run.state) for run in kept)
+    assert all(count <= counted[key] for key, count in summary_rows(store).items()), (
+        "no summary counts a run that retention deleted"
+    )
