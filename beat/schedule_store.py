@@ -226,6 +226,8 @@ class ScheduleStore(StoreConnection):
             if row is None:
                 raise schedule_not_found(name)
             definition, next_fire_at = build(schedule_from_row(row), now)
+            if row.enabled and not definition.enabled:
+                _cancel_unreleased(conn, row.id, "its schedule was paused")
             values_ = definition_values(definition)
             values_.pop("origin")  # a schedule keeps its origin
             values_.pop("code_hash")
@@ -289,18 +291,22 @@ class ScheduleStore(StoreConnection):
         becomes NULL). One defined in code is refused: the next sync would create it
         again, so it is removed from the code, or paused."""
         with self._transaction() as conn:
-            origin = conn.execute(
-                select(schedules.c.origin).where(schedules.c.name == name).with_for_update()
-            ).scalar_one_or_none()
-            if origin is None:
+            row = conn.execute(
+                select(schedules.c.id, schedules.c.origin)
+                .where(schedules.c.name == name)
+                .with_for_update()
+            ).one_or_none()
+            if row is None:
                 raise schedule_not_found(name)
-            if origin == Origin.CODE.value:
+            if row.origin == Origin.CODE.value:
                 raise InvalidSchedule(
                     f"schedule '{name}' is defined in code (beat_schedule or @periodic) and the"
                     f" next sync would bring it back: remove it from the code (then `celery -A"
                     f" app schedules sync`), or pause it (`celery -A app schedules pause {name}`)"
                 )
-            conn.execute(delete(schedules).where(schedules.c.name == name))
+            # First: the runs lose their schedule_id with it (ON DELETE SET NULL).
+            _cancel_unreleased(conn, row.id, "its schedule was deleted")
+            conn.execute(delete(schedules).where(schedules.c.id == row.id))
 
     def sync_code_schedules(
         self,
@@ -677,4 +683,25 @@ def schedule_not_found(name: str) -> ScheduleNotFound:
     """The error for a schedule name that is not stored, with where to look."""
     return ScheduleNotFound(
         f"no schedule named {name!r:.200}: `celery -A app schedules list` shows them"
+    )
+
+
+def _cancel_unreleased(conn: Connection, schedule_id: int, why: str) -> None:
+    """Cancel the runs of a schedule that are claimed but not released yet: claimed
+    ahead of their fire time (minutes ahead of a large burst, ``beat.claim_window``)
+    or held back by their jitter. The leader may still send one it holds in memory;
+    the worker's guard refuses a cancelled run. A run already released (its time has
+    come) goes on: what was due before the change runs."""
+    conn.execute(
+        update(runs)
+        .where(
+            runs.c.schedule_id == schedule_id,
+            runs.c.state == RunState.PENDING.value,
+            runs.c.not_before > func.now(),
+        )
+        .values(
+            state=RunState.CANCELLED.value,
+            finished_at=func.now(),
+            reason=f"{why} before its fire time",
+        )
     )

@@ -311,3 +311,45 @@ def test_finding_12_runs_claimed_ahead_the_broker_refuses_are_sent_once_it_is_ba
     assert row.state == RunState.QUEUED.value, "left to the outbox's grace"
     print(f"published {(row.published_at - fire_at).total_seconds():+.4f}s from its fire time")
     assert row.published_at >= fire_at
+
+
+@pytest.mark.parametrize("change", ["pause", "delete"])
+def test_a_schedule_paused_or_deleted_after_its_run_was_claimed_ahead_does_not_run_it(
+    store: Store, change: str
+) -> None:
+    """Before a burst the window reaches tens of seconds: a schedule paused (or deleted)
+    in that time must not run at its fire time, though its run was claimed already.
+    The run is cancelled; the leader holding it may still send it, and the worker's
+    guard refuses a cancelled run."""
+    schedules = Schedules(store)
+    schedules.create("soon", "t", in_seconds=20, allow_unregistered=True)
+    schedules.create("other", "t", in_seconds=20, allow_unregistered=True)
+    assert store.take_leadership(1, "me")
+    claim = store.claim_due(1, batch=10, plan=planner, ahead=25.0)
+    assert sorted(run.schedule_name or "" for run in claim.armed) == ["other", "soon"]
+
+    if change == "pause":
+        schedules.pause("soon")
+    else:
+        schedules.delete("soon")
+
+    (soon,) = [run for run in run_rows(store) if run.schedule_name == "soon"]
+    assert soon.state == RunState.CANCELLED.value, "it would still run at its fire time"
+    assert "before its fire time" in soon.reason
+    (other,) = [run for run in run_rows(store) if run.schedule_name == "other"]
+    assert other.state == RunState.PENDING.value, "only the schedule changed"
+    assert store.mark_published([soon.id, other.id]) == 1, "a send does not revive it"
+
+
+def test_a_run_past_its_fire_time_is_not_cancelled_by_a_pause(store: Store) -> None:
+    """What was due before the pause went out at its time (or is being sent): a pause
+    stops what comes next."""
+    schedules = Schedules(store)
+    schedules.create("now", "t", in_seconds=0, allow_unregistered=True)
+    assert store.take_leadership(1, "me")
+    assert len(store.claim_due(1, batch=10, plan=planner).runs) == 1
+
+    schedules.pause("now")
+
+    (row,) = run_rows(store)
+    assert row.state == RunState.PENDING.value
