@@ -12,7 +12,7 @@ publishes them from the outbox at their fire time.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 
 from beat.leader_store import Claim
@@ -20,6 +20,12 @@ from beat.models import RunToPublish
 
 #: Runs claimed ahead for one fire time: (monotonic deadline, runs).
 Armed = tuple[float, list[RunToPublish]]
+#: Seconds it takes to build the messages of so many runs.
+Lead = Callable[[int], float]
+
+
+def no_lead(runs: int) -> float:
+    return 0.0
 
 
 class ArmedRuns:
@@ -58,17 +64,33 @@ class ArmedRuns:
     def next_deadline(self) -> float:
         return min((deadline for deadline, _ in list(self._armed.values())), default=float("inf"))
 
-    def any_due(self, now: float) -> bool:
-        return self.next_deadline() <= now
+    def next_start(self, lead: Lead = no_lead) -> float:
+        """When the first fire time's messages must start being built: its deadline
+        less ``lead`` (seconds to build so many runs)."""
+        return min(
+            (deadline - lead(len(runs)) for deadline, runs in list(self._armed.values())),
+            default=float("inf"),
+        )
 
-    def take_until(self, until: float) -> Iterator[tuple[datetime, float, list[RunToPublish]]]:
+    def any_due(self, now: float, lead: Lead = no_lead) -> bool:
+        return self.next_start(lead) <= now
+
+    def take_until(
+        self, until: float, lead: Lead = no_lead
+    ) -> Iterator[tuple[datetime, float, list[RunToPublish]]]:
         """Remove and yield, a fire time at a time in fire-time order, the armed runs
-        whose deadline is before ``until``; stops at the first later one. A caller
-        that fails to send what it took gives it back with :meth:`keep`."""
+        whose messages must start being built before ``until`` (their deadline less
+        ``lead``): with a lead, a large later fire time may be taken before a small
+        earlier one. A caller that fails to send what it took gives it back with
+        :meth:`keep`. The caller may take more while this runs (it sends an earlier
+        fire time while it waits for a later one): what it took is not yielded."""
         armed = self._armed  # drop() may swap in another dict meanwhile
         for fire_at in sorted(armed):
-            deadline, runs = armed[fire_at]
-            if deadline > until:
-                return
+            found = armed.get(fire_at)
+            if found is None:
+                continue  # taken meanwhile
+            deadline, runs = found
+            if deadline - lead(len(runs)) > until:
+                continue
             del armed[fire_at]
             yield fire_at, deadline, runs

@@ -296,10 +296,25 @@ class BeatConfig:
     )
     claim_ahead: float = _setting(
         3.0,
-        "seconds; runs of `allow` schedules due this soon are claimed and built ahead and"
-        " sent at their fire time (0: off); it bounds the lateness of large bursts",
+        "seconds; runs of `allow` schedules due this soon are always claimed and built"
+        " ahead and sent at their fire time (0: off)",
         parse=_number,
         check=_claim_window,
+    )
+    claim_ahead_max: float = _setting(
+        30.0,
+        "seconds; how far ahead a burst is claimed, so that all of it is built by its fire"
+        " time (the window widens with what is due and how fast this leader claims;"
+        " 0: never wider than habeat_claim_ahead)",
+        parse=_number,
+        check=_claim_window,
+    )
+    max_armed: int = _setting(
+        200_000,
+        "most runs held in memory claimed ahead (about 2 KiB each); later ones are claimed"
+        " nearer their fire time",
+        parse=_whole_number,
+        check=_at_least(0),
     )
     outbox_grace: float = _setting(
         10.0,

@@ -54,6 +54,11 @@ logger = logging.getLogger(__name__)
 #: publish again.
 CHUNK = 500
 
+#: ``publish_at`` lets its caller act (``while_waiting``) at least this often (seconds)
+#: while it waits for a deadline, and after building this many messages.
+WAIT_STEP = 1.0
+BUILD_STEP = 2000
+
 #: Size of the producer batch of ``publish_at``: never reached. kombu flushes a batch
 #: by itself once it holds ``max_size`` Redis commands, and one message takes an
 #: LPUSH per queue its exchange routes it to (plus a PEXPIRE per priority step of a
@@ -89,6 +94,8 @@ class PublishResult:
     error: Exception | None = None
     #: Runs left out because their message cannot be built; the others went on.
     rejected: list[UnpublishableRun] = field(default_factory=list)
+    #: Seconds ``publish_at`` took to build the messages ahead (0 if it built none).
+    built_in: float = 0.0
 
 
 class CeleryPublisher:
@@ -106,8 +113,11 @@ class CeleryPublisher:
         deadline: float,
         *,
         before_send: Callable[[], None] | None = None,
+        while_waiting: Callable[[], float] | None = None,
     ) -> PublishResult:
-        return publish_at(self.app, runs, deadline, before_send=before_send)
+        return publish_at(
+            self.app, runs, deadline, before_send=before_send, while_waiting=while_waiting
+        )
 
     def revoke(self, run_ids: Sequence[uuid.UUID]) -> None:
         self.app.control.revoke([str(run_id) for run_id in run_ids])
@@ -152,6 +162,7 @@ def publish_at(
     deadline: float,
     *,
     before_send: Callable[[], None] | None = None,
+    while_waiting: Callable[[], float] | None = None,
 ) -> PublishResult:
     """Build the messages of ``runs`` now and send them together at ``deadline``
     (``time.monotonic()``): at the fire time, only one round trip is left to do.
@@ -161,11 +172,16 @@ def publish_at(
     that cannot batch (kombu would send each message as it is built) they are built
     at the deadline instead. ``before_send`` is called at the deadline, just before
     the send: a ``HABeatError`` from it (e.g. this process no longer leads) discards
-    the messages and propagates. Runs are reported published all or none, less those
+    the messages and propagates. A burst takes seconds to build, then waits for its
+    time: meanwhile ``while_waiting`` is called between chunks of ``BUILD_STEP``
+    messages and then at least every ``WAIT_STEP`` seconds, and it returns in how many
+    seconds it wants to be called again (the caller sends an earlier fire time's runs
+    from it). Runs are reported published all or none, less those
     ``rejected`` (a failed send may have delivered some: they are sent again, and the
     worker's guard runs each once).
     """
     rejected: list[UnpublishableRun] = []
+    built_in = 0.0
     if not runs:
         return PublishResult(published=[])
     try:
@@ -173,8 +189,10 @@ def publish_at(
             build_ahead = producer.supports_batch_publish
             with producer.batch(max_size=NEVER_FLUSH):
                 if build_ahead:
-                    sent = _send_all(app, producer, runs, rejected)
-                time.sleep(max(0.0, deadline - time.monotonic()))
+                    started = time.monotonic()
+                    sent = _send_all(app, producer, runs, rejected, between=while_waiting)
+                    built_in = time.monotonic() - started
+                _wait_until(deadline, while_waiting)
                 if before_send is not None:
                     before_send()
                 if not build_ahead:
@@ -189,7 +207,14 @@ def publish_at(
             extra={"published": 0, "due": len(runs)},
         )
         return PublishResult(published=[], error=exc, rejected=rejected)
-    return PublishResult(published=[run.id for run in sent], rejected=rejected)
+    return PublishResult(published=[run.id for run in sent], rejected=rejected, built_in=built_in)
+
+
+def _wait_until(deadline: float, while_waiting: Callable[[], float] | None) -> None:
+    while deadline > time.monotonic():
+        step = WAIT_STEP if while_waiting is None else max(0.0, while_waiting())
+        # What is left after the call: it may have sent an earlier fire time meanwhile.
+        time.sleep(max(0.0, min(deadline - time.monotonic(), WAIT_STEP, step)))
 
 
 def _sent(
@@ -227,12 +252,23 @@ def is_run_fault(exc: Exception, connection: Any) -> bool:
 
 
 def _send_all(
-    app: Any, producer: Any, runs: Sequence[RunToPublish], rejected: list[UnpublishableRun]
+    app: Any,
+    producer: Any,
+    runs: Sequence[RunToPublish],
+    rejected: list[UnpublishableRun],
+    *,
+    between: Callable[[], float] | None = None,
 ) -> list[RunToPublish]:
-    """Add the messages of ``runs`` to the batch; the runs whose message was built."""
+    """Add the messages of ``runs`` to the batch; the runs whose message was built.
+    ``between`` is called after every ``BUILD_STEP`` of them."""
     declared: set[tuple[Any, ...]] = set()
     templates = _templates(app)
-    return [run for run in runs if _sent(app, producer, run, declared, rejected, templates)]
+    sent: list[RunToPublish] = []
+    for chunk in _chunks(runs, BUILD_STEP):
+        sent += [run for run in chunk if _sent(app, producer, run, declared, rejected, templates)]
+        if between is not None and len(chunk) == BUILD_STEP:
+            between()
+    return sent
 
 
 def _send(

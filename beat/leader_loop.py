@@ -15,11 +15,14 @@ A pass, as the design reads:
    whose message the broker lost, prune history past its retention, summarise
    the runs finished (``beat.run_stats``);
 3. **claim**: one transaction fenced by the epoch, planned by
-   ``beat.planning``; runs due now, and those due within ``claim_ahead``;
-4. **publish** what is due now; **arm** what was claimed ahead, sent at its
-   fire time if the lease is still ours then; revoke what was cancelled;
-5. **wait** until the next fire time less ``claim_ahead``, a worker's lease
-   expiry, or ``max_wait``, woken early by LISTEN/NOTIFY.
+   ``beat.planning``; runs due now, and those due within the claim window
+   (``claim_ahead``, wider before a burst: ``beat.claim_window``);
+4. **publish** what is due now; **arm** what was claimed ahead, built in time
+   and sent at its fire time if the lease is still ours then; revoke what was
+   cancelled;
+5. **wait** until something must be claimed (the next fire time less the
+   window), an armed fire time's messages must be built, a worker's lease
+   expires, or ``max_wait``, woken early by LISTEN/NOTIFY.
 
 A full batch means a burst: the next claim follows at once.
 """
@@ -32,9 +35,18 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from beat.armed import ArmedRuns
+from beat.armed import ArmedRuns, no_lead
+from beat.claim_window import (
+    FIRST_BUILD_PACE,
+    FIRST_CLAIM_PACE,
+    DueSecond,
+    Pace,
+    claim_window,
+    lead_time,
+    seconds_until_claim,
+)
 from beat.config import BeatConfig
-from beat.dispatch import PublishResult
+from beat.dispatch import WAIT_STEP, PublishResult
 from beat.errors import HABeatError, StaleEpoch
 from beat.leader_store import Claim, PruneReport, Reclaim
 from beat.liveness import WorkerDeaths
@@ -92,6 +104,7 @@ class ClaimStore(Protocol):
         interrupted: Sequence[uuid.UUID] = ...,
     ) -> Reclaim: ...
     def seconds_until_next_fire(self, epoch: int | None = ...) -> float | None: ...
+    def due_profile(self, horizon: float) -> list[DueSecond]: ...
     def seconds_until_lease_expiry(self) -> float | None: ...
     def prune(
         self,
@@ -126,6 +139,7 @@ class Publisher(Protocol):
         deadline: float,
         *,
         before_send: Callable[[], None] | None = ...,
+        while_waiting: Callable[[], float] | None = ...,
     ) -> PublishResult: ...
     def revoke(self, run_ids: Sequence[uuid.UUID]) -> None: ...
 
@@ -194,6 +208,13 @@ class LeaderLoop:
         )
         #: The last claim was a full batch: more are due (see _maintenance_due).
         self._in_burst = False
+        #: Seconds a run takes this leader to claim, and to build (``beat.claim_window``).
+        self.claim_pace = Pace(FIRST_CLAIM_PACE)
+        self.build_pace = Pace(FIRST_BUILD_PACE)
+        #: clock() up to which the burst being claimed is claimed ahead, and when to
+        #: look again at what is due (once a second while a burst is claimed).
+        self._claim_until = 0.0
+        self._replan_at = 0.0
         self._next_maintenance = 0.0
         self._next_retention = 0.0  # clock() of the next history prune
         self._next_summary = 0.0  # clock() of the next summary of finished runs
@@ -216,15 +237,18 @@ class LeaderLoop:
         self._publish(claim.runs, source=CLAIM)
         self._revoke(claim.cancelled)
         self._in_burst = claim.schedules_claimed >= self.config.claim_batch
+        # More are due: claim again at once. Building the armed runs waits until the
+        # burst is claimed (the window allowed for both), unless their time has come.
         if self._in_burst and not self.armed.any_due(self.clock()):
-            return  # more are due: claim again at once
-        # Armed runs due before the next claim are sent now, each at its time; later
-        # ones wait for a later pass, so that what is due meanwhile (schedules of the
-        # other overlap policies, triggers) is claimed on time too.
+            return
+        # Armed runs whose messages must be built before the next claim are built now
+        # and sent at their time; later ones wait for a later pass, so that what is due
+        # meanwhile (schedules of the other overlap policies, triggers) is claimed on
+        # time too.
         next_claim = self.clock() + self.until_next_claim(claimed_any=claim.schedules_claimed > 0)
         self._publish_armed(until=next_claim)
         self.leadership.made_progress()
-        self._wait_watching(min(next_claim, self.armed.next_deadline()) - self.clock())
+        self._wait_watching(min(next_claim, self.armed.next_start(self.build_lead)) - self.clock())
         self.leadership.made_progress()
 
     def stand_by(self) -> None:
@@ -241,7 +265,8 @@ class LeaderLoop:
 
     def until_next_claim(self, *, claimed_any: bool) -> float:
         """Seconds to wait: until the next fire time less ``claim_ahead``, or until a
-        worker's lease expires (its run is reclaimed at once), or max_wait.
+        burst must start being claimed (``beat.claim_window``), or until a worker's
+        lease expires (its run is reclaimed at once), or max_wait.
 
         Something due within ``claim_ahead`` that the last claim did not take (``allow``
         schedules are taken ahead; other overlap policies wait for their fire time,
@@ -254,6 +279,14 @@ class LeaderLoop:
                 wait = min(wait, until_next - ahead)  # <= 0: claim again at once
             else:
                 wait = min(wait, until_next)
+        if self._adapts and self._armed_room() > 0:
+            profile = self.store.due_profile(self.config.claim_ahead_max)
+            start = seconds_until_claim(
+                profile, base=self.config.claim_ahead, per_run=self._run_pace()
+            )
+            # Not at once again after a claim that took nothing (rows locked elsewhere).
+            if start is not None and (start > 0 or claimed_any):
+                wait = min(wait, max(start, 0.0))
         until_expiry = self.store.seconds_until_lease_expiry()
         if until_expiry is not None:
             # The reaper compares with now(): wake just after the expiry, not before it.
@@ -348,38 +381,113 @@ class LeaderLoop:
             self._next_summary = self.clock() + SUMMARY_INTERVAL
         self.report.summarised(report)
 
+    # -- claim window ---------------------------------------------------------------
+
+    @property
+    def _adapts(self) -> bool:
+        """Whether the claim window widens before a burst (``beat.claim_window``)."""
+        return self.config.claim_ahead_max > self.config.claim_ahead
+
+    def _armed_room(self) -> int:
+        """How many more runs may be held armed (``max_armed``)."""
+        return self.config.max_armed - len(self.armed)
+
+    def _run_pace(self) -> float:
+        """Seconds a run takes this leader to claim and build, as measured so far."""
+        return self.claim_pace.per_run + self.build_pace.per_run
+
+    def build_lead(self, runs: int) -> float:
+        """Seconds to allow for building the messages of ``runs`` armed runs."""
+        return lead_time(runs, self.build_pace.per_run)
+
+    def _window(self) -> float:
+        """Seconds ahead to claim: ``claim_ahead``, or as far as a coming burst needs
+        (``beat.claim_window``); ``claim_ahead`` once ``max_armed`` runs are held.
+        While a burst is claimed batch after batch the window keeps its far end, and
+        is looked at again once a second (the pace measured meanwhile may widen it)."""
+        base = self.config.claim_ahead
+        room = self._armed_room()
+        if not self._adapts or room <= 0:
+            return base
+        now = self.clock()
+        kept = self._claim_until - now if self._in_burst else 0.0
+        if self._in_burst and now < self._replan_at:
+            return max(base, kept)
+        profile = self.store.due_profile(self.config.claim_ahead_max)
+        window = claim_window(profile, base=base, per_run=self._run_pace(), room=room)
+        window = max(window, kept)
+        self._claim_until = now + window
+        self._replan_at = now + BURST_MAINTENANCE_INTERVAL
+        return window
+
     # -- claim and publish --------------------------------------------------------------
 
     def _claim(self, epoch: int) -> Claim:
-        """One claim transaction, reported with its duration."""
+        """One claim transaction, reported with its duration; its pace is measured."""
+        ahead = self._window()
         started = self.clock()
         claim = self.store.claim_due(
             epoch,
             batch=self.config.claim_batch,
             plan=self.rules.plan_schedule,
             idle_timeout=self.config.claim_idle_timeout,
-            ahead=self.config.claim_ahead,
+            ahead=ahead,
         )
-        self.report.claimed(claim, self.clock() - started)
+        duration = self.clock() - started
+        self.claim_pace.observe(len(claim.runs) + len(claim.armed) + claim.deferred, duration)
+        self.report.claimed(claim, duration)
         return claim
 
     def _publish_armed(self, *, until: float) -> None:
-        """Publish armed runs whose deadline is before ``until``, a fire time at a time,
-        each built ahead and sent when its time comes if the lease is still ours then.
+        """Publish armed runs whose messages must be built before ``until`` (their
+        deadline less the time to build them), a fire time at a time, each built ahead
+        and sent when its time comes if the lease is still ours then; while a burst is
+        claimed, only those whose time has come (the rest of the burst first).
         Runs the broker fails to take are kept and sent again on the next pass (at once
         if their time has come), not left to the outbox's grace of ``outbox_grace``."""
-        for fire_at, deadline, runs in self.armed.take_until(until):
-            try:
-                self._publish(runs, source=CLAIM, deadline=deadline)
-            except Exception as exc:
-                # Kept for the next pass if the broker failed, or for the step-down to
-                # drop if the lease is lost; not if PostgreSQL failed after the send.
-                if isinstance(exc, StaleEpoch) or not isinstance(exc, HABeatError):
-                    self.armed.keep(fire_at, deadline, runs)
-                raise
+        lead = no_lead if self._in_burst else self.build_lead
+        for fire_at, deadline, runs in self.armed.take_until(until, lead):
+            self._send_armed(fire_at, deadline, runs, while_waiting=self._while_building)
+
+    def _while_building(self) -> float:
+        """Called while a fire time's messages are built and wait for it: sends the
+        armed runs whose time comes meanwhile (a small fire time just before a large
+        one whose messages are being built), and tells the watchdog that this is work.
+        Seconds until the next armed fire time."""
+        self.leadership.made_progress()
+        for fire_at, deadline, runs in self.armed.take_until(self.clock()):
+            self._send_armed(fire_at, deadline, runs, while_waiting=self._waiting_only)
+        return self.armed.next_deadline() - self.clock()
+
+    def _waiting_only(self) -> float:
+        self.leadership.made_progress()
+        return WAIT_STEP
+
+    def _send_armed(
+        self,
+        fire_at: datetime,
+        deadline: float,
+        runs: list[RunToPublish],
+        *,
+        while_waiting: Callable[[], float],
+    ) -> None:
+        """Send one fire time's armed runs at ``deadline``, built ahead."""
+        try:
+            self._publish(runs, source=CLAIM, deadline=deadline, while_waiting=while_waiting)
+        except Exception as exc:
+            # Kept for the next pass if the broker failed, or for the step-down to
+            # drop if the lease is lost; not if PostgreSQL failed after the send.
+            if isinstance(exc, StaleEpoch) or not isinstance(exc, HABeatError):
+                self.armed.keep(fire_at, deadline, runs)
+            raise
 
     def _publish(
-        self, runs: list[RunToPublish], *, source: str, deadline: float | None = None
+        self,
+        runs: list[RunToPublish],
+        *,
+        source: str,
+        deadline: float | None = None,
+        while_waiting: Callable[[], float] | None = None,
     ) -> None:
         """Publish ``runs`` (from the ``claim``, the ``outbox`` or the ``reclaim``er),
         at once or, built ahead, at ``deadline`` (``clock()``)."""
@@ -391,9 +499,16 @@ class LeaderLoop:
             self.leadership.confirm_for_send()
             result = self.publisher.publish(runs)
         else:
+            started = self.clock()
             result = self.publisher.publish_at(
-                runs, deadline, before_send=self.leadership.confirm_for_send
+                runs,
+                deadline,
+                before_send=self.leadership.confirm_for_send,
+                while_waiting=while_waiting or self._waiting_only,
             )
+            self.build_pace.observe(len(runs), result.built_in)
+            margin = deadline - started - result.built_in
+            self.report.built_ahead(len(runs), result.built_in, margin)
         self.store.mark_published(result.published)
         self.report.published(runs, result.published, source)
         if result.rejected:

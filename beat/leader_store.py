@@ -58,6 +58,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError
 
+from beat.claim_window import DueSecond
 from beat.db import (
     StoreConnection,
     create_store_engine,
@@ -854,6 +855,28 @@ class LeaderStore(StoreConnection):
             seconds = conn.execute(query).scalar_one_or_none()
         return None if seconds is None else float(seconds)
 
+    def due_profile(self, horizon: float) -> list[DueSecond]:
+        """How many schedules that may be claimed ahead (overlap policy ``allow``) are
+        due within ``horizon`` seconds, by fire second (``beat.claim_window``), each at
+        its earliest fire time; the overdue ones count in the first. One range of the
+        due index."""
+        until = func.extract("epoch", schedules.c.next_fire_at - func.now())
+        second = func.greatest(0, func.floor(until)).label("second")
+        query = (
+            select(func.greatest(0, func.min(until)), func.count())
+            .where(
+                schedules.c.enabled,
+                schedules.c.next_fire_at.is_not(None),
+                schedules.c.next_fire_at <= func.now() + _seconds("horizon"),
+                schedules.c.overlap_policy == OverlapPolicy.ALLOW.value,
+            )
+            .group_by(second)
+            .order_by(second)
+        )
+        with self._transaction() as conn:
+            rows = conn.execute(query, {"horizon": horizon}).all()
+        return [DueSecond(seconds=float(row[0]), count=row[1]) for row in rows]
+
     # -- retention ----------------------------------------------------------------
 
     def prune(
@@ -1090,7 +1113,7 @@ def _deferred() -> ColumnElement[bool]:
 def _due_query(batch: int) -> Any:
     """Due schedules (and, with ``:ahead`` seconds, those due that soon whose overlap
     policy is ``allow``), oldest first, locked, skipping rows locked elsewhere."""
-    ahead = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, bindparam("ahead", type_=Double))
+    ahead = func.now() + _seconds("ahead")
     return (
         select(
             schedules.c.id,
@@ -1127,6 +1150,11 @@ def _due_query(batch: int) -> Any:
         .limit(batch)
         .with_for_update(skip_locked=True)
     )
+
+
+def _seconds(name: str) -> Any:
+    """An interval of the bound parameter ``name`` seconds."""
+    return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=Double))
 
 
 def _array(name: str, item: Any) -> Any:

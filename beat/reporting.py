@@ -27,6 +27,8 @@ logger = logging.getLogger("beat.scheduler")
 MAX_BACKOFF = 5.0
 #: A failure that repeats is logged again at most this often (seconds).
 REPEAT_LOG_INTERVAL = 30.0
+#: A fire time with this many runs claimed ahead is logged as they are built.
+BUILD_LOG_THRESHOLD = 1000
 
 #: Where published runs came from: a claim, the outbox, or a repair (reaper, lost messages).
 CLAIM, OUTBOX, RECLAIM = "claim", "outbox", "reclaim"
@@ -210,6 +212,19 @@ class Reporter:
             if source != RECLAIM and run.fire_at is not None:
                 due = max(run.fire_at, run.not_before or run.fire_at)
                 metrics.RUN_LATENESS.observe(max(0.0, (now - due).total_seconds()))
+
+    def built_ahead(self, runs: int, seconds: float, margin: float) -> None:
+        """The messages of ``runs`` armed runs were built in ``seconds``, ``margin``
+        seconds before their fire time (negative: after it, so they went out late).
+        Logged for a burst: how much room the claim window left."""
+        if runs >= BUILD_LOG_THRESHOLD:
+            logger.info(
+                "built %d messages in %.3fs, %.3fs before their fire time",
+                runs,
+                seconds,
+                margin,
+                extra={"built": runs, "build_seconds": seconds, "margin_seconds": margin},
+            )
 
     def publish_failed(self) -> None:
         metrics.PUBLISH_ERRORS.inc()

@@ -22,6 +22,7 @@ Nothing here connects anywhere.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 import itertools
 import math
@@ -38,8 +39,9 @@ from zoneinfo import ZoneInfo
 
 from beat import planning
 from beat.armed import ArmedRuns
+from beat.claim_window import DueSecond
 from beat.config import BeatConfig
-from beat.dispatch import PublishResult
+from beat.dispatch import BUILD_STEP, PublishResult
 from beat.errors import LeaseUnavailable, StaleEpoch, StoreUnavailable
 from beat.leader import DRIFT_MARGIN
 from beat.leader_loop import LeaderLoop
@@ -523,6 +525,8 @@ class FakeClaimStore:
         self.leader: LeaderRowState | None = None
         #: Seconds every call takes before it runs.
         self.latency = 0.0
+        #: Seconds a claim takes per schedule it claims, besides ``latency``.
+        self.latency_per_schedule = 0.0
         #: True: every call raises StoreUnavailable (PostgreSQL is down).
         self.unreachable = False
         #: Processes that cannot reach PostgreSQL (their calls raise StoreUnavailable).
@@ -683,6 +687,8 @@ class FakeClaimStore:
         )[:batch]
         if not rows:
             return Claim(runs=[], now=now, clock=clock, schedules_claimed=0, skipped=0)
+        if self.latency_per_schedule:  # the rows are locked: the claim is all at ``now``
+            self.sleep(self.clock() + self.latency_per_schedule * len(rows))
         claim_plan = plan_claim([self._due(s) for s in rows], now, horizon, plan)
         self._quarantine(claim_plan.quarantined)
         cancelled = self._cancel_active(claim_plan.cancel_active_of)
@@ -834,6 +840,24 @@ class FakeClaimStore:
             and (_jittered(run) or run.epoch != epoch)
         ]
         return (min(times) - self.clock.now()).total_seconds() if times else None
+
+    def due_profile(self, horizon: float) -> list[DueSecond]:
+        self._enter("due_profile")
+        now = self.clock.now()
+        by_second: dict[int, list[float]] = {}
+        for s in self.schedules.values():
+            if (
+                s.enabled
+                and s.next_fire_at is not None
+                and s.overlap_policy is OverlapPolicy.ALLOW
+                and s.next_fire_at <= now + timedelta(seconds=horizon)
+            ):
+                until = max(0.0, (s.next_fire_at - now).total_seconds())
+                by_second.setdefault(math.floor(until), []).append(until)
+        return [
+            DueSecond(seconds=min(times), count=len(times))
+            for _, times in sorted(by_second.items())
+        ]
 
     def seconds_until_lease_expiry(self) -> float | None:
         self._enter("seconds_until_lease_expiry")
@@ -1096,6 +1120,8 @@ class RecordingPublisher:
         self.on_send: Callable[[Sequence[RunToPublish]], None] | None = None
         self.failed_sends = 0
         self._failures = 0
+        #: Seconds ``publish_at`` takes to build each message (in ``BUILD_STEP`` chunks).
+        self.build_seconds_per_run = 0.0
 
     def fail_next(self, sends: int = 1) -> None:
         """The next ``sends`` sends fail (the broker is down): nothing of them is sent."""
@@ -1110,14 +1136,23 @@ class RecordingPublisher:
         deadline: float,
         *,
         before_send: Callable[[], None] | None = None,
+        while_waiting: Callable[[], float] | None = None,
     ) -> PublishResult:
         if not runs:
             return PublishResult(published=[])
-        if deadline > self.clock():
-            self.sleep(deadline)
+        started = self.clock()
+        for first in range(0, len(runs), BUILD_STEP):
+            chunk = len(runs[first : first + BUILD_STEP])
+            self.sleep(self.clock() + self.build_seconds_per_run * chunk)
+            if while_waiting is not None and chunk == BUILD_STEP:
+                while_waiting()
+        built_in = self.clock() - started
+        while deadline > self.clock():
+            step = 1.0 if while_waiting is None else max(0.0, while_waiting())
+            self.sleep(self.clock() + max(0.0, min(deadline - self.clock(), 1.0, step)))
         if before_send is not None:
             before_send()
-        return self._send(runs, deadline=deadline)
+        return dataclasses.replace(self._send(runs, deadline=deadline), built_in=built_in)
 
     def revoke(self, run_ids: Sequence[uuid.UUID]) -> None:
         self.revoked.extend(run_ids)
