@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -126,6 +127,11 @@ class Scratch:
         with admin.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+        keep = os.environ.get("BENCH_LOGS")  # a directory to keep the processes' logs in
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            for log in self.workdir.glob("*.log"):
+                shutil.copy(log, Path(keep) / f"{self.prefix}-{log.name}")
         for path in sorted(self.workdir.rglob("*"), reverse=True):
             path.unlink() if path.is_file() else path.rmdir()
         self.workdir.rmdir()

@@ -27,6 +27,11 @@ from bench.common import (
 )
 
 SCHEDULERS = ("habeat", "celery", "redbeat")
+#: Ours with claiming ahead off: every run claimed, built and sent after its fire time,
+#: so the burst's "all queued" is the sustained claim + publish rate.
+NO_AHEAD = "habeat-no-ahead"
+#: Throughput compares these by default.
+BURST_SCHEDULERS = ("habeat", NO_AHEAD, "celery", "redbeat")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +71,11 @@ def measure(scheduler: str, count: int, *, once: bool = False) -> Lateness:
 def start(scheduler: str, count: int, run: Scratch, boundary: float, cron: str) -> Process:
     """Start ``scheduler`` with ``count`` schedules of ``cron`` (ours first due at
     ``boundary``; the peers compute it themselves)."""
-    if scheduler == "habeat":
+    if scheduler in ("habeat", NO_AHEAD):
         insert_schedules(run, count, cron=cron, first=boundary)
-        return Process.start("habeat", ["-A", "app", "beat", "-l", "info"], run.env(), run.workdir)
+        off = {"HABEAT_CLAIM_AHEAD": "0", "HABEAT_CLAIM_AHEAD_MAX": "0"}
+        env = run.env(**off) if scheduler == NO_AHEAD else run.env()
+        return Process.start(scheduler, ["-A", "app", "beat", "-l", "info"], env, run.workdir)
     chosen = {"celery": "celery.beat:PersistentScheduler", "redbeat": "redbeat.RedBeatScheduler"}
     args = ["-A", "bench.peers", "beat", "-l", "info", "-S", chosen[scheduler]]
     args += ["-s", str(run.workdir / "celerybeat-schedule"), "--pidfile="]

@@ -86,7 +86,8 @@ def make_due(run: Scratch, first_id: int) -> None:
     )
 
 
-def leader(run: Scratch) -> HAScheduler:
+def leader(run: Scratch, *, wait: bool = False) -> HAScheduler:
+    """A scheduler that leads; it never waits unless ``wait`` (then as beat does)."""
     settings = Settings(
         database_url=run.database_url,
         redis_url=run.redis_url,
@@ -96,7 +97,8 @@ def leader(run: Scratch) -> HAScheduler:
         claim_batch=DUE,
     )
     scheduler = HAScheduler(app=create_app(settings))
-    scheduler.loop.waiter = _NoWait()  # time the work only
+    if not wait:
+        scheduler.loop.waiter = _NoWait()  # time the work only
     timed_tick(scheduler)  # takes the lease, syncs code schedules, warms the pools
     if scheduler.epoch is None:
         raise RuntimeError("the benchmark's scheduler did not become leader")
