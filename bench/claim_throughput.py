@@ -34,8 +34,8 @@ def main() -> int:
     options = parser.parse_args()
     profiler = cProfile.Profile() if options.profile else None
     with scratch() as run:
-        # Leads before anything is due; waits as beat does when runs are claimed ahead.
-        scheduler = leader(run, wait=options.due_in >= 0)
+        # Leads before anything is due; waits as beat does (LISTEN/NOTIFY).
+        scheduler = leader(run, wait=True)
         first = time.time() + options.due_in
         insert_schedules(run, options.schedules, every=3600.0, first=first)
         store = run.store()
