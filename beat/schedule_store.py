@@ -225,16 +225,28 @@ class ScheduleStore(StoreConnection):
             ).one_or_none()
             if row is None:
                 raise schedule_not_found(name)
-            definition, next_fire_at = build(schedule_from_row(row), now)
+            current = schedule_from_row(row)
+            definition, next_fire_at = build(current, now)
+            runs_count = row.runs_count
             if row.enabled and not definition.enabled:
                 _cancel_unreleased(conn, row.id, "its schedule was paused")
+            elif definition != current.definition:
+                retimed = _timing(definition) != _timing(current.definition)
+                next_fire_at, runs_count = _withdraw_unreleased(
+                    conn, row, next_fire_at, retimed=retimed
+                )
             values_ = definition_values(definition)
             values_.pop("origin")  # a schedule keeps its origin
             values_.pop("code_hash")
             updated = conn.execute(
                 update(schedules)
                 .where(schedules.c.id == row.id)
-                .values(**values_, next_fire_at=next_fire_at, updated_at=func.now())
+                .values(
+                    **values_,
+                    next_fire_at=next_fire_at,
+                    runs_count=runs_count,
+                    updated_at=func.now(),
+                )
                 .values(
                     # A schedule enabled again starts afresh: its old disable reason goes,
                     # and so does its quarantine.
@@ -347,6 +359,9 @@ class ScheduleStore(StoreConnection):
                 if row.origin == Origin.CODE.value and name not in names
             ]
             if stale:
+                for name in stale:
+                    removed = "its schedule was removed from code"
+                    _cancel_unreleased(conn, existing[name].id, removed)
                 conn.execute(delete(schedules).where(schedules.c.name.in_(stale)))
                 report.removed.extend(sorted(stale))
         return report
@@ -375,12 +390,21 @@ class ScheduleStore(StoreConnection):
             definition = _with_stored_anchor(definition, row)
             values_ = definition_values(definition) | {"code_hash": code_hash}
             values_.pop("enabled")  # a pause made at runtime survives a code change
-            if any(values_[name] != row._mapping[name] for name in TIMING_COLUMNS):
-                values_["next_fire_at"] = next_fire_after_retiming(
+            retimed = any(values_[name] != row._mapping[name] for name in TIMING_COLUMNS)
+            next_fire_at = row.next_fire_at
+            if retimed:
+                next_fire_at = next_fire_after_retiming(
                     row.next_fire_at, first_fire(definition, now), definition, now
                 )
             # Otherwise the next fire time stays: fire times missed while no beat ran
-            # (a deploy) are claimed late and go through the misfire policy.
+            # (a deploy) are claimed late and go through the misfire policy. Runs
+            # claimed ahead under the old definition are claimed again under this one.
+            values_["next_fire_at"], values_["runs_count"] = _withdraw_unreleased(
+                conn,
+                row,
+                next_fire_at,
+                retimed=_timing(definition) != _timing(schedule_from_row(row).definition),
+            )
             conn.execute(
                 update(schedules)
                 .where(schedules.c.id == row.id)
@@ -705,3 +729,37 @@ def _cancel_unreleased(conn: Connection, schedule_id: int, why: str) -> None:
             reason=f"{why} before its fire time",
         )
     )
+
+
+def _withdraw_unreleased(
+    conn: Connection, row: Row[Any], next_fire_at: datetime | None, *, retimed: bool
+) -> tuple[datetime | None, int]:
+    """A schedule's definition changed: delete its runs claimed but not released yet
+    (claimed ahead, or held back by jitter), so that their fire times run under the
+    new definition. The schedule's next fire time and count of runs to set: with the
+    same timing, its next fire time goes back to the earliest withdrawn one (claimed
+    again, with the new arguments); with a new timing, the withdrawn fire times of the
+    old one are dropped. The leader may still send a message it built for one: the
+    worker's guard refuses a run that has no row."""
+    withdrawn = list(
+        conn.scalars(
+            delete(runs)
+            .where(
+                runs.c.schedule_id == row.id,
+                runs.c.state == RunState.PENDING.value,
+                runs.c.not_before > func.now(),
+            )
+            .returning(runs.c.fire_at)
+        )
+    )
+    fire_times = [fire_at for fire_at in withdrawn if fire_at is not None]
+    if fire_times and not retimed:
+        earliest = min(fire_times)
+        next_fire_at = earliest if next_fire_at is None else min(next_fire_at, earliest)
+    return next_fire_at, max(0, row.runs_count - len(fire_times))
+
+
+def _timing(definition: ScheduleDefinition) -> tuple[Any, ...]:
+    """What decides a schedule's fire times (its window, start_at and end_at, only
+    bounds them: the claim applies it to a fire time claimed again)."""
+    return (definition.trigger, definition.timezone)

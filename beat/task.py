@@ -193,7 +193,8 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             metrics.WORKER_DUPLICATE_DELIVERIES.inc()
             logger.warning(
                 "skipped a delivery of run %s (%s): beat published it, but its record is gone"
-                " (deleted by history retention long after it ran, or by hand)",
+                " (withdrawn by an edit of its schedule before its fire time, deleted by"
+                " history retention long after it ran, or by hand)",
                 run_id,
                 self.name,
                 extra={"run_id": str(run_id)},

@@ -17,12 +17,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from beat import dispatch
-from beat.api import Schedules
+from beat.api import Schedules, define
 from beat.config import BeatConfig
 from beat.errors import ConfigError
 from beat.leader import lock_key
 from beat.leader_store import Claim
-from beat.models import DueSchedule, FirePlan, RunState
+from beat.models import DueSchedule, FirePlan, Origin, RunState
 from beat.policies import plan_fires
 from beat.scheduler import HAScheduler
 from beat.store import Store
@@ -353,3 +353,56 @@ def test_a_run_past_its_fire_time_is_not_cancelled_by_a_pause(store: Store) -> N
 
     (row,) = run_rows(store)
     assert row.state == RunState.PENDING.value
+
+
+def test_an_edit_after_a_run_was_claimed_ahead_applies_to_that_fire_time(store: Store) -> None:
+    """New arguments given seconds before a fire time whose run was claimed already:
+    the run is withdrawn and its fire time claimed again, with them. (The leader may
+    still send the message it built: a run without a row is refused by workers.)"""
+    schedules = Schedules(store)
+    created = schedules.create("soon", "t", every=3600, args=[1], allow_unregistered=True)
+    assert store.take_leadership(1, "me")
+    (old,) = store.claim_due(1, batch=10, plan=planner, ahead=3600.0).armed
+    assert old.fire_at == created.next_fire_at
+    count_before = schedules.get("soon").runs_count
+
+    edited = schedules.update("soon", args=[2])
+
+    assert edited.next_fire_at == old.fire_at, "its fire time is due again"
+    assert edited.runs_count == count_before - 1
+    assert [row.id for row in run_rows(store)] == [], "the old run is withdrawn"
+    (new,) = store.claim_due(1, batch=10, plan=planner, ahead=3600.0).armed
+    assert (new.fire_at, new.args) == (old.fire_at, [2])
+    assert new.id != old.id
+    assert schedules.get("soon").runs_count == count_before
+
+
+def test_a_new_timing_drops_the_fire_times_claimed_under_the_old_one(store: Store) -> None:
+    schedules = Schedules(store)
+    schedules.create("soon", "t", every=3600, allow_unregistered=True)
+    assert store.take_leadership(1, "me")
+    (old,) = store.claim_due(1, batch=10, plan=planner, ahead=3600.0).armed
+    assert old.fire_at is not None
+
+    edited = schedules.update("soon", every=7200)
+
+    assert run_rows(store) == [], "not run at a fire time of the old timing"
+    assert edited.next_fire_at is not None
+    assert edited.next_fire_at != old.fire_at
+
+
+def test_a_deploy_that_changes_a_code_schedule_applies_to_its_runs_claimed_ahead(
+    store: Store,
+) -> None:
+    schedules = Schedules(store)
+    v1 = define("deployed", "t", every=3600, kwargs={"v": 1}, origin=Origin.CODE)
+    schedules.sync_code([(v1, "hash-1")])
+    assert store.take_leadership(1, "me")
+    (old,) = store.claim_due(1, batch=10, plan=planner, ahead=3600.0).armed
+
+    v2 = define("deployed", "t", every=3600, kwargs={"v": 2}, origin=Origin.CODE)
+    schedules.sync_code([(v2, "hash-2")])
+
+    assert run_rows(store) == []
+    (new,) = store.claim_due(1, batch=10, plan=planner, ahead=3600.0).armed
+    assert (new.fire_at, new.kwargs) == (old.fire_at, {"v": 2})
