@@ -30,6 +30,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--beats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument(
+        "--claim-ahead",
+        type=float,
+        default=10.0,
+        help="seconds the beats claim ahead (HABEAT_CLAIM_AHEAD; default 10)",
+    )
+    parser.add_argument(
         "--show-logs", action="store_true", help="print the processes' log tails on a violation"
     )
     parser.add_argument(
@@ -53,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         duration=args.duration,
         beats=args.beats,
         workers=args.workers,
+        claim_ahead=args.claim_ahead,
         keep_logs=args.keep_logs,
     )
     try:

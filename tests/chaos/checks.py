@@ -158,6 +158,9 @@ class RunCounts:
     #: Seconds from a deleted message to its run's next publication, per recovered run.
     message_loss_recoveries: list[float] = field(default_factory=list)
     deploy_skipped: int = 0
+    #: Runs claimed ahead of fire times after the checked window, cancelled by the end
+    #: phase's pause before their time (none of them may have run).
+    cancelled_by_the_end: int = 0
 
 
 @dataclass(kw_only=True)
@@ -238,7 +241,7 @@ def judge(
     chain_rows = _check_chains(verdict, all_rows, effects, seen)
     # Workers that died: a plain run they held may end lost.
     killed = {kill.worker for kill in seen.kills} | set(seen.self_exits)
-    _check_runs(verdict, rows, effects, expectations, killed)
+    _check_runs(verdict, rows, effects, expectations, killed, window_end)
     _check_effects_have_runs(verdict, all_rows, effects)
     _check_never_early(verdict, [*rows, *chain_rows])
     _check_fencing(verdict, rows, seen.pauses)
@@ -340,6 +343,7 @@ def _check_runs(
     effects: Counter[str],
     expectations: Sequence[Expectation],
     killed: set[str],
+    window_end: datetime,
 ) -> None:
     expires = {e.name: e.expires for e in expectations if e.expires is not None}
     plain = {e.name for e in expectations if e.plain}
@@ -347,6 +351,11 @@ def _check_runs(
         verdict.states[row.state] += 1
         where = f"run {row.id} ({row.schedule_name} at {row.fire_at:%H:%M:%S.%f})"
         count = effects.get(str(row.id), 0)
+        if _cancelled_by_the_end(row, window_end):
+            verdict.counts.cancelled_by_the_end += 1
+            if count:
+                verdict.duplicated.append(f"{where}: cancelled by a pause, yet it had an effect")
+            continue
         if row.schedule_name in plain:
             _check_plain_run(verdict, row, count, where, killed)
         else:
@@ -359,6 +368,17 @@ def _check_runs(
         expiry = expires.get(row.schedule_name)
         if expiry is not None:
             _check_not_started_after_expiry(verdict, row, expiry, where)
+
+
+def _cancelled_by_the_end(row: Any, window_end: datetime) -> bool:
+    """A run claimed ahead of a fire time after the checked window, which the end
+    phase's pause (made after the window's end) cancelled before its time."""
+    return (
+        row.state == RunState.CANCELLED
+        and row.fire_at is not None
+        and row.fire_at > window_end
+        and "paused before its fire time" in (row.reason or "")
+    )
 
 
 def _check_run_outcome(verdict: Verdict, row: Any, count: int, where: str) -> None:

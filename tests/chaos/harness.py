@@ -94,6 +94,9 @@ class ChaosConfig:
     max_wait: float = 1.0
     misfire_grace: float = 60.0
     max_attempts: int = 3
+    #: A long claim-ahead window: every beat holds runs armed for seconds (ten fire
+    #: times of each 1-second schedule) through kills, pauses and deploys.
+    claim_ahead: float = 10.0
     workload: WorkloadShape = field(default_factory=WorkloadShape)
     #: Bounds of the end phase: catching up the last fire times, then every run finishing.
     catch_up_timeout: float = 45.0
@@ -109,6 +112,7 @@ class ChaosConfig:
             "HABEAT_MAX_WAIT": str(self.max_wait),
             "HABEAT_MISFIRE_GRACE": str(self.misfire_grace),
             "HABEAT_MAX_ATTEMPTS": str(self.max_attempts),
+            "HABEAT_CLAIM_AHEAD": str(self.claim_ahead),
         }
 
     def reproduce(self) -> str:
@@ -118,7 +122,8 @@ class ChaosConfig:
             if (self.beats, self.workers) == (3, 3)
             else (f" --beats {self.beats} --workers {self.workers}")
         )
-        return f"scripts/chaos.sh --seed {self.seed} --duration {self.duration:g}{sizes}"
+        ahead = "" if self.claim_ahead == 10.0 else f" --claim-ahead {self.claim_ahead:g}"
+        return f"scripts/chaos.sh --seed {self.seed} --duration {self.duration:g}{sizes}{ahead}"
 
 
 @dataclass(kw_only=True)
@@ -895,6 +900,10 @@ def _workload_rows(report: ChaosReport) -> list[tuple[str, str]]:
             "deploys",
             f"{len(deploys)} ({sum(d.timing_changed for d in deploys)} with a new timing);"
             f" {counts.deploy_skipped} missed fire times recorded skipped",
+        ),
+        (
+            "claimed ahead, cancelled by the end's pause",
+            f"{counts.cancelled_by_the_end} runs, none of which ran",
         ),
         (
             "worker kills spared",

@@ -39,6 +39,7 @@ from tests.chaos.checks import (
     _check_not_started_after_expiry,
     _check_plain_run,
     _check_recorded_state,
+    _check_runs,
 )
 from tests.chaos.faults import FaultKind, durations, make_plan
 from tests.chaos.harness import ChaosConfig, WorkerSlot, killable_workers, run_chaos
@@ -247,6 +248,31 @@ def test_a_plain_run_may_end_lost_only_when_the_plan_killed_its_worker(
     assert found == ({violation} if violation else set())
     interrupted = state == RunState.LOST and violation is None
     assert len(verdict.counts.plain_interrupted) == int(interrupted)
+
+
+@pytest.mark.parametrize(
+    ("after_the_window", "reason", "effects", "violation"),
+    [
+        (True, "its schedule was paused before its fire time", 0, None),
+        (True, "its schedule was paused before its fire time", 1, "duplicated"),
+        (False, "its schedule was paused before its fire time", 0, "lost"),
+        (True, "overlap (cancel_previous): a newer run of the schedule started", 0, "lost"),
+    ],
+)
+def test_only_a_run_the_end_phase_paused_before_its_time_may_end_cancelled(
+    after_the_window: bool, reason: str, effects: int, violation: str | None
+) -> None:
+    """The end phase pauses every schedule: runs claimed ahead of later fire times are
+    cancelled then, and must not have run."""
+    row = _run_row(
+        state=RunState.CANCELLED, reason=reason, schedule_name="every-second-0", retries=0
+    )
+    window_end = row.fire_at + timedelta(seconds=-1 if after_the_window else 1)
+    verdict = Verdict()
+    effects_of = Counter({str(row.id): effects})
+    _check_runs(verdict, [row], effects_of, [], set(), window_end)
+    found = {name for name in ("lost", "duplicated", "stuck") if getattr(verdict, name)}
+    assert found == ({violation} if violation else set())
 
 
 def test_a_run_started_after_its_expiry_is_a_violation() -> None:
