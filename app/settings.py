@@ -54,6 +54,8 @@ class Settings:
     max_wait: float = _scheduler("max_wait")
     claim_batch: int = _scheduler("claim_batch")
     claim_ahead: float = _scheduler("claim_ahead")
+    claim_ahead_max: float = _scheduler("claim_ahead_max")
+    max_armed: int = _scheduler("max_armed")
     misfire_grace: float = _scheduler("misfire_grace")
     timezone: str = _scheduler("default_timezone")
     history_retention_days: float = _scheduler("history_retention_days")

@@ -406,3 +406,50 @@ def test_a_deploy_that_changes_a_code_schedule_applies_to_its_runs_claimed_ahead
     assert run_rows(store) == []
     (new,) = store.claim_due(1, batch=10, plan=planner, ahead=3600.0).armed
     assert (new.fire_at, new.kwargs) == (old.fire_at, {"v": 2})
+
+
+def test_a_burst_is_claimed_far_enough_ahead_to_be_built_by_its_fire_time(
+    store: Store, make_scheduler: SchedulerFactory, redis_client: redis.Redis, test_env: SessionEnv
+) -> None:
+    """2,000 schedules due at one instant. The fixed window (half a second) is less
+    than claiming and building them takes; the window widens (``beat.claim_window``):
+    every run is claimed well before it, and none reaches the queue before its time."""
+    count = 2000
+    fire_at = db_now(store) + timedelta(seconds=6)
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO beat_schedules (name, task, trigger_kind, every_seconds,"
+                " anchor_at, next_fire_at) SELECT 'tenant-' || i, 't', 'every', 86400,"
+                " :at, :at FROM generate_series(1, :count) AS i"
+            ),
+            {"at": fire_at, "count": count},
+        )
+    scheduler = make_scheduler(claim_ahead=0.5, claim_ahead_max=10.0, claim_batch=200)
+    key = f"{test_env.broker_key_prefix}celery"
+    first_seen: list[datetime] = []
+
+    def watch() -> None:  # the database's clock when a message first shows in the queue
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not redis_client.llen(key):
+            time.sleep(0.001)
+        first_seen.append(db_now(store))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    tick_until(
+        scheduler,
+        store,
+        lambda: redis_client.llen(key) >= count,
+        until=fire_at + timedelta(seconds=10),
+    )
+    watcher.join()
+
+    rows = run_rows(store)
+    assert len(rows) == count
+    assert first_seen[0] >= fire_at, "published before its fire time"
+    latest_claim = max(row.claimed_at for row in rows)
+    assert latest_claim < fire_at - timedelta(seconds=0.5), (
+        "claimed no earlier than the fixed window allows: it did not widen"
+    )
+    assert len(set(task_ids(broker_messages(redis_client, test_env.broker_key_prefix)))) == count
