@@ -311,8 +311,8 @@ class BeatConfig:
     )
     max_armed: int = _setting(
         200_000,
-        "most runs held in memory claimed ahead (about 2 KiB each); later ones are claimed"
-        " nearer their fire time",
+        "most runs held in memory claimed ahead (about 3 KiB each, message included); later"
+        " ones are claimed nearer their fire time",
         parse=_whole_number,
         check=_at_least(0),
     )
