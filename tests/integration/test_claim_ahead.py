@@ -59,23 +59,30 @@ def test_only_allow_schedules_due_within_the_window_are_claimed_ahead(store: Sto
     assert (row.state, row.not_before) == (RunState.PENDING.value, soon.next_fire_at)
 
 
+def watch_queue(
+    store: Store, client: redis.Redis, key: str, seconds: float = 10.0
+) -> tuple[threading.Thread, list[datetime]]:
+    """A thread that notes the database's clock when a message first shows in the
+    queue ``key`` (within ``seconds``); started."""
+    first_seen: list[datetime] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not client.llen(key):
+            time.sleep(0.001)
+        first_seen.append(db_now(store))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    return watcher, first_seen
+
+
 def test_an_armed_run_reaches_the_queue_at_its_fire_time_not_before(
     store: Store, make_scheduler: SchedulerFactory, redis_client: redis.Redis, test_env: SessionEnv
 ) -> None:
     created = Schedules(store).create("soon", "t", in_seconds=1.5, allow_unregistered=True)
     scheduler = make_scheduler(claim_ahead=2.0)
-    key = f"{test_env.broker_key_prefix}celery"
-    first_seen: list[datetime] = []
-
-    def watch() -> None:  # the database's clock when the message first shows in the queue
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not redis_client.llen(key):
-            time.sleep(0.001)
-        with store.engine.connect() as conn:
-            first_seen.append(conn.execute(text("SELECT now()")).scalar_one())
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
+    watcher, first_seen = watch_queue(store, redis_client, f"{test_env.broker_key_prefix}celery")
     deadline = time.monotonic() + 10
     while watcher.is_alive() and time.monotonic() < deadline:
         scheduler.tick()  # leads, claims ahead, then sends it at its fire time
@@ -427,16 +434,7 @@ def test_a_burst_is_claimed_far_enough_ahead_to_be_built_by_its_fire_time(
         )
     scheduler = make_scheduler(claim_ahead=0.5, claim_ahead_max=10.0, claim_batch=200)
     key = f"{test_env.broker_key_prefix}celery"
-    first_seen: list[datetime] = []
-
-    def watch() -> None:  # the database's clock when a message first shows in the queue
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not redis_client.llen(key):
-            time.sleep(0.001)
-        first_seen.append(db_now(store))
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
+    watcher, first_seen = watch_queue(store, redis_client, key, seconds=20)
     tick_until(
         scheduler,
         store,
