@@ -62,7 +62,7 @@ class ArmedRuns:
         return {run.id for _, runs in list(self._armed.values()) for run in runs}
 
     def next_deadline(self) -> float:
-        return min((deadline for deadline, _ in list(self._armed.values())), default=float("inf"))
+        return self.next_start()
 
     def next_start(self, lead: Lead = no_lead) -> float:
         """When the first fire time's messages must start being built: its deadline

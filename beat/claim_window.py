@@ -8,10 +8,9 @@ claim and build. A fixed window (``habeat_claim_ahead``) covers a small burst on
 
 So the leader looks ahead, up to ``habeat_claim_ahead_max``, at how many runs are
 due second by second (``DueProfile``), and at how long a run has taken it to claim
-and to build
-(``Pace``, measured on its own claims and builds). A fire second must start being claimed
-once the runs due up to it, at that pace, would take all the time left before it
-less ``habeat_claim_ahead``: the window then reaches it, and it is claimed batch
+and to build (``Pace``, measured on its own claims and builds). A fire second must
+start being claimed once the runs due up to it, at that pace, would take all the
+time left before it less ``habeat_claim_ahead``: the window then reaches it, and it is claimed batch
 after batch (see ``claim_window`` and ``seconds_until_claim``).
 
 The window is bounded by memory: at most ``habeat_max_armed`` runs are held armed;
@@ -26,7 +25,7 @@ and its other runs are claimed in the same claim, so the pace measured covers th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 #: The paces a leader assumes before it has measured its own (seconds per run to
@@ -94,12 +93,9 @@ def claim_window(profile: DueProfile, *, base: float, per_run: float, room: int)
     claim must start now (the runs due up to it would not be ready in time if claimed
     later), as long as they fit in ``room`` more armed runs."""
     window = base
-    due = 0
-    for second in profile:
-        due += second.count
+    for second, due, lead in _leads(profile, per_run):
         if due > room:
             break
-        lead = lead_time(due, per_run)
         # (A millisecond of tolerance: woken at the start it computed, it claims.)
         if lead >= SMALL_LEAD and second.seconds - lead <= base + 0.001:
             # To the end of its second: all of it, though the clocks that measure the
@@ -111,13 +107,18 @@ def claim_window(profile: DueProfile, *, base: float, per_run: float, room: int)
 def seconds_until_claim(profile: DueProfile, *, base: float, per_run: float) -> float | None:
     """Seconds until a fire second of ``profile`` must start being claimed (<= 0: now),
     or None if nothing in it needs more than ``base`` ahead."""
+    starts = [
+        second.seconds - lead - base
+        for second, _, lead in _leads(profile, per_run)
+        if lead >= SMALL_LEAD
+    ]
+    return min(starts, default=None)
+
+
+def _leads(profile: DueProfile, per_run: float) -> Iterator[tuple[DueSecond, int, float]]:
+    """Each fire second of ``profile`` with the runs due up to it, and the seconds to
+    allow for claiming and building them."""
     due = 0
-    earliest: float | None = None
     for second in profile:
         due += second.count
-        lead = lead_time(due, per_run)
-        if lead < SMALL_LEAD:
-            continue
-        start = second.seconds - lead - base
-        earliest = start if earliest is None else min(earliest, start)
-    return earliest
+        yield second, due, lead_time(due, per_run)

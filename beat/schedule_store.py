@@ -710,6 +710,16 @@ def schedule_not_found(name: str) -> ScheduleNotFound:
     )
 
 
+def _unreleased(schedule_id: int) -> list[ColumnElement[bool]]:
+    """The runs of a schedule claimed but not released yet: ``pending`` with a
+    ``not_before`` to come (claimed ahead of their fire time, or held back by jitter)."""
+    return [
+        runs.c.schedule_id == schedule_id,
+        runs.c.state == RunState.PENDING.value,
+        runs.c.not_before > func.now(),
+    ]
+
+
 def _cancel_unreleased(conn: Connection, schedule_id: int, why: str) -> None:
     """Cancel the runs of a schedule that are claimed but not released yet: claimed
     ahead of their fire time (minutes ahead of a large burst, ``beat.claim_window``)
@@ -718,11 +728,7 @@ def _cancel_unreleased(conn: Connection, schedule_id: int, why: str) -> None:
     come) goes on: what was due before the change runs."""
     conn.execute(
         update(runs)
-        .where(
-            runs.c.schedule_id == schedule_id,
-            runs.c.state == RunState.PENDING.value,
-            runs.c.not_before > func.now(),
-        )
+        .where(*_unreleased(schedule_id))
         .values(
             state=RunState.CANCELLED.value,
             finished_at=func.now(),
@@ -742,15 +748,7 @@ def _withdraw_unreleased(
     old one are dropped. The leader may still send a message it built for one: the
     worker's guard refuses a run that has no row."""
     withdrawn = list(
-        conn.scalars(
-            delete(runs)
-            .where(
-                runs.c.schedule_id == row.id,
-                runs.c.state == RunState.PENDING.value,
-                runs.c.not_before > func.now(),
-            )
-            .returning(runs.c.fire_at)
-        )
+        conn.scalars(delete(runs).where(*_unreleased(row.id)).returning(runs.c.fire_at))
     )
     fire_times = [fire_at for fire_at in withdrawn if fire_at is not None]
     if fire_times and not retimed:
