@@ -33,12 +33,12 @@ import enum
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from beat.errors import error_text
 from beat.models import DueSchedule, FirePlan, OverlapPolicy, Quarantine, RunToPublish, SkipKind
-from beat.policies import jitter_delay, plan_fires
+from beat.policies import jitter_delay, plan_fires, plan_key
 
 #: Plans one due schedule's fire times: ``plan(schedule, now, until)``, up to ``until``.
 SchedulePlanner = Callable[[DueSchedule, datetime, datetime], FirePlan]
@@ -58,15 +58,49 @@ class Release(enum.Enum):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PlanningRules:
-    """The settings a claim plans with (``habeat_misfire_grace``, ``habeat_max_catchup``)."""
+    """The settings a claim plans with (``habeat_misfire_grace``, ``habeat_max_catchup``).
+
+    A claim's schedules that planning cannot tell apart (``plan_key``: one trigger,
+    zone, fire time and policies) are planned once: at midnight, thousands of daily
+    crons share one plan, and computing it for each was a sixth of what a leader
+    spent on a run. Plans are kept for one claim (one database ``now``) only."""
 
     misfire_grace: float
     max_catchup: int
+    _memo: _ClaimPlans = field(default_factory=lambda: _ClaimPlans(), compare=False, repr=False)
 
     def plan_schedule(self, due: DueSchedule, now: datetime, until: datetime) -> FirePlan:
-        return plan_fires(
-            due, now, until=until, misfire_grace=self.misfire_grace, max_catchup=self.max_catchup
-        )
+        key = (plan_key(due), until)
+        plan = self._memo.get(now, key)
+        if plan is None:
+            # A schedule whose planning raises is not kept: each is quarantined alone.
+            plan = plan_fires(
+                due,
+                now,
+                until=until,
+                misfire_grace=self.misfire_grace,
+                max_catchup=self.max_catchup,
+            )
+            self._memo.keep(key, plan)
+        return plan
+
+
+class _ClaimPlans:
+    """The plans of the latest claim time, by ``(plan_key, until)``."""
+
+    __slots__ = ("now", "plans")
+
+    def __init__(self) -> None:
+        self.now: datetime | None = None
+        self.plans: dict[tuple[object, ...], FirePlan] = {}
+
+    def get(self, now: datetime, key: tuple[object, ...]) -> FirePlan | None:
+        if now != self.now:
+            self.now, self.plans = now, {}
+        return self.plans.get(key)
+
+    def keep(self, key: tuple[object, ...], plan: FirePlan) -> None:
+        self.plans[key] = plan
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

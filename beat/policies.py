@@ -66,6 +66,26 @@ def plan_fires(
     return _apply_overlap(due, _apply_window(due, plan))
 
 
+def plan_key(due: DueSchedule) -> tuple[object, ...]:
+    """Everything of ``due`` that :func:`plan_fires` reads: two schedules with equal
+    keys get equal plans at the same claim (a burst's schedules, one cron and one fire
+    time, are planned once). Not the schedule's identity or payload; ``runs_count``
+    only where ``max_runs`` makes it count."""
+    return (
+        due.trigger,
+        due.zone,
+        due.next_fire_at,
+        due.misfire_policy,
+        due.jitter_seconds,
+        due.end_at,
+        due.max_runs,
+        due.runs_count if due.max_runs is not None else None,
+        due.overlap_policy,
+        due.waiting,
+        due.running,
+    )
+
+
 def check_jitter(seconds: float) -> None:
     """Raise ValueError unless ``seconds`` is a jitter from 0 to a day (NaN is not)."""
     if not 0.0 <= seconds <= MAX_JITTER_SECONDS:

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
-from hypothesis import given
+import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from beat import planning
 from beat.models import DueSchedule, FirePlan, MisfirePolicy, OverlapPolicy, RunToPublish, SkipKind
 from beat.planning import PlanningRules, Release, plan_claim, release_of
-from beat.timing import every
+from beat.policies import plan_fires, plan_key
+from beat.timing import Trigger, every, parse_cron
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 RULES = PlanningRules(misfire_grace=60, max_catchup=100)
@@ -138,3 +143,140 @@ def test_advance_moves_each_schedule_past_what_it_handled() -> None:
     assert advance.last_fire_at == max(new.fire_at for new in plan.new_runs)
     assert advance.next_fire_at is not None
     assert advance.next_fire_at > NOW
+
+
+# -- planning in bulk: one plan per key, checked against planning each schedule alone ----
+
+ZONES = [ZoneInfo("UTC"), ZoneInfo("Europe/Paris"), ZoneInfo("America/New_York")]
+TRIGGERS: list[Trigger] = [
+    parse_cron("0 0 * * *"),
+    parse_cron("*/5 * * * *"),
+    every(300, anchor=NOW),
+    every(7, anchor=NOW - timedelta(seconds=3)),
+]
+
+
+@st.composite
+def due_schedules(draw: st.DrawFn, schedule_id: int) -> DueSchedule:
+    """A due schedule drawn from a small space, so that a batch repeats keys."""
+    zone = draw(st.sampled_from(ZONES))
+    trigger = draw(st.sampled_from(TRIGGERS))
+    max_runs = draw(st.sampled_from([None, 1, 3]))
+    return DueSchedule(
+        id=schedule_id,
+        name=f"s{schedule_id}",
+        task=draw(st.sampled_from(["a.task", "b.task"])),
+        trigger=trigger,
+        zone=zone,
+        args=[schedule_id],
+        kwargs={},
+        options=draw(st.sampled_from([{}, {"queue": "q"}])),
+        misfire_policy=draw(st.sampled_from(list(MisfirePolicy))),
+        max_attempts=draw(st.integers(1, 3)),
+        next_fire_at=NOW - timedelta(minutes=draw(st.sampled_from([0, 1, 10, 600]))),
+        overlap_policy=draw(st.sampled_from(list(OverlapPolicy))),
+        end_at=draw(st.sampled_from([None, NOW + timedelta(minutes=5), NOW - timedelta(hours=1)])),
+        max_runs=max_runs,
+        runs_count=draw(st.integers(0, 4)),
+        waiting=draw(st.integers(0, 1)),
+        running=draw(st.integers(0, 1)),
+    )
+
+
+#: Fields a batch's schedules may differ in, one at a time, with values to take.
+VARIANTS: dict[str, list[Any]] = {
+    "trigger": [parse_cron("0 0 * * *"), every(7, anchor=NOW - timedelta(seconds=3))],
+    "zone": ZONES,
+    "next_fire_at": [NOW - timedelta(minutes=10), NOW],
+    "misfire_policy": list(MisfirePolicy),
+    "jitter_seconds": [0.0, 30.0, 100_000.0],  # the last cannot be planned
+    "end_at": [None, NOW + timedelta(minutes=5), NOW - timedelta(hours=1)],
+    "max_runs": [None, 1, 3],
+    "runs_count": [0, 2, 4],
+    "overlap_policy": list(OverlapPolicy),
+    "waiting": [0, 1],
+    "running": [0, 1],
+}
+
+
+@st.composite
+def claims(draw: st.DrawFn) -> tuple[datetime, list[DueSchedule]]:
+    """A batch of schedules alike but for their identity, each differing from the
+    first in at most one field: keys collide often, and nearly."""
+    now = NOW + timedelta(seconds=draw(st.sampled_from([0, 1, 3600])))
+    base = draw(due_schedules(1))
+    batch = [base]
+    for schedule_id in range(2, draw(st.integers(2, 12)) + 1):
+        schedule = replace(base, id=schedule_id, name=f"s{schedule_id}", args=[schedule_id])
+        changed = draw(st.sampled_from([None, *VARIANTS]))
+        if changed is not None:
+            schedule = replace(schedule, **{changed: draw(st.sampled_from(VARIANTS[changed]))})
+        batch.append(schedule)
+    return now, batch
+
+
+def alone(schedule: DueSchedule, now: datetime, until: datetime) -> FirePlan:
+    return plan_fires(schedule, now, until=until, misfire_grace=60, max_catchup=100)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(claims(), min_size=1, max_size=3), st.sampled_from([0.0, 5.0, 600.0]))
+def test_planning_in_bulk_gives_each_schedule_the_plan_it_gets_alone(
+    batches: list[tuple[datetime, list[DueSchedule]]], ahead: float
+) -> None:
+    rules = PlanningRules(misfire_grace=60, max_catchup=100)  # one memo across claims
+    for now, batch in batches:
+        horizon = now + timedelta(seconds=ahead)
+        planned = plan_claim(batch, now, horizon, rules.plan_schedule)
+        oracle = plan_claim(batch, now, horizon, alone)
+        assert planned.plans == oracle.plans
+        assert planned.quarantined == oracle.quarantined
+        assert [(r.schedule.id, r.fire_at) for r in planned.new_runs] == [
+            (r.schedule.id, r.fire_at) for r in oracle.new_runs
+        ]
+
+
+@given(due_schedules(1), due_schedules(2))
+def test_schedules_with_one_key_plan_alike(first: DueSchedule, second: DueSchedule) -> None:
+    """What ``plan_key`` leaves out (identity, payload, a count no bound reads) does
+    not change a plan: the key holds all that planning reads."""
+    twin = replace(
+        second,
+        **{
+            name: getattr(first, name)
+            for name in (
+                "trigger",
+                "zone",
+                "next_fire_at",
+                "misfire_policy",
+                "jitter_seconds",
+                "end_at",
+                "max_runs",
+                "overlap_policy",
+                "waiting",
+                "running",
+            )
+        },
+    )
+    if first.max_runs is not None:
+        twin = replace(twin, runs_count=first.runs_count)
+    assert plan_key(twin) == plan_key(first)
+    for until in (NOW, NOW + timedelta(minutes=10)):
+        assert alone(twin, NOW, until) == alone(first, NOW, until)
+
+
+def test_a_burst_is_planned_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = 0
+
+    def counting(*args: Any, **kwargs: Any) -> FirePlan:
+        nonlocal calls
+        calls += 1
+        return plan_fires(*args, **kwargs)
+
+    burst = [due(schedule_id, seconds_ago=1) for schedule_id in range(1, 1001)]
+    burst = [replace(s, trigger=burst[0].trigger) for s in burst]
+    monkeypatch.setattr(planning, "plan_fires", counting)
+    rules = PlanningRules(misfire_grace=60, max_catchup=100)
+    plan = plan_claim(burst, NOW, NOW, rules.plan_schedule)
+    assert calls == 1
+    assert len(plan.new_runs) == len(plan_claim(burst, NOW, NOW, alone).new_runs) == 2000
