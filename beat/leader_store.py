@@ -88,6 +88,14 @@ from beat.models import (
     UnpublishableRun,
 )
 from beat.options import check_publish_options
+from beat.pg_arrays import (
+    array_param,
+    bigint_array,
+    integer_array,
+    text_array,
+    time_array,
+    uuid_array,
+)
 from beat.planning import (
     Advance,
     NewRun,
@@ -482,10 +490,10 @@ class LeaderStore(StoreConnection):
             conn.scalars(
                 _INSERT_RUNS,
                 {
-                    "ids": [fire.id for fire in fires],
-                    "schedule_ids": [fire.schedule.id for fire in fires],
-                    "fire_ats": [fire.fire_at for fire in fires],
-                    "not_befores": [fire.not_before for fire in fires],
+                    "ids": uuid_array(fire.id for fire in fires),
+                    "schedule_ids": bigint_array(fire.schedule.id for fire in fires),
+                    "fire_ats": time_array(fire.fire_at for fire in fires),
+                    "not_befores": time_array(fire.not_before for fire in fires),
                     "epoch": epoch,
                 },
             )
@@ -531,11 +539,11 @@ class LeaderStore(StoreConnection):
         conn.execute(
             _ADVANCE,
             {
-                "ids": [advance.schedule_id for advance in advances],
-                "next_fire_ats": [advance.next_fire_at for advance in advances],
-                "last_fire_ats": [advance.last_fire_at for advance in advances],
-                "fired": [advance.fired for advance in advances],
-                "reasons": [advance.disable_reason for advance in advances],
+                "ids": bigint_array(advance.schedule_id for advance in advances),
+                "next_fire_ats": time_array(advance.next_fire_at for advance in advances),
+                "last_fire_ats": time_array(advance.last_fire_at for advance in advances),
+                "fired": integer_array(advance.fired for advance in advances),
+                "reasons": text_array(advance.disable_reason for advance in advances),
             },
         )
 
@@ -790,10 +798,10 @@ class LeaderStore(StoreConnection):
         with self._transaction() as conn:
             return conn.execute(
                 update(runs)
-                .where(runs.c.id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))))
+                .where(runs.c.id == any_(array_param("ids", UUID(as_uuid=True))))
                 .where(runs.c.state == RunState.PENDING.value)
                 .values(state=RunState.QUEUED.value, published_at=func.now()),
-                {"ids": list(run_ids)},
+                {"ids": uuid_array(run_ids)},
             ).rowcount
 
     def fail_unpublishable(self, rejected: Sequence[UnpublishableRun]) -> list[Quarantine]:
@@ -1157,15 +1165,11 @@ def _seconds(name: str) -> Any:
     return func.make_interval(0, 0, 0, 0, 0, 0, bindparam(name, type_=Double))
 
 
-def _array(name: str, item: Any) -> Any:
-    """A bound array parameter: one parameter for a whole batch, whatever its size."""
-    return bindparam(name, type_=ARRAY(item))
-
-
 def _unnest(name: str, **arrays: Any) -> Any:
-    """``unnest(:a, :b, ...) AS name(a, b, ...)``: parallel arrays as a table."""
+    """``unnest(:a, :b, ...) AS name(a, b, ...)``: parallel arrays as a table, each
+    one parameter whatever the batch's size (an array literal: ``beat.pg_arrays``)."""
     return (
-        func.unnest(*(_array(key, item) for key, item in arrays.items()))
+        func.unnest(*(array_param(key, item) for key, item in arrays.items()))
         .table_valued(*(column(key, item) for key, item in arrays.items()))
         .render_derived(name=name)
     )
