@@ -6,7 +6,8 @@ visibility timeout would run the task twice).
 
 Runs go out in chunks through kombu's producer batches (``Producer.batch``):
 on Redis a chunk is one pipelined round trip instead of one per message, which
-is what bounds a leader's publish rate. A chunk whose flush fails has an
+is what bounds a leader's publish rate, and its pushes to one queue are folded
+into one command per 1,000 messages (``beat.redis_pushes``). A chunk whose flush fails has an
 uncertain outcome (some of its messages may be in the queue): its runs stay in
 the outbox and are published again, and the worker's guard refuses a second
 delivery of a run.
@@ -46,6 +47,7 @@ from beat.errors import HABeatError, InvalidSchedule, error_text
 from beat.messages import ATTEMPT_HEADER, FIRE_AT_HEADER, SCHEDULE_HEADER
 from beat.models import RunToPublish, UnpublishableRun
 from beat.options import check_publish_options
+from beat.redis_pushes import fold_pushes
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +145,7 @@ def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
                         for run in chunk
                         if _sent(app, producer, run, declared, rejected, templates)
                     ]
+                    fold_pushes(producer)
                 published.extend(run.id for run in sent)
     except Exception as exc:  # the broker's errors are many and transport-specific
         logger.error(
@@ -191,6 +194,7 @@ def publish_at(
                 if build_ahead:
                     started = time.monotonic()
                     sent = _send_all(app, producer, runs, rejected, between=while_waiting)
+                    fold_pushes(producer)  # one LPUSH per 1,000 messages at the fire time
                     built_in = time.monotonic() - started
                 _wait_until(deadline, while_waiting)
                 if before_send is not None:
