@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import psycopg
@@ -93,10 +93,13 @@ def time_array(values: Iterable[datetime | None]) -> TimestamptzArray:
     written: dict[datetime | None, str] = {None: _NULL}
     elements = []
     for value in values:
-        element = written.get(value)
+        # Keyed in UTC: two times of one zone that differ only in ``fold`` (the hour
+        # repeated when clocks go back) compare equal but are an hour apart.
+        instant = None if value is None else _in_utc(value)
+        element = written.get(instant)
         if element is None:
-            assert value is not None
-            element = written[value] = _time_element(value)
+            assert instant is not None
+            element = written[instant] = instant.isoformat()
         elements.append(element)
     return TimestamptzArray("{" + ",".join(elements) + "}")
 
@@ -113,11 +116,11 @@ def _numbers(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, map(int, values))) + "}"
 
 
-def _time_element(value: datetime) -> str:
+def _in_utc(value: datetime) -> datetime:
     if value.utcoffset() is None:
         # Naive, it would be read in the session's time zone: a run at the wrong time.
         raise ValueError(f"{value!r} has no time zone")
-    return value.isoformat()
+    return value.astimezone(UTC)
 
 
 def _quoted(value: str) -> str:
@@ -125,6 +128,15 @@ def _quoted(value: str) -> str:
 
 
 class _LiteralDumper(Dumper):
+    #: The array type's OID, given to each instance only: were it the class's,
+    #: registering the dumper would make it psycopg's dumper *for that OID* too (COPY
+    #: looks dumpers up by OID), and lists would reach ``dump``.
+    array_oid: ClassVar[int] = 0
+
+    def __init__(self, cls: type, context: Any = None) -> None:
+        super().__init__(cls, context)
+        self.oid = self.array_oid
+
     def dump(self, obj: Any) -> bytes:
         return str.encode(obj)
 
@@ -133,7 +145,7 @@ def _register_dumpers() -> None:
     """Send each kind of literal in text format, typed as its array type."""
     for literal in (UuidArray, BigintArray, IntegerArray, TimestamptzArray, TextArray):
         info = psycopg.adapters.types[literal.element_type]
-        dumper = type(f"{literal.__name__}Dumper", (_LiteralDumper,), {"oid": info.array_oid})
+        dumper = type(f"{literal.__name__}Dumper", (_LiteralDumper,), {"array_oid": info.array_oid})
         psycopg.adapters.register_dumper(literal, dumper)
 
 

@@ -34,7 +34,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from beat.errors import error_text
 from beat.models import DueSchedule, FirePlan, OverlapPolicy, Quarantine, RunToPublish, SkipKind
@@ -70,8 +70,8 @@ class PlanningRules:
     _memo: _ClaimPlans = field(default_factory=lambda: _ClaimPlans(), compare=False, repr=False)
 
     def plan_schedule(self, due: DueSchedule, now: datetime, until: datetime) -> FirePlan:
-        key = (plan_key(due), until)
-        plan = self._memo.get(now, key)
+        key = (plan_key(due), until.astimezone(UTC))
+        plan = self._memo.get(now.astimezone(UTC), key)
         if plan is None:
             # A schedule whose planning raises is not kept: each is quarantined alone.
             plan = plan_fires(

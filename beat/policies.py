@@ -33,7 +33,7 @@ import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from beat.models import DueSchedule, FirePlan, MisfirePolicy, OverlapPolicy, SkipKind, SkippedFire
@@ -74,10 +74,11 @@ def plan_key(due: DueSchedule) -> tuple[object, ...]:
     return (
         due.trigger,
         due.zone,
-        due.next_fire_at,
+        # Instants, in UTC: times of one zone that differ only in ``fold`` compare equal.
+        due.next_fire_at.astimezone(UTC),
         due.misfire_policy,
         due.jitter_seconds,
-        due.end_at,
+        None if due.end_at is None else due.end_at.astimezone(UTC),
         due.max_runs,
         due.runs_count if due.max_runs is not None else None,
         due.overlap_policy,

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -108,3 +109,26 @@ def test_fire_times_of_a_burst_are_written_once_each() -> None:
         )
         + "}"
     )
+
+
+def test_times_of_the_repeated_hour_keep_their_own_instant() -> None:
+    """02:30 in Berlin happens twice on 2026-10-25 (``fold`` 0 and 1): the two compare
+    equal in Python, yet are an hour apart; each keeps its own instant."""
+    berlin = ZoneInfo("Europe/Berlin")
+    first = datetime(2026, 10, 25, 0, 30, tzinfo=UTC).astimezone(berlin)
+    second = datetime(2026, 10, 25, 1, 30, tzinfo=UTC).astimezone(berlin)
+    assert first == second  # Python's comparison within one zone ignores fold
+    assert time_array([first, second]) == ("{2026-10-25T00:30:00+00:00,2026-10-25T01:30:00+00:00}")
+
+
+def test_copy_of_an_array_column_still_uses_the_drivers_dumper(store: Store) -> None:
+    """The literals' dumpers are found by their class only: COPY, which looks dumpers
+    up by type, still dumps a list as an array."""
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url) as connection:
+        connection.execute("CREATE TEMP TABLE copied (tags text[])")
+        with connection.cursor().copy("COPY copied (tags) FROM STDIN") as copy:
+            copy.set_types(["text[]"])
+            copy.write_row([["a", "b"]])
+        row = connection.execute("SELECT tags FROM copied").fetchone()
+    assert row == (["a", "b"],)

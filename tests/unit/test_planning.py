@@ -280,3 +280,17 @@ def test_a_burst_is_planned_once(monkeypatch: pytest.MonkeyPatch) -> None:
     plan = plan_claim(burst, NOW, NOW, rules.plan_schedule)
     assert calls == 1
     assert len(plan.new_runs) == len(plan_claim(burst, NOW, NOW, alone).new_runs) == 2000
+
+
+def test_schedules_an_hour_apart_in_the_repeated_hour_are_planned_apart() -> None:
+    """Two fire times of one zone that differ only in ``fold`` compare equal in Python;
+    sharing a plan between them would give one schedule the other's fire times."""
+    berlin = ZoneInfo("Europe/Berlin")
+    earlier = datetime(2026, 10, 25, 0, 30, tzinfo=UTC).astimezone(berlin)
+    later = datetime(2026, 10, 25, 1, 30, tzinfo=UTC).astimezone(berlin)
+    first = replace(due(1), trigger=parse_cron("30 * * * *"), next_fire_at=earlier)
+    second = replace(first, id=2, name="s2", next_fire_at=later)
+    now = datetime(2026, 10, 25, 1, 30, 5, tzinfo=UTC)
+    rules = PlanningRules(misfire_grace=60, max_catchup=100)
+    planned = plan_claim([first, second], now, now, rules.plan_schedule)
+    assert planned.plans == plan_claim([first, second], now, now, alone).plans
