@@ -15,7 +15,9 @@ delivery of a run.
 A schedule's runs differ only in their task ID, fire time, attempt and expiry, and the
 schedules of one task and options only in their arguments besides: their messages are
 stamped from a template built once per task and options (``beat.messages``) rather
-than built from scratch by ``send_task`` each time.
+than built from scratch by ``send_task`` each time. On Redis, kombu publishes the
+first of them in a batch, and the others' envelopes are stamped from its own
+(``beat.redis_envelopes``).
 
 Runs claimed ahead of their fire time are built into a batch before it and
 sent at it (``publish_at``): their lateness is one Redis round trip. Nothing of
@@ -47,6 +49,7 @@ from beat.errors import HABeatError, InvalidSchedule, error_text
 from beat.messages import ATTEMPT_HEADER, FIRE_AT_HEADER, SCHEDULE_HEADER
 from beat.models import RunToPublish, UnpublishableRun
 from beat.options import check_publish_options
+from beat.redis_envelopes import Envelopes
 from beat.redis_pushes import fold_pushes
 
 logger = logging.getLogger(__name__)
@@ -74,6 +77,11 @@ REPR_LIMIT = 1024
 #: Build messages from templates made once per schedule definition (``beat.messages``)
 #: rather than with ``send_task`` for each; False sends every message with ``send_task``.
 TEMPLATES = True
+
+#: Push the messages of a template's runs as envelopes stamped from the one kombu built
+#: for its first run in the batch (``beat.redis_envelopes``, on Redis); False has kombu
+#: publish each.
+ENVELOPES = True
 
 #: Routing options of a run: a queue is declared once per batch for each distinct set.
 ROUTING_OPTIONS = ("queue", "exchange", "routing_key", "exchange_type")
@@ -140,10 +148,11 @@ def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
             templates = _templates(app)
             for chunk in _chunks(runs, CHUNK):
                 with producer.batch(max_size=len(chunk) + 1):
+                    envelopes = _envelopes(producer)
                     sent = [
                         run
                         for run in chunk
-                        if _sent(app, producer, run, declared, rejected, templates)
+                        if _sent(app, producer, run, declared, rejected, templates, envelopes)
                     ]
                     fold_pushes(producer)
                 published.extend(run.id for run in sent)
@@ -228,11 +237,12 @@ def _sent(
     declared: set[tuple[Any, ...]],
     rejected: list[UnpublishableRun],
     templates: messages.Templates | None,
+    envelopes: Envelopes | None,
 ) -> bool:
     """Add the message of ``run`` to the producer's batch; False (and the error in
     ``rejected``) if the run itself cannot be made into a message. Broker errors raise."""
     try:
-        _send(app, producer, run, declared, templates)
+        _send(app, producer, run, declared, templates, envelopes)
     except Exception as exc:
         if not is_run_fault(exc, producer.connection):
             raise
@@ -267,9 +277,14 @@ def _send_all(
     ``between`` is called after every ``BUILD_STEP`` of them."""
     declared: set[tuple[Any, ...]] = set()
     templates = _templates(app)
+    envelopes = _envelopes(producer)
     sent: list[RunToPublish] = []
     for chunk in _chunks(runs, BUILD_STEP):
-        sent += [run for run in chunk if _sent(app, producer, run, declared, rejected, templates)]
+        sent += [
+            run
+            for run in chunk
+            if _sent(app, producer, run, declared, rejected, templates, envelopes)
+        ]
         if between is not None and len(chunk) == BUILD_STEP:
             between()
     return sent
@@ -281,6 +296,7 @@ def _send(
     run: RunToPublish,
     declared: set[tuple[Any, ...]],
     templates: messages.Templates | None,
+    envelopes: Envelopes | None,
 ) -> None:
     # kombu would re-check the queue declaration on every message; once a batch is enough.
     routing = tuple(repr(run.options.get(key)) for key in ROUTING_OPTIONS)
@@ -296,6 +312,7 @@ def _send(
             argsrepr=_short_repr(run.args),
             kwargsrepr=_short_repr(run.kwargs),
             declare=routing not in declared,
+            envelopes=envelopes,
         )
         declared.add(routing)
         return
@@ -329,6 +346,12 @@ def _templates(app: Any) -> messages.Templates | None:
     templates = messages.templates_of(app)
     templates.check_routing()
     return templates
+
+
+def _envelopes(producer: Any) -> Envelopes | None:
+    """The envelope stamps of the batch open on ``producer`` (``beat.redis_envelopes``),
+    or None to have kombu publish every message (``ENVELOPES`` off, not on Redis)."""
+    return Envelopes.of(producer) if ENVELOPES else None
 
 
 def _template(

@@ -48,6 +48,7 @@ from celery.backends.base import BaseBackend
 from kombu.serialization import dumps
 
 from beat.models import RunToPublish
+from beat.redis_envelopes import Envelopes
 
 #: Message headers that tell a worker (and Flower) which schedule and fire time a run is for.
 SCHEDULE_HEADER: Final = "habeat_schedule"
@@ -59,6 +60,20 @@ MAX_TEMPLATES: Final = 10_000
 
 #: Placeholders the template is built with: each run stamps its own values.
 _TEMPLATE_TASK_ID: Final = "00000000-0000-0000-0000-000000000000"
+
+#: What ``publish`` stamps per run, of the headers and (when present) the properties.
+_STAMPED_HEADERS: Final = (
+    "id",
+    "root_id",
+    "argsrepr",
+    "kwargsrepr",
+    "retries",
+    SCHEDULE_HEADER,
+    FIRE_AT_HEADER,
+    ATTEMPT_HEADER,
+)
+_STAMPED_HEADERS_EXPIRING: Final = (*_STAMPED_HEADERS, "expires")
+_STAMPED_PROPERTIES: Final = ("correlation_id", "reply_to", "argsrepr", "kwargsrepr", "expiration")
 
 #: Publish arguments of ``send_task_message`` that a template does not keep: the body
 #: is serialised once (so no ``serializer``), ``headers`` are stamped, ``declare`` is
@@ -223,13 +238,17 @@ def publish(
     argsrepr: str,
     kwargsrepr: str,
     declare: bool,
+    envelopes: Envelopes | None = None,
 ) -> None:
     """Publish ``run``'s message from its template through ``producer`` (in its batch, if
     one is open). ``expires``: when the run expires (``beat.dispatch.expiry_of``);
     ``argsrepr``, ``kwargsrepr``: the run's arguments as ``send_task`` is given them;
     ``declare``: whether the template's queues are to be declared (once per batch is
-    enough). Header keys stay in the order ``send_task`` gives them. Raises what
-    ``send_task`` raises for the run's arguments (TypeError, kombu's EncodeError)."""
+    enough); ``envelopes``: the stamps of the open batch, if it is kombu's batch on
+    Redis (``beat.redis_envelopes``), to push the message without kombu once a run of
+    the template taught them its envelope. Header keys stay in the order ``send_task``
+    gives them. Raises what ``send_task`` raises for the run's arguments (TypeError,
+    kombu's EncodeError)."""
     # As Celery's protocol 2 (``AMQP.as_task_v2``), then kombu's ``Producer.publish``.
     args = run.args or ()
     kwargs_ = run.kwargs or {}
@@ -261,9 +280,41 @@ def publish(
         headers["expires"] = expires.isoformat()
         # As send_task: the seconds left at the send, none if already past.
         kwargs["expiration"] = max(0.0, (expires - datetime.now(UTC)).total_seconds())
-    with _library_errors(producer):
-        if template.backend_call:
+    if template.backend_call:
+        with _library_errors(producer):
             app.backend.on_task_call(producer, task_id)
+    if envelopes is None:
+        _publish(producer, template, body, content_type, content_encoding, headers, kwargs, declare)
+        return
+    values = None
+    if envelopes.wants_values(template):
+        values = envelopes.values(
+            body,
+            content_type,
+            content_encoding,
+            headers,
+            _STAMPED_HEADERS if expires is None else _STAMPED_HEADERS_EXPIRING,
+            kwargs,
+            _stamped_properties(kwargs),
+        )
+        if envelopes.push(template, values):
+            return
+    before = envelopes.mark()
+    _publish(producer, template, body, content_type, content_encoding, headers, kwargs, declare)
+    envelopes.published(template, before, values)
+
+
+def _publish(
+    producer: Any,
+    template: MessageTemplate,
+    body: Any,
+    content_type: str,
+    content_encoding: str,
+    headers: dict[str, Any],
+    kwargs: dict[str, Any],
+    declare: bool,
+) -> None:
+    with _library_errors(producer):
         producer.publish(
             body,
             content_type=content_type,
@@ -273,6 +324,11 @@ def publish(
             retry=False,
             **kwargs,
         )
+
+
+def _stamped_properties(kwargs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The properties ``publish`` stamps for a run, in a message's envelope."""
+    return tuple(name for name in _STAMPED_PROPERTIES if name in kwargs)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,9 @@ that is never flushed (it is discarded: nothing reaches the broker), once with
 ``send_task`` per message, then from templates: N runs that are all distinct
 definitions (distinct arguments, one task and options: one template), the same with a
 router function (it may read the arguments: a template per definition, built in the
-pass), the N runs of S definitions (first pass, then with all templates already built).
+pass), the N runs of S definitions (first pass, then with all templates already built,
+then the same with kombu publishing each message rather than stamping its envelope
+from the batch's first: ``beat.redis_envelopes``).
 Prints µs per message; nothing is asserted.
 """
 
@@ -59,9 +61,12 @@ def set_routes(app: Any, routes: Any) -> None:
     del app.amqp.router
 
 
-def time_building(app: object, runs: Sequence[RunToPublish], *, templates: bool) -> float:
+def time_building(
+    app: object, runs: Sequence[RunToPublish], *, templates: bool, envelopes: bool = True
+) -> float:
     """Seconds to add the messages of ``runs`` to a batch that is then discarded."""
     dispatch.TEMPLATES = templates
+    dispatch.ENVELOPES = envelopes
     rejected: list[object] = []
     with app.producer_or_acquire() as producer:  # type: ignore[attr-defined]
         try:
@@ -105,18 +110,21 @@ def main(argv: list[str] | None = None) -> int:
     templates.clear()
     cold = time_building(app, runs, templates=True)
     warm = time_building(app, runs, templates=True)
+    through_kombu = time_building(app, runs, templates=True, envelopes=False)
     for label, seconds in (
         ("send_task per message", plain),
         ("templates, every run a distinct definition (args)", all_distinct),
         ("  the same, a router function: one per definition", per_definition),
         (f"templates, {options.schedules} definitions, first pass", cold),
         ("templates, all built before", warm),
+        ("  the same, kombu publishing each (no stamped envelopes)", through_kombu),
     ):
         per_message = seconds / len(runs) * 1e6
         rows.append([label, f"{per_message:.1f}", f"{len(runs) / seconds:,.0f}"])
     print(f"{len(runs):,} messages of {options.schedules:,} schedule definitions, not flushed\n")
     print(table(["path", "µs/message", "messages/s"], rows))
     dispatch.TEMPLATES = True
+    dispatch.ENVELOPES = True
     return 0
 
 

@@ -13,6 +13,7 @@ from celery.bin.celery import celery as celery_main
 from click.testing import CliRunner, Result
 from sqlalchemy import text
 
+from beat import redis_envelopes
 from beat.api import Schedules
 from beat.store import Store
 
@@ -118,3 +119,18 @@ def table_rows(store: Store) -> list[tuple[Any, ...]]:
         runs = conn.execute(text("SELECT * FROM beat_runs ORDER BY id")).all()
         leader = conn.execute(text("SELECT * FROM beat_leader ORDER BY name")).all()
     return [tuple(row) for row in [*schedules, *runs, *leader]]
+
+
+def count_stamped_pushes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the messages pushed from a stamped envelope (``beat.redis_envelopes``)
+    from now on: one count, kept up to date."""
+    counts = [0]
+    original = redis_envelopes.Envelopes.push
+
+    def counted(self: redis_envelopes.Envelopes, *args: Any) -> bool:
+        pushed = original(self, *args)
+        counts[0] += pushed
+        return pushed
+
+    monkeypatch.setattr(redis_envelopes.Envelopes, "push", counted)
+    return counts

@@ -20,7 +20,7 @@ from beat.errors import StaleEpoch
 from beat.models import RunToPublish
 from beat.redis_pushes import FOLD, fold_pushes
 from tests.conftest import SessionEnv
-from tests.integration.helpers import broker_messages, task_ids
+from tests.integration.helpers import broker_messages, count_stamped_pushes, task_ids
 
 pytestmark = pytest.mark.integration
 
@@ -108,10 +108,13 @@ def test_pushes_to_one_queue_are_folded_and_the_queue_holds_every_run_in_order(
     monkeypatch: pytest.MonkeyPatch,
     send: str,
 ) -> None:
-    """On kombu's Redis batch the layout ``beat.redis_pushes`` expects is there (else
-    it would fold nothing, and a burst's send would take about four times longer)."""
+    """On kombu's Redis batch the layout ``beat.redis_pushes`` and
+    ``beat.redis_envelopes`` expect is there (else the pushes would not be folded, and
+    a burst's send would take about four times longer; nor stamped, and its build
+    about twice as long)."""
     folds: list[tuple[bool, int]] = []
     original = fold_pushes
+    stamped = count_stamped_pushes(monkeypatch)
 
     def watched(producer: Any) -> bool:
         folded = original(producer)
@@ -136,6 +139,9 @@ def test_pushes_to_one_queue_are_folded_and_the_queue_holds_every_run_in_order(
     # publish_runs: one command per chunk of CHUNK; publish_at: one per FOLD messages.
     expected = len(batch) // dispatch.CHUNK + 1 if send == "publish_runs" else 3
     assert sum(commands for _, commands in folds) == expected
+    # kombu publishes a template's first three runs of each batch.
+    batches = len(batch) // dispatch.CHUNK + 1 if send == "publish_runs" else 1
+    assert stamped == [len(batch) - 3 * batches]
 
 
 def test_a_broker_that_is_down_publishes_nothing_and_says_why(test_env: SessionEnv) -> None:

@@ -26,6 +26,7 @@ from app.factory import create_app
 from beat import dispatch, messages
 from beat.models import RunToPublish
 from tests.conftest import SessionEnv
+from tests.integration.helpers import count_stamped_pushes
 
 pytestmark = [
     pytest.mark.integration,
@@ -51,6 +52,7 @@ def app(test_env: SessionEnv, redis_client: redis.Redis) -> Iterator[Celery]:
     app.conf.task_queues = [
         Queue("celery"),
         Queue("bound", Exchange("jobs", type="direct"), routing_key="jobs.bound"),
+        Queue("short-lived", expires=600),  # kombu adds a PEXPIRE to each push
     ]
 
     @app.task(name="tasks.local.tuned", priority=7, time_limit=30, soft_time_limit=20, shared=False)
@@ -334,6 +336,150 @@ def test_a_run_whose_options_cannot_be_built_is_rejected_and_the_others_are_stam
     assert templates_built(app) == 1
 
 
+def variants(run: RunToPublish, count: int) -> list[RunToPublish]:
+    """``run`` and more runs of its template: other schedules, fire times, attempts,
+    retries and (its template holds for any) arguments."""
+    made = [run]
+    for index in range(1, count):
+        args, kwargs = DISTINCT_ARGUMENTS[index % len(DISTINCT_ARGUMENTS)]
+        made.append(
+            replace(
+                run,
+                id=uuid.uuid4(),
+                schedule_name=f"{run.schedule_name}-{index}",
+                fire_at=run.fire_at + timedelta(minutes=index) if run.fire_at else None,
+                attempt=index % 3,
+                retries=index % 2,
+                args=args if index % 2 else run.args,
+                kwargs=kwargs if index % 2 else run.kwargs,
+            )
+        )
+    return made
+
+
+@pytest.mark.parametrize("run", CASES)
+def test_a_batch_of_a_template_s_runs_lands_as_send_task_publishes_it_stamped_from_kombu_s_envelope(
+    app: Celery,
+    test_env: SessionEnv,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    run: RunToPublish,
+) -> None:
+    """kombu publishes the first three runs of the template in the batch; the others
+    are pushed as envelopes stamped from the third's (``beat.redis_envelopes``)."""
+    runs = variants(run, 6)
+    plain = published_batch(app, test_env, redis_client, monkeypatch, runs, templates=False)
+    stamped_pushes = count_stamped_pushes(monkeypatch)
+
+    stamped = published_batch(app, test_env, redis_client, monkeypatch, runs, templates=True)
+
+    assert stamped_pushes == [len(runs) - 3]
+    assert_same_lists(plain, stamped)
+
+
+def test_runs_of_templates_interleaved_land_in_order_and_as_send_task_publishes_them(
+    app: Celery, test_env: SessionEnv, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kinds = [
+        make_run(),
+        make_run(options={"expires": 600, "priority": 5}),
+        make_run(options={"queue": "named"}),
+        make_run("tasks.routed"),
+    ]
+    runs: list[RunToPublish] = []
+    for round_ in zip(*(variants(kind, 5) for kind in kinds), strict=True):
+        runs += round_
+    ad_hoc = make_run(schedule_name=None, fire_at=None)  # sent with send_task
+    runs.insert(7, ad_hoc)
+    plain = published_batch(app, test_env, redis_client, monkeypatch, runs, templates=False)
+    stamped_pushes = count_stamped_pushes(monkeypatch)
+
+    stamped = published_batch(app, test_env, redis_client, monkeypatch, runs, templates=True)
+
+    assert stamped_pushes == [len(kinds) * 2]
+    assert_same_lists(plain, stamped)
+
+
+def test_a_push_kombu_makes_with_more_commands_teaches_no_stamp_and_kombu_publishes_each(
+    app: Celery, test_env: SessionEnv, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue with an expiry: kombu adds a PEXPIRE per priority to each push."""
+    runs = variants(make_run(options={"queue": "short-lived"}), 5)
+    plain = published_batch(app, test_env, redis_client, monkeypatch, runs, templates=False)
+    stamped_pushes = count_stamped_pushes(monkeypatch)
+    queue = f"{test_env.broker_key_prefix}short-lived"
+
+    assert dispatch.publish_runs(app, runs).published == [run.id for run in runs]
+
+    assert stamped_pushes == [0]
+    assert 590_000 < redis_client.pttl(queue) <= 600_000, "the queue's expiry is set"
+    assert_same_lists(plain, broker_lists(test_env, redis_client))
+
+
+def test_a_value_that_differs_per_run_and_is_not_stamped_teaches_no_stamp(
+    app: Celery, test_env: SessionEnv, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stamp is cut from the third run's push and must render the second's too: a
+    per-run header left out of what is stamped (here ``retries``) differs between the
+    two, and kombu goes on publishing each run (a stamp would repeat the value)."""
+    runs = variants(make_run(), 6)
+    assert runs[1].retries != runs[2].retries
+    plain = published_batch(app, test_env, redis_client, monkeypatch, runs, templates=False)
+    unstamped = tuple(name for name in messages._STAMPED_HEADERS if name != "retries")
+    monkeypatch.setattr(messages, "_STAMPED_HEADERS", unstamped)
+    stamped_pushes = count_stamped_pushes(monkeypatch)
+
+    stamped = published_batch(app, test_env, redis_client, monkeypatch, runs, templates=True)
+
+    assert stamped_pushes == [0]
+    assert_same_lists(plain, stamped)
+
+
+def test_stamped_pushes_count_in_kombu_s_batch_and_go_with_its_flushes(
+    app: Celery, test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    """kombu flushes a batch when it holds ``max_size`` commands, and only if it counts
+    some: a stamped push counts as kombu's own, so none is left in the pipeline."""
+    runs = variants(make_run(), 25)
+    with app.producer_or_acquire() as producer, producer.batch(max_size=4):
+        sent = dispatch._send_all(app, producer, runs, [])
+        in_pipeline = len(producer._batch_local.current.session.pipeline.command_stack)
+    assert len(sent) == len(runs)
+    assert in_pipeline == len(runs) % 4 == 1, "flushed every 4 pushes, stamped ones included"
+    queue = f"{test_env.broker_key_prefix}celery"
+    landed = [json.loads(payload)["headers"]["id"] for payload in redis_client.lrange(queue, 0, -1)]
+    assert landed[::-1] == [run.celery_task_id for run in runs]
+
+
+def published_batch(
+    app: Celery,
+    test_env: SessionEnv,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    runs: list[RunToPublish],
+    *,
+    templates: bool,
+) -> dict[str, list[bytes]]:
+    """Publish ``runs`` in one batch with ``send_task`` each, or from templates and
+    stamped envelopes; the broker's lists then, emptied."""
+    monkeypatch.setattr(dispatch, "TEMPLATES", templates)
+    monkeypatch.setattr(dispatch, "ENVELOPES", templates)
+    monkeypatch.setattr(dispatch, "send_plain", send_plain)
+    result = dispatch.publish_runs(app, runs)
+    assert result.error is None
+    assert result.rejected == []
+    assert result.published == [run.id for run in runs]
+    return broker_lists(test_env, redis_client)
+
+
+def assert_same_lists(plain: dict[str, list[bytes]], stamped: dict[str, list[bytes]]) -> None:
+    assert list(stamped) == list(plain), "the same queue and priority lists"
+    for key, payloads in plain.items():
+        assert len(stamped[key]) == len(payloads), key
+        for expected, got in zip(payloads, stamped[key], strict=True):
+            assert_same_envelope(expected, got)
+
+
 send_plain = dispatch.send_plain
 
 
@@ -372,6 +518,11 @@ def published(
     assert result.error is None
     assert result.rejected == []
     assert result.published == [run.id]
+    return broker_lists(test_env, redis_client)
+
+
+def broker_lists(test_env: SessionEnv, redis_client: redis.Redis) -> dict[str, list[bytes]]:
+    """The broker's lists (key without the session prefix: raw payloads), emptied."""
     prefix = test_env.broker_key_prefix
     lists: dict[str, list[bytes]] = {}
     for key in sorted(redis_client.scan_iter(match=f"{prefix}*")):
