@@ -17,6 +17,11 @@ whole, some 40 µs a message) is taken once per template and batch:
   values, encoded as kombu's JSON encodes them, pushed on the same list in the same
   pipeline, in order (a template routes all its runs alike: ``beat.messages``).
 
+A stamped run goes to the list kombu routed the template's third run to: kombu routes
+each message as it is added to the batch, not as the batch is sent, so a binding made
+or dropped while a batch is built reaches its later messages through kombu and not
+through a stamp (they are all sent together, as if routed at that third run).
+
 A publish that kombu makes otherwise (a queue with an expiry adds ``PEXPIRE``s, a
 fanout exchange ``PUBLISH``es, a transport without a Redis pipeline) teaches nothing:
 the template's runs go on through kombu. Nothing here is sent: the batch sends it all,
@@ -32,6 +37,8 @@ from json.encoder import encode_basestring_ascii
 from typing import Any, Final
 
 from kombu.utils import json as kombu_json
+
+from beat.redis_pushes import is_command
 
 #: Where a value sits in an envelope: a top-level field, or a header or property.
 Path = tuple[str, ...]
@@ -232,6 +239,10 @@ class Envelopes:
         if learned is None or learned.stamp is None:
             return False
         session = self._session
+        # As kombu's own publish: none through a batch aborted, failed or closed.
+        if self._state.aborted:
+            raise RuntimeError("Cannot publish through an aborted batch")
+        session._check_usable()
         values[DELIVERY_TAG] = session.channel._next_delivery_tag()
         document = learned.stamp.render(values)
         del values[DELIVERY_TAG]
@@ -286,7 +297,7 @@ class Envelopes:
         before_stack, length = before
         if before_stack is not None and stack is not before_stack:
             return None  # kombu flushed the batch meanwhile
-        if len(stack) != length + 1:
+        if len(stack) != length + 1 or not is_command(stack[-1]):
             return None  # not one command for one message
         args, options = stack[-1]
         if len(args) != 3 or args[0] != "LPUSH" or not isinstance(args[2], str):
@@ -306,6 +317,7 @@ def _redis_session(state: Any) -> Any:
         or type(getattr(session, "_buffered", None)) is not int
         or not isinstance(getattr(session, "max_size", None), int)
         or not callable(getattr(session, "flush", None))
+        or not callable(getattr(session, "_check_usable", None))
         or not callable(getattr(channel, "_next_delivery_tag", None))
         or not callable(getattr(channel, "encode_body", None))
     ):

@@ -69,12 +69,13 @@ def _command_stack(producer: Any) -> list[Command] | None:
     state = getattr(getattr(producer, "_batch_local", None), "current", None)
     pipeline = getattr(getattr(state, "session", None), "pipeline", None)
     stack = getattr(pipeline, "command_stack", None)
-    if not isinstance(stack, list) or not all(_is_command(entry) for entry in stack):
+    if not isinstance(stack, list) or not all(is_command(entry) for entry in stack):
         return None
     return stack
 
 
-def _is_command(entry: Any) -> bool:
+def is_command(entry: Any) -> bool:
+    """Whether ``entry`` is a pipeline command as redis-py queues it (``Command``)."""
     return (
         isinstance(entry, tuple)
         and len(entry) == 2

@@ -157,26 +157,31 @@ def test_a_broker_that_is_down_publishes_nothing_and_says_why(test_env: SessionE
 
 
 def test_finding_14_a_run_whose_message_cannot_be_built_is_rejected_alone(
-    test_env: SessionEnv, redis_client: redis.Redis
+    test_env: SessionEnv, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = create_app(test_env.settings())
-    good = runs(4)
+    good = runs(10)
     bad = replace(good[1], options={"headers": "oops"})
     expired = replace(good[2], options={"expires": "soon"})  # not a time
-    batch = [good[0], bad, expired, good[3]]
+    unserialisable = replace(good[5], args=[object()])  # among stamped runs
+    batch = [good[0], bad, expired, *good[3:5], unserialisable, *good[6:]]
+    sent = [run for run in batch if run not in (bad, expired, unserialisable)]
+    stamped = count_stamped_pushes(monkeypatch)
 
     for result in (
         dispatch.publish_runs(app, batch),
         dispatch.publish_at(app, batch, time.monotonic()),
     ):
         assert result.error is None
-        assert result.published == [good[0].id, good[3].id]
+        assert result.published == [run.id for run in sent]
         assert [(entry.run.id, entry.error.split(":")[0]) for entry in result.rejected] == [
             (bad.id, "ValueError"),  # refused by beat.options before Celery sees them
             (expired.id, "ValueError"),
+            (unserialisable.id, "EncodeError"),
         ]
     messages = broker_messages(redis_client, test_env.broker_key_prefix)
-    assert task_ids(messages) == [str(good[0].id), str(good[3].id)] * 2
+    assert task_ids(messages) == [str(run.id) for run in sent] * 2
+    assert stamped == [2 * (len(sent) - 3)]
 
 
 def test_finding_14_a_broker_error_while_a_message_is_built_stops_the_batch(
@@ -216,13 +221,15 @@ def test_finding_10_a_transport_that_cannot_batch_sends_nothing_before_the_deadl
 
 
 def test_publish_at_sends_nothing_when_the_last_check_before_the_send_refuses(
-    test_env: SessionEnv, redis_client: redis.Redis
+    test_env: SessionEnv, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = create_app(test_env.settings())
 
     def lease_lost() -> None:
         raise StaleEpoch("another process leads")
 
+    stamped = count_stamped_pushes(monkeypatch)
     with pytest.raises(StaleEpoch):
-        dispatch.publish_at(app, runs(3), time.monotonic() + 0.1, before_send=lease_lost)
+        dispatch.publish_at(app, runs(50), time.monotonic() + 0.1, before_send=lease_lost)
     assert broker_messages(redis_client, test_env.broker_key_prefix) == []
+    assert stamped == [47], "stamped pushes were waiting in the batch, and were dropped"

@@ -346,7 +346,7 @@ def variants(run: RunToPublish, count: int) -> list[RunToPublish]:
             replace(
                 run,
                 id=uuid.uuid4(),
-                schedule_name=f"{run.schedule_name}-{index}",
+                schedule_name=f"{run.schedule_name}-é{index}✓",
                 fire_at=run.fire_at + timedelta(minutes=index) if run.fire_at else None,
                 attempt=index % 3,
                 retries=index % 2,
@@ -446,9 +446,48 @@ def test_stamped_pushes_count_in_kombu_s_batch_and_go_with_its_flushes(
         in_pipeline = len(producer._batch_local.current.session.pipeline.command_stack)
     assert len(sent) == len(runs)
     assert in_pipeline == len(runs) % 4 == 1, "flushed every 4 pushes, stamped ones included"
+    assert landed_ids(test_env, redis_client) == [run.celery_task_id for run in runs]
+
+
+def test_a_flush_while_a_stamp_is_learnt_teaches_none_and_loses_nothing(
+    app: Celery, test_env: SessionEnv, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kombu flushes a batch of ``max_size`` 2 on the second push: the pipeline is a new
+    one by the third run, no stamp is learnt from it, and every message lands."""
+    runs = variants(make_run(), 12)
+    stamped = count_stamped_pushes(monkeypatch)
+    with app.producer_or_acquire() as producer, producer.batch(max_size=2):
+        sent = dispatch._send_all(app, producer, runs, [])
+    assert len(sent) == len(runs)
+    assert stamped == [0]
+    assert landed_ids(test_env, redis_client) == [run.celery_task_id for run in runs]
+
+
+def landed_ids(test_env: SessionEnv, redis_client: redis.Redis) -> list[str]:
+    """Task IDs in the default queue, oldest first."""
     queue = f"{test_env.broker_key_prefix}celery"
-    landed = [json.loads(payload)["headers"]["id"] for payload in redis_client.lrange(queue, 0, -1)]
-    assert landed[::-1] == [run.celery_task_id for run in runs]
+    payloads = redis_client.lrange(queue, 0, -1)
+    return [json.loads(payload)["headers"]["id"] for payload in reversed(payloads)]  # type: ignore[arg-type]
+
+
+def test_a_batch_that_kombu_aborted_takes_no_stamped_push(
+    app: Celery, test_env: SessionEnv, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As kombu refuses a publish through an aborted batch, so does a stamped push: the
+    run is not taken for sent."""
+    runs = variants(make_run(), 5)
+    templates, declared = messages.templates_of(app), set[tuple[Any, ...]]()
+    stamped = count_stamped_pushes(monkeypatch)
+    with app.producer_or_acquire() as producer, producer.batch(max_size=100):
+        envelopes = dispatch._envelopes(producer)
+        for run in runs[:4]:  # three through kombu, the fourth stamped
+            dispatch._send(app, producer, run, declared, templates, envelopes)
+        assert stamped == [1]
+        producer._batch_local.current.abort()
+        with pytest.raises(RuntimeError, match="aborted"):
+            dispatch._send(app, producer, runs[4], declared, templates, envelopes)
+    assert stamped == [1]
+    assert redis_client.llen(f"{test_env.broker_key_prefix}celery") == 0
 
 
 def published_batch(
