@@ -16,7 +16,7 @@ A schedule's runs differ only in their task ID, fire time, attempt and expiry, a
 schedules of one task and options only in their arguments besides: their messages are
 stamped from a template built once per task and options (``beat.messages``) rather
 than built from scratch by ``send_task`` each time. On Redis, kombu publishes the
-first of them in a batch, and the others' envelopes are stamped from its own
+first three of them in a batch, and the others' envelopes are stamped from its own
 (``beat.redis_envelopes``).
 
 Runs claimed ahead of their fire time are built into a batch before it and
@@ -78,9 +78,9 @@ REPR_LIMIT = 1024
 #: rather than with ``send_task`` for each; False sends every message with ``send_task``.
 TEMPLATES = True
 
-#: Push the messages of a template's runs as envelopes stamped from the one kombu built
-#: for its first run in the batch (``beat.redis_envelopes``, on Redis); False has kombu
-#: publish each.
+#: Push the messages of a template's runs as envelopes stamped from those kombu built
+#: for its first runs in the batch (``beat.redis_envelopes``, on Redis); False has
+#: kombu publish each.
 ENVELOPES = True
 
 #: Routing options of a run: a queue is declared once per batch for each distinct set.

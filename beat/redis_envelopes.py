@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from kombu.utils import json as kombu_json
 
-from beat.redis_pushes import is_command
+from beat.redis_pushes import batch_state, is_command
 
 #: Where a value sits in an envelope: a top-level field, or a header or property.
 Path = tuple[str, ...]
@@ -144,13 +144,13 @@ class _Push:
 @dataclass(frozen=True, slots=True)
 class _Learned:
     template: object
-    #: The first run's push, until a second teaches the stamp (or that there is none).
-    first: _Push | None = None
+    #: The second run's push, until the third teaches the stamp (or that there is none).
+    second: _Push | None = None
     taught: bool = False
     #: None once taught: the template's runs go through kombu in this batch.
     stamp: Stamp | None = None
-    command: tuple[Any, ...] = ()
-    options: Mapping[str, Any] | None = None
+    #: The push the stamp was cut from: later runs go with its command and options.
+    source: _Push | None = None
 
 
 class Envelopes:
@@ -166,11 +166,11 @@ class Envelopes:
     @classmethod
     def of(cls, producer: Any) -> Envelopes | None:
         """The stamps of the batch open on ``producer``; None if there is none."""
-        state = getattr(getattr(producer, "_batch_local", None), "current", None)
+        state = batch_state(producer)
         return None if state is None else cls(producer, state)
 
     def mark(self) -> tuple[list[Any] | None, int]:
-        """Where the pipeline stands before kombu publishes a run (for ``learn``): its
+        """Where the pipeline stands before kombu publishes a run (for ``published``): its
         commands and their number, or None if the batch has no Redis session yet."""
         session = _redis_session(self._state)
         if session is None:
@@ -205,26 +205,22 @@ class Envelopes:
         if learned.taught or values is None:
             return
         push = self._pushed(before, values)
-        if learned.first is None and push is not None:
-            self._learned[id(template)] = _Learned(template, first=push)
+        if learned.second is None and push is not None:
+            self._learned[id(template)] = _Learned(template, second=push)
             return
         stamp = None
-        if learned.first is not None and push is not None:
+        if learned.second is not None and push is not None:
             stamp = cut(push.document, [*values, DELIVERY_TAG])
-            first = learned.first
+            second = learned.second
             if stamp is not None and not (
-                push.command == first.command
-                and push.options == first.options
+                push.command == second.command
+                and push.options == second.options
                 and push.rendered_by(stamp)
-                and first.rendered_by(stamp)
+                and second.rendered_by(stamp)
             ):
                 stamp = None
-        if stamp is None or push is None:
-            self._learned[id(template)] = _Learned(template, taught=True)
-        else:
-            self._learned[id(template)] = _Learned(
-                template, taught=True, stamp=stamp, command=push.command, options=push.options
-            )
+        source = None if stamp is None else push
+        self._learned[id(template)] = _Learned(template, taught=True, stamp=stamp, source=source)
 
     def _learned_of(self, template: object) -> _Learned | None:
         learned = self._learned.get(id(template))
@@ -236,7 +232,7 @@ class Envelopes:
         """Add a run of ``template`` (its ``values`` without the delivery tag) to the
         batch from the stamp learnt; False if there is none: kombu is to publish it."""
         learned = self._learned_of(template)
-        if learned is None or learned.stamp is None:
+        if learned is None or learned.stamp is None or learned.source is None:
             return False
         session = self._session
         # As kombu's own publish: none through a batch aborted, failed or closed.
@@ -248,7 +244,8 @@ class Envelopes:
         del values[DELIVERY_TAG]
         if document is None:
             return False
-        session.pipeline.command_stack.append(((*learned.command, document), learned.options))
+        source = learned.source
+        session.pipeline.command_stack.append(((*source.command, document), source.options))
         # As kombu's own publish: the push counts in the batch (kombu sends nothing of a
         # batch it counts empty), which is sent once it holds ``max_size`` commands.
         session._buffered += 1
@@ -272,7 +269,7 @@ class Envelopes:
         ``Producer.publish`` writes it)."""
         if isinstance(body, str):
             body = body.encode(content_encoding or "utf-8")
-        channel = self._producer.channel if self._session is None else self._session.channel
+        channel = self._producer.channel  # the batch's own: kombu refuses another
         found: dict[Path, Any] = {
             BODY: channel.encode_body(body, channel.body_encoding)[0],
             CONTENT_TYPE: content_type,

@@ -66,12 +66,17 @@ def _is_push(args: tuple[Any, ...]) -> bool:
 def _command_stack(producer: Any) -> list[Command] | None:
     """The pipeline of the batch open on ``producer`` (kombu's ``Producer.batch`` on
     Redis: its ``PublishBatch`` holds a redis-py pipeline), if laid out as expected."""
-    state = getattr(getattr(producer, "_batch_local", None), "current", None)
-    pipeline = getattr(getattr(state, "session", None), "pipeline", None)
+    pipeline = getattr(getattr(batch_state(producer), "session", None), "pipeline", None)
     stack = getattr(pipeline, "command_stack", None)
     if not isinstance(stack, list) or not all(is_command(entry) for entry in stack):
         return None
     return stack
+
+
+def batch_state(producer: Any) -> Any:
+    """kombu's state of the publish batch open on ``producer`` (``Producer.batch``; its
+    ``session`` is the transport's batch, made by its first publish), or None."""
+    return getattr(getattr(producer, "_batch_local", None), "current", None)
 
 
 def is_command(entry: Any) -> bool:

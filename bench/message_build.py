@@ -8,7 +8,7 @@ definitions (distinct arguments, one task and options: one template), the same w
 router function (it may read the arguments: a template per definition, built in the
 pass), the N runs of S definitions (first pass, then with all templates already built,
 then the same with kombu publishing each message rather than stamping its envelope
-from the batch's first: ``beat.redis_envelopes``).
+from the first ones kombu built in the batch: ``beat.redis_envelopes``).
 Prints µs per message; nothing is asserted.
 """
 

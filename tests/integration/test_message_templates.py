@@ -26,7 +26,7 @@ from app.factory import create_app
 from beat import dispatch, messages
 from beat.models import RunToPublish
 from tests.conftest import SessionEnv
-from tests.integration.helpers import count_stamped_pushes
+from tests.integration.helpers import broker_messages, count_stamped_pushes, task_ids
 
 pytestmark = [
     pytest.mark.integration,
@@ -446,7 +446,8 @@ def test_stamped_pushes_count_in_kombu_s_batch_and_go_with_its_flushes(
         in_pipeline = len(producer._batch_local.current.session.pipeline.command_stack)
     assert len(sent) == len(runs)
     assert in_pipeline == len(runs) % 4 == 1, "flushed every 4 pushes, stamped ones included"
-    assert landed_ids(test_env, redis_client) == [run.celery_task_id for run in runs]
+    landed = broker_messages(redis_client, test_env.broker_key_prefix)
+    assert task_ids(landed) == [run.celery_task_id for run in runs]
 
 
 def test_a_flush_while_a_stamp_is_learnt_teaches_none_and_loses_nothing(
@@ -460,14 +461,8 @@ def test_a_flush_while_a_stamp_is_learnt_teaches_none_and_loses_nothing(
         sent = dispatch._send_all(app, producer, runs, [])
     assert len(sent) == len(runs)
     assert stamped == [0]
-    assert landed_ids(test_env, redis_client) == [run.celery_task_id for run in runs]
-
-
-def landed_ids(test_env: SessionEnv, redis_client: redis.Redis) -> list[str]:
-    """Task IDs in the default queue, oldest first."""
-    queue = f"{test_env.broker_key_prefix}celery"
-    payloads = redis_client.lrange(queue, 0, -1)
-    return [json.loads(payload)["headers"]["id"] for payload in reversed(payloads)]  # type: ignore[arg-type]
+    landed = broker_messages(redis_client, test_env.broker_key_prefix)
+    assert task_ids(landed) == [run.celery_task_id for run in runs]
 
 
 def test_a_batch_that_kombu_aborted_takes_no_stamped_push(
