@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 from zoneinfo import ZoneInfo
 
 import psycopg
@@ -108,6 +108,7 @@ from beat.planning import (
 from beat.run_stats import RunStatsStore, SummaryReport
 from beat.schedule_store import trigger_from_row
 from beat.tables import FINISHED_SQL, SCHEDULES_CHANNEL, TZ, leader, runs, schedules, workers
+from beat.timing import Trigger
 
 logger = logging.getLogger(__name__)
 
@@ -1120,7 +1121,8 @@ def _deferred() -> ColumnElement[bool]:
 
 def _due_query(batch: int) -> Any:
     """Due schedules (and, with ``:ahead`` seconds, those due that soon whose overlap
-    policy is ``allow``), oldest first, locked, skipping rows locked elsewhere."""
+    policy is ``allow``), oldest first, locked, skipping rows locked elsewhere. The
+    columns are in the order ``_due_from_row`` unpacks them."""
     ahead = func.now() + _seconds("ahead")
     return (
         select(
@@ -1243,26 +1245,57 @@ _ADVANCE = (
 )
 
 
-def _due_from_row(row: Row[Any]) -> DueSchedule:
+def _due_from_row(row: Row[Any], triggers: dict[tuple[Any, ...], Trigger]) -> DueSchedule:
+    """A due row as a schedule. A burst's rows mostly share their trigger (one cron for
+    thousands of schedules): ``triggers`` keeps the one built for each trigger's
+    columns, for the rows of one claim."""
+    (
+        schedule_id,
+        name,
+        task,
+        *trigger_columns,
+        timezone,
+        args,
+        kwargs,
+        options,
+        misfire_policy,
+        max_attempts,
+        next_fire_at,
+        overlap_policy,
+        jitter_seconds,
+        end_at,
+        max_runs,
+        runs_count,
+    ) = cast(tuple[Any, ...], row)
+    key = tuple(trigger_columns)
+    trigger = triggers.get(key)
+    if trigger is None:
+        trigger = triggers[key] = trigger_from_row(row)
     return DueSchedule(
-        id=row.id,
-        name=row.name,
-        task=row.task,
-        trigger=trigger_from_row(row),
-        zone=ZoneInfo(row.timezone),
-        args=row.args,
-        kwargs=row.kwargs,
+        id=schedule_id,
+        name=name,
+        task=task,
+        trigger=trigger,
+        zone=ZoneInfo(timezone),
+        args=args,
+        kwargs=kwargs,
         # A row written with psql may carry options a schedule may not: it is quarantined.
-        options=check_publish_options(row.options),
-        misfire_policy=MisfirePolicy(row.misfire_policy),
-        max_attempts=row.max_attempts,
-        next_fire_at=row.next_fire_at,
-        overlap_policy=OverlapPolicy(row.overlap_policy),
-        jitter_seconds=row.jitter_seconds,
-        end_at=row.end_at,
-        max_runs=row.max_runs,
-        runs_count=row.runs_count,
+        options={} if options == {} else check_publish_options(options),
+        misfire_policy=_MISFIRE_POLICIES.get(misfire_policy) or MisfirePolicy(misfire_policy),
+        max_attempts=max_attempts,
+        next_fire_at=next_fire_at,
+        overlap_policy=_OVERLAP_POLICIES.get(overlap_policy) or OverlapPolicy(overlap_policy),
+        jitter_seconds=jitter_seconds,
+        end_at=end_at,
+        max_runs=max_runs,
+        runs_count=runs_count,
     )
+
+
+#: The policies by their stored value (a look-up, cheaper than the enum's call; a value
+#: not listed goes through the call, whose error names it).
+_MISFIRE_POLICIES = {policy.value: policy for policy in MisfirePolicy}
+_OVERLAP_POLICIES = {policy.value: policy for policy in OverlapPolicy}
 
 
 def new_run_values(
@@ -1306,9 +1339,10 @@ def _due_schedules(rows: Sequence[Row[Any]]) -> tuple[list[DueSchedule], list[Qu
     (e.g. a zone or cron written with psql): each alone is quarantined."""
     due: list[DueSchedule] = []
     unreadable: list[Quarantine] = []
+    triggers: dict[tuple[Any, ...], Trigger] = {}
     for row in rows:
         try:
-            due.append(_due_from_row(row))
+            due.append(_due_from_row(row, triggers))
         except Exception as exc:  # bad data in one row must not stop every claim
             reason = f"its stored definition cannot be read: {error_text(exc)}"
             unreadable.append(Quarantine(schedule_id=row.id, name=row.name, reason=reason))
