@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Protocol
 
 from beat.armed import ArmedRuns, no_lead
@@ -52,6 +53,7 @@ from beat.leader_store import Claim, PruneReport, Reclaim
 from beat.liveness import WorkerDeaths
 from beat.lost_messages import Recovery
 from beat.models import Quarantine, RunToPublish, UnpublishableRun
+from beat.overlapped_send import OverlappedSend
 from beat.planning import PlanningRules, SchedulePlanner
 from beat.reporting import CLAIM, OUTBOX, RECLAIM, Reporter
 from beat.run_stats import SummaryReport
@@ -75,6 +77,9 @@ LEASE_EXPIRY_MARGIN = 0.05
 CRASH_POLL_INTERVAL = 1.0
 #: While a burst is claimed batch after batch, the outbox and the reaper run this often (s).
 BURST_MAINTENANCE_INTERVAL = 1.0
+#: While a burst is claimed, send each batch as the next is claimed
+#: (``beat.overlapped_send``); False sends each batch before the next claim.
+OVERLAP_SENDS = True
 
 
 class ClaimStore(Protocol):
@@ -164,6 +169,15 @@ class RunCrashes(Protocol):
     def dead_runs(self, *, limit: int) -> WorkerDeaths: ...
 
 
+class Sends(Protocol):
+    """Where a burst's batch is sent while the next is claimed
+    (``beat.overlapped_send.OverlappedSend``): one send in flight at most."""
+
+    def start(self, send: Callable[[], None]) -> None: ...
+    def finish(self) -> None: ...
+    def finish_quietly(self) -> None: ...
+
+
 class _NoCrashes:
     def dead_runs(self, *, limit: int) -> WorkerDeaths:
         return WorkerDeaths()
@@ -189,6 +203,7 @@ class LeaderLoop:
         clock: Callable[[], float] = time.monotonic,
         after_claim_commit: Callable[[Claim], None] | None = None,
         crash_detection: RunCrashes | None = None,
+        sends: Sends | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -218,27 +233,50 @@ class LeaderLoop:
         self._next_maintenance = 0.0
         self._next_retention = 0.0  # clock() of the next history prune
         self._next_summary = 0.0  # clock() of the next summary of finished runs
+        #: The send of a burst's batch, in flight while the next batch is claimed.
+        self.sends: Sends = sends or OverlappedSend()
 
     def run_once(self) -> None:
-        """One pass; a fenced write refused raises StaleEpoch (the caller steps down)."""
+        """One pass; a fenced write refused raises StaleEpoch (the caller steps down).
+
+        While a burst is claimed, a batch's runs are sent on a thread of their own
+        (``beat.overlapped_send``) as the next batch is claimed; whatever else the loop
+        does (armed runs, maintenance, waiting, standing by) waits for that send."""
+        try:
+            self._run_once()
+        except BaseException:
+            self.sends.finish_quietly()
+            raise
+
+    def _run_once(self) -> None:
         epoch = self.leadership.lead()
         if epoch is None:
             self.stand_by()
             return
         # Armed runs whose time came while claiming go first, before the outbox sees them.
-        self._publish_armed(until=self.clock())
+        if self.armed.any_due(self.clock()):
+            self.sends.finish()
+            self._publish_armed(until=self.clock())
         if self._maintenance_due():
+            self.sends.finish()  # the outbox would see the runs being sent as pending
             self._maintain(epoch)
         claim = self._claim(epoch)
         self.leadership.made_progress()  # a fenced claim committed: this leader works
         if self.after_claim_commit is not None:
             self.after_claim_commit(claim)
         self.armed.arm(claim)  # first: if the broker fails the publish below, these keep their time
+        self._in_burst = claim.schedules_claimed >= self.config.claim_batch
+        # More are due: claim again at once, sending these meanwhile. Building the armed
+        # runs waits until the burst is claimed (the window allowed for both), unless
+        # their time has come.
+        if self._in_burst and OVERLAP_SENDS and not self.armed.any_due(self.clock()):
+            if claim.runs:
+                self.sends.start(partial(self._publish, claim.runs, source=CLAIM))
+            self._revoke(claim.cancelled)
+            return
+        self.sends.finish()
         self._publish(claim.runs, source=CLAIM)
         self._revoke(claim.cancelled)
-        self._in_burst = claim.schedules_claimed >= self.config.claim_batch
-        # More are due: claim again at once. Building the armed runs waits until the
-        # burst is claimed (the window allowed for both), unless their time has come.
         if self._in_burst and not self.armed.any_due(self.clock()):
             return
         # Armed runs whose messages must be built before the next claim are built now
@@ -253,6 +291,7 @@ class LeaderLoop:
 
     def stand_by(self) -> None:
         """Not leading: hold nothing in memory, wait for the next attempt."""
+        self.sends.finish_quietly()
         self.drop_armed()
         self.lost_messages.forget()
         self._in_burst = False

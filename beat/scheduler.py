@@ -126,6 +126,9 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             return
         self._closed = True
         if self._loop is not None:
+            # A batch being sent is let finish (one batch of a burst): what it sends is
+            # then not sent again from the outbox by the next leader.
+            self._loop.sends.finish_quietly()
             # Runs claimed ahead are not waited for: the next leader publishes them from
             # the outbox at their fire time, so a hand-over is not delayed by them.
             self._loop.armed.drop()

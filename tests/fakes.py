@@ -1234,6 +1234,36 @@ class NoMessageRecovery:
 # -- processes ------------------------------------------------------------------------------
 
 
+class DeferredSends:
+    """``beat.overlapped_send.OverlappedSend`` at its latest, and on the loop's thread:
+    a burst's batch is sent only when the loop waits for it (before anything else it
+    does but the next claim), so a test sees what the next claim or a fault meanwhile
+    does to it."""
+
+    def __init__(self) -> None:
+        self._send: Callable[[], None] | None = None
+        #: Sends handed over (started) so far.
+        self.started = 0
+
+    @property
+    def in_flight(self) -> bool:
+        return self._send is not None
+
+    def start(self, send: Callable[[], None]) -> None:
+        self.finish()
+        self._send = send
+        self.started += 1
+
+    def finish(self) -> None:
+        send, self._send = self._send, None
+        if send is not None:
+            send()
+
+    def finish_quietly(self) -> None:
+        with contextlib.suppress(Exception):
+            self.finish()
+
+
 class ProcessCrashed(BaseException):
     """Unwinds the pass of a process that died meanwhile (nothing of it runs on)."""
 
@@ -1282,6 +1312,7 @@ class Process:
             reporter=self.reporter,
             clock=clock,
             after_claim_commit=self._after_claim_commit,
+            sends=DeferredSends(),
         )
         world.store.on_leader_released(self.waiter.wake)
         #: Test hook: called with each claim after it commits, before its runs are sent.
@@ -1376,8 +1407,10 @@ class Process:
             self.close()
 
     def close(self) -> None:
-        """``HAScheduler.close``: drop the runs claimed ahead, release, wake the standbys."""
+        """``HAScheduler.close``: end the send in flight, drop the runs claimed ahead,
+        release, wake the standbys."""
         self.closed = True
+        self.loop.sends.finish_quietly()
         self.armed.drop()
         self.leadership.hand_over()
 

@@ -3,16 +3,22 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import text
 
 from beat.api import Schedules
+from beat.models import RunState
+from beat.overlapped_send import OverlappedSend
 from beat.store import Store
+from tests.conftest import SessionEnv
 from tests.integration.conftest import SchedulerFactory
+from tests.integration.helpers import broker_messages, run_rows, task_ids
 
 pytestmark = pytest.mark.integration
 
@@ -76,3 +82,70 @@ def test_a_burst_is_claimed_batch_after_batch_with_the_outbox_read_once_a_second
     time.sleep(1.1)
     scheduler.tick()  # the burst is over and a second has passed
     assert reads == [1]
+
+
+def test_a_burst_s_batches_are_sent_on_a_thread_while_the_next_is_claimed(
+    store: Store,
+    make_scheduler: SchedulerFactory,
+    redis_client: redis.Redis,
+    test_env: SessionEnv,
+) -> None:
+    """The real thread, PostgreSQL and Redis: each batch but the last is sent while the
+    next one is claimed, in claim order, each run once; ``close`` ends the send in
+    flight before the lease is released."""
+    for index in range(23):
+        Schedules(store).create(f"s{index:02d}", "t", in_seconds=0, allow_unregistered=True)
+    scheduler = make_scheduler(claim_batch=5, claim_ahead=0.0)
+    threads: list[str] = []
+    publish = scheduler.loop.publisher.publish
+
+    def noted(runs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return publish(runs)
+
+    scheduler.loop.publisher.publish = noted  # type: ignore[method-assign]
+    claimed: list[uuid.UUID] = []
+    scheduler.after_claim_commit = lambda claim: claimed.extend(run.id for run in claim.runs)
+
+    scheduler.tick()
+    assert isinstance(scheduler.loop.sends, OverlappedSend)
+    assert scheduler.loop.sends.in_flight
+    for _ in range(4):
+        scheduler.tick()  # the other batches, the last (3 runs) sent by the loop itself
+
+    assert threads == ["habeat-send"] * 4 + ["MainThread"]
+    messages = broker_messages(redis_client, test_env.broker_key_prefix)
+    assert task_ids(messages) == [str(run_id) for run_id in claimed]
+    assert {row.state for row in run_rows(store)} == {RunState.QUEUED.value}
+    assert len(claimed) == 23
+
+
+def test_close_ends_the_send_in_flight_before_it_hands_over(
+    store: Store,
+    make_scheduler: SchedulerFactory,
+    redis_client: redis.Redis,
+    test_env: SessionEnv,
+) -> None:
+    for index in range(10):
+        Schedules(store).create(f"s{index:02d}", "t", in_seconds=0, allow_unregistered=True)
+    scheduler = make_scheduler(claim_batch=5, claim_ahead=0.0)
+    publish = scheduler.loop.publisher.publish
+    released: list[str] = []
+
+    def slow(runs: Any) -> Any:
+        time.sleep(0.5)  # still sending when beat is told to stop
+        result = publish(runs)
+        released.append("sent")
+        return result
+
+    scheduler.loop.publisher.publish = slow  # type: ignore[method-assign]
+    hand_over = scheduler.leadership.hand_over
+    scheduler.leadership.hand_over = lambda: (released.append("released"), hand_over())[1]  # type: ignore[method-assign]
+
+    scheduler.tick()  # leads, claims 5, their send in flight
+    scheduler.close()
+
+    assert released == ["sent", "released"]
+    assert len(broker_messages(redis_client, test_env.broker_key_prefix)) == 5
+    assert len(run_rows(store, state=RunState.QUEUED.value)) == 5
+    assert len(run_rows(store, state=RunState.PENDING.value)) == 0

@@ -175,13 +175,17 @@ def test_a_full_batch_is_claimed_again_at_once_and_the_outbox_waits() -> None:
         w.store.add_schedule(f"s{index}", every=60, in_seconds=-0.5)
 
     a = leader(w)
-    assert (len(w.sent), a.waiter.waits) == (3, []), "a full batch: no wait"
+    # A full batch: no wait, and its send is in flight while the next batch is claimed.
+    assert (len(w.sent), a.waiter.waits, a.loop.sends.in_flight) == (0, [], True)
     a.run_pass()
-    assert (len(w.sent), a.waiter.waits) == (6, [])
+    assert (len(w.sent), a.waiter.waits) == (3, []), "the first batch went before the second"
     a.run_pass()
-    assert len(w.sent) == 8
+    assert len(w.sent) == 8, "the last batch is not full: it is sent at once"
+    assert not a.loop.sends.in_flight
     assert len(a.waiter.waits) == 1, "the last batch is not full: wait"
     assert w.store.count("pending_runs") == 1, "the outbox is read once within the second"
+    claimed = [run.id for claim in a.claims for run in claim.runs]
+    assert [sent.run.id for sent in w.sent] == claimed, "sent batch by batch, in claim order"
 
 
 def test_during_a_long_burst_maintenance_runs_at_most_once_a_second() -> None:
@@ -202,6 +206,71 @@ def test_during_a_long_burst_maintenance_runs_at_most_once_a_second() -> None:
     gaps = [later - earlier for earlier, later in itertools.pairwise(reads)]
     assert min(gaps) >= BURST_MAINTENANCE_INTERVAL
     assert a.waiter.waits, "once the burst is over, it waits"
+
+
+def test_the_outbox_never_takes_a_batch_being_sent_for_one_left_pending() -> None:
+    # The outbox publishes again what this leader left pending for outbox_grace: at 0,
+    # a batch in flight would be taken too, and sent twice.
+    w = world(claim_batch=3, claim_ahead=0.0, outbox_grace=0.0)
+    w.store.latency = 0.3  # maintenance comes due between two claims of the burst
+    for index in range(30):
+        w.store.add_schedule(f"s{index:02d}", every=3600, in_seconds=-0.5)
+    w.start("a")
+
+    w.run_for(20)
+
+    assert len(w.store.call_times("pending_runs")) >= 3, "maintenance ran during the burst"
+    assert len(w.sent) == 30
+    assert set(w.send_counts().values()) == {1}
+
+
+def test_a_claim_that_fails_mid_burst_lets_the_batch_in_flight_go_first() -> None:
+    w = world(claim_batch=3, claim_ahead=0.0)
+    for index in range(9):
+        w.store.add_schedule(f"s{index}", every=3600, in_seconds=-0.5)
+    a = leader(w)
+    assert a.loop.sends.in_flight
+    w.store.hang_next_call(2.0, of="a")  # the next claim: PostgreSQL stops answering
+
+    a.run_pass()
+
+    assert [type(error) for error in a.errors] == [StoreUnavailable]
+    assert len(w.sent) == 3, "sent while this process still leads, not left to the outbox"
+    assert not a.loop.sends.in_flight
+    w.run_for(5)
+    assert len(w.sent) == 9
+    assert set(w.send_counts().values()) == {1}
+
+
+def test_armed_runs_whose_time_comes_mid_burst_wait_for_the_batch_in_flight() -> None:
+    # One send at a time: an armed fire time sent from the pass while a batch is in
+    # flight would be sent beside it, out of the loop's order.
+    w = world(claim_batch=3, claim_ahead=2.0)
+    w.store.latency = 0.2
+    for index in range(30):
+        w.store.add_schedule(f"late{index:02d}", every=3600, in_seconds=-0.5)
+    w.store.add_schedule("armed", every=3600, in_seconds=1.0)
+    a = w.start("a")
+    beside_a_batch: list[bool] = []
+    checked = a.publisher.on_send
+
+    def sending(runs: Any) -> None:
+        if any(run.schedule_name == "armed" for run in runs):
+            beside_a_batch.append(a.loop.sends.in_flight)
+        checked(runs)
+
+    a.publisher.on_send = sending
+
+    w.run_for(30)
+
+    assert len(w.sent) == 31
+    assert set(w.send_counts().values()) == {1}
+    (armed,) = [sent for sent in w.sent if sent.run.schedule_name == "armed"]
+    assert armed.run.fire_at is not None
+    assert armed.at >= armed.run.fire_at, "never early"
+    assert beside_a_batch == [False]
+    claims = w.store.call_times("claim_due")
+    assert claims[0] < armed.clock < claims[-1], "its time came mid-burst"
 
 
 def test_the_leader_summarises_finished_runs_once_a_minute_and_a_standby_never() -> None:
