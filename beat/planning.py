@@ -39,6 +39,7 @@ from datetime import UTC, datetime, timedelta
 from beat.errors import error_text
 from beat.models import DueSchedule, FirePlan, OverlapPolicy, Quarantine, RunToPublish, SkipKind
 from beat.policies import jitter_delay, plan_fires, plan_key
+from beat.run_ids import new_run_id
 
 #: Plans one due schedule's fire times: ``plan(schedule, now, until)``, up to ``until``.
 SchedulePlanner = Callable[[DueSchedule, datetime, datetime], FirePlan]
@@ -214,7 +215,7 @@ def planned_until(schedule: DueSchedule, now: datetime, horizon: datetime) -> da
 
 
 def new_run(schedule: DueSchedule, fire_at: datetime, now: datetime) -> NewRun:
-    run_id = uuid.uuid4()
+    run_id = new_run_id()
     return NewRun(
         id=run_id,
         schedule=schedule,
