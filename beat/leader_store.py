@@ -379,9 +379,7 @@ class LeaderStore(StoreConnection):
         """
         with self._transaction() as conn:
             # The claim's own updates must not wake the leader through the NOTIFY trigger.
-            conn.execute(text("SET LOCAL beat.claiming = 'on'"))
-            self._fence(conn, epoch, idle_timeout)
-            now = conn.execute(select(func.now())).scalar_one()
+            now = self._fence(conn, epoch, idle_timeout, claiming=True)
             clock = time.monotonic()
             rows = conn.execute(_due_query(batch), {"ahead": ahead}).all()
             if not rows:
@@ -456,27 +454,37 @@ class LeaderStore(StoreConnection):
             )
         )
 
-    def _fence(self, conn: Connection, epoch: int, idle_timeout: float) -> None:
-        """Hold the leader row (shared) for this transaction, as leader ``epoch``.
+    def _fence(
+        self, conn: Connection, epoch: int, idle_timeout: float, *, claiming: bool = False
+    ) -> datetime:
+        """Hold the leader row (shared) for this transaction, as leader ``epoch``; the
+        database's time (the transaction's). With ``claiming``, the transaction's writes
+        to schedules do not notify the leader (the trigger reads ``beat.claiming``).
 
         A leader paused inside the transaction (SIGSTOP, a VM pause) would keep the
         row and block every takeover: PostgreSQL ends the transaction once it has
-        been idle for ``idle_timeout`` seconds."""
-        conn.execute(
-            text(f"SET LOCAL idle_in_transaction_session_timeout = '{int(idle_timeout * 1000)}ms'")
-        )
-        self._verify_epoch(conn, epoch)
-
-    def _verify_epoch(self, conn: Connection, epoch: int) -> None:
-        current = conn.execute(
-            select(leader.c.epoch)
+        been idle for ``idle_timeout`` seconds. One statement does it all: a burst's
+        claims follow each other, and each round trip is paid per batch."""
+        settings = [
+            func.set_config(
+                "idle_in_transaction_session_timeout", f"{int(idle_timeout * 1000)}ms", True
+            )
+        ]
+        if claiming:
+            settings.append(func.set_config("beat.claiming", "on", True))
+        row = conn.execute(
+            select(leader.c.epoch, func.now(), *settings)
             .where(leader.c.name == self.leader_name)
             .with_for_update(read=True)
-        ).scalar_one_or_none()
+        ).one_or_none()
+        current = None if row is None else row[0]
         if current != epoch:
             raise StaleEpoch(
                 f"claim refused: this process leads with epoch {epoch}, the newest is {current}"
             )
+        assert row is not None
+        now: datetime = row[1]
+        return now
 
     @staticmethod
     def _insert_runs(conn: Connection, epoch: int, fires: list[NewRun]) -> list[RunToPublish]:

@@ -7,16 +7,21 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import text
 
 from beat.api import Schedules, first_fire_at
+from beat.db import psycopg_conninfo
 from beat.errors import StaleEpoch, StoreUnavailable
 from beat.leader_store import Claim
 from beat.models import DueSchedule, FirePlan, RunState
 from beat.policies import plan_fires
 from beat.store import Store
+from beat.tables import SCHEDULES_CHANNEL
+from tests.conftest import SessionEnv
 from tests.integration.helpers import add_interval_schedules, make_due, run_rows
 
 pytestmark = pytest.mark.integration
@@ -152,6 +157,25 @@ def test_a_leader_paused_inside_its_claim_is_cut_off_by_postgres(store: Store) -
     assert store.take_leadership(2, "new", lock_timeout=1)
 
 
+def test_a_claim_s_own_writes_do_not_wake_the_leader_and_an_edit_does(
+    store: Store, test_env: SessionEnv
+) -> None:
+    add_interval_schedules(Schedules(store), 3, every=1, start_at=datetime.now(UTC))
+    make_due(store, seconds_ago=3)
+    assert store.take_leadership(1, "me")
+    with psycopg.connect(psycopg_conninfo(test_env.database_url), autocommit=True) as listener:
+        listener.execute(f"LISTEN {SCHEDULES_CHANNEL}")
+
+        claim = store.claim_due(1, batch=100, plan=planner)
+        after_claim = list(listener.notifies(timeout=0.5))
+        Schedules(store).create("edited", "t", every=60, allow_unregistered=True)
+        after_edit = list(listener.notifies(timeout=2.0, stop_after=1))
+
+    assert claim.runs, "the claim advanced schedules"
+    assert after_claim == [], "the claim woke the leader with its own writes"
+    assert len(after_edit) == 1
+
+
 def test_outbox_returns_earlier_leaders_runs_and_own_old_ones(store: Store) -> None:
     add_interval_schedules(Schedules(store), 2, every=1, start_at=datetime.now(UTC))
     make_due(store, seconds_ago=1.5)
@@ -203,12 +227,13 @@ def test_a_leader_paused_inside_its_reaper_is_cut_off_by_postgres(
 ) -> None:
     """The reaper holds the leader row like a claim: a pause there must not block a takeover."""
     assert store.take_leadership(1, "old")
-    verify, paused = store._verify_epoch, threading.Event()
+    fence, paused = store._fence, threading.Event()
 
-    def verify_then_pause(conn: object, epoch: int) -> None:
-        verify(conn, epoch)  # type: ignore[arg-type]
+    def fence_then_pause(conn: Any, epoch: int, idle_timeout: float, **kwargs: Any) -> Any:
+        now = fence(conn, epoch, idle_timeout, **kwargs)
         paused.set()
         time.sleep(2.5)  # holding the leader row, idle: like SIGSTOP
+        return now
 
     def take_over() -> None:
         paused.wait()
@@ -218,7 +243,7 @@ def test_a_leader_paused_inside_its_reaper_is_cut_off_by_postgres(
 
     taken: list[bool] = []
     waited: list[float] = []
-    monkeypatch.setattr(store, "_verify_epoch", verify_then_pause)
+    monkeypatch.setattr(store, "_fence", fence_then_pause)
     takeover = threading.Thread(target=take_over)
     takeover.start()
     with pytest.raises(StoreUnavailable):
