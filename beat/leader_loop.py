@@ -175,7 +175,7 @@ class Sends(Protocol):
 
     def start(self, send: Callable[[], None]) -> None: ...
     def finish(self) -> None: ...
-    def finish_quietly(self) -> None: ...
+    def finish_quietly(self, timeout: float | None = ...) -> None: ...
 
 
 class _NoCrashes:
@@ -235,6 +235,8 @@ class LeaderLoop:
         self._next_summary = 0.0  # clock() of the next summary of finished runs
         #: The send of a burst's batch, in flight while the next batch is claimed.
         self.sends: Sends = sends or OverlappedSend()
+        #: A burst's batch claimed while the send before it failed: sent next pass.
+        self._carried: list[RunToPublish] = []
 
     def run_once(self) -> None:
         """One pass; a fenced write refused raises StaleEpoch (the caller steps down).
@@ -253,6 +255,9 @@ class LeaderLoop:
         if epoch is None:
             self.stand_by()
             return
+        if self._carried:
+            carried, self._carried = self._carried, []
+            self._publish(carried, source=CLAIM)
         # Armed runs whose time came while claiming go first, before the outbox sees them.
         if self.armed.any_due(self.clock()):
             self.sends.finish()
@@ -270,9 +275,10 @@ class LeaderLoop:
         # runs waits until the burst is claimed (the window allowed for both), unless
         # their time has come.
         if self._in_burst and OVERLAP_SENDS and not self.armed.any_due(self.clock()):
+            self._revoke(claim.cancelled)
+            self._finish_send_before(claim.runs)
             if claim.runs:
                 self.sends.start(partial(self._publish, claim.runs, source=CLAIM))
-            self._revoke(claim.cancelled)
             return
         self.sends.finish()
         self._publish(claim.runs, source=CLAIM)
@@ -292,10 +298,22 @@ class LeaderLoop:
     def stand_by(self) -> None:
         """Not leading: hold nothing in memory, wait for the next attempt."""
         self.sends.finish_quietly()
+        self._carried = []  # the next leader publishes them from its outbox, at once
         self.drop_armed()
         self.lost_messages.forget()
         self._in_burst = False
         self._wait(self.config.standby_poll)
+
+    def _finish_send_before(self, runs: list[RunToPublish]) -> None:
+        """Wait for the send in flight before this batch's. If it failed (the broker,
+        the lease), this batch, claimed meanwhile, is sent first thing in the next
+        pass (after the back-off), as it would have been claimed and sent then
+        without the overlap, rather than after the outbox's grace."""
+        try:
+            self.sends.finish()
+        except BaseException:
+            self._carried = runs
+            raise
 
     def drop_armed(self) -> None:
         """Forget the runs claimed ahead (this process stops leading): whoever leads

@@ -17,6 +17,11 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
+#: Seconds a shutdown waits for the send in flight (one batch takes tens of
+#: milliseconds): past that the broker has stopped answering, and the hand-over
+#: does not wait for it.
+SHUTDOWN_WAIT = 2.0
+
 
 class OverlappedSend:
     """At most one send in flight; ``finish`` waits for it and raises what it raised."""
@@ -39,17 +44,33 @@ class OverlappedSend:
 
     def finish(self) -> None:
         """Wait for the send in flight, if any; raise the error it raised."""
-        thread, self._thread = self._thread, None
+        thread = self._thread
         if thread is None:
             return
+        # Forgotten only once it has ended: a signal handler that runs meanwhile (beat
+        # shuts down from SIGTERM's handler, on this thread) must wait for it too.
         thread.join()
+        self._thread = None
         error, self._error = self._error, None
         if error is not None:
             raise error
 
-    def finish_quietly(self) -> None:
-        """Wait for the send in flight while something else is being raised: its own
-        error is logged, not raised (the outbox keeps the runs it did not send)."""
+    def finish_quietly(self, timeout: float | None = None) -> None:
+        """Wait for the send in flight while something else is being raised or the
+        process stops: its own error is logged, not raised (the outbox keeps the runs
+        it did not send). With ``timeout``, a send that has not ended by then (a
+        broker that stopped answering) is left behind, said so, and not waited for."""
+        thread = self._thread
+        if thread is None:
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            logger.error(
+                "the send in flight has not ended after %.1fs: not waiting for it"
+                " (its runs stay in the outbox)",
+                timeout,
+            )
+            return
         try:
             self.finish()
         except Exception as exc:

@@ -36,6 +36,7 @@ from beat.leader_store import Claim, LeaderStore, ScheduleChangeListener
 from beat.leadership import Leadership
 from beat.liveness import CrashDetection, SessionBeacon
 from beat.lost_messages import LostMessages
+from beat.overlapped_send import SHUTDOWN_WAIT
 from beat.reporting import MAX_BACKOFF, Reporter, TickErrors
 from beat.schedule_store import ScheduleStore
 
@@ -126,9 +127,10 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             return
         self._closed = True
         if self._loop is not None:
-            # A batch being sent is let finish (one batch of a burst): what it sends is
-            # then not sent again from the outbox by the next leader.
-            self._loop.sends.finish_quietly()
+            # A batch being sent is let finish (one batch of a burst, unless the broker
+            # stopped answering): what it sends is then not sent again from the outbox
+            # by the next leader.
+            self._loop.sends.finish_quietly(timeout=SHUTDOWN_WAIT)
             # Runs claimed ahead are not waited for: the next leader publishes them from
             # the outbox at their fire time, so a hand-over is not delayed by them.
             self._loop.armed.drop()

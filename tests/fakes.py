@@ -1259,7 +1259,7 @@ class DeferredSends:
         if send is not None:
             send()
 
-    def finish_quietly(self) -> None:
+    def finish_quietly(self, timeout: float | None = None) -> None:
         with contextlib.suppress(Exception):
             self.finish()
 

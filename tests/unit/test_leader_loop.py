@@ -242,6 +242,29 @@ def test_a_claim_that_fails_mid_burst_lets_the_batch_in_flight_go_first() -> Non
     assert set(w.send_counts().values()) == {1}
 
 
+def test_a_batch_claimed_while_the_send_before_it_failed_goes_after_the_back_off() -> None:
+    # Not after the outbox's grace (30 s here): without the overlap, this batch would
+    # have been claimed and sent in the pass after the back-off.
+    w = world(claim_batch=3, claim_ahead=0.0, outbox_grace=30.0)
+    for index in range(9):
+        w.store.add_schedule(f"s{index}", every=3600, in_seconds=-0.5)
+    a = leader(w)  # the first batch's send is in flight
+    a.publisher.fail_next(1)  # ...and it fails
+    a.run_pass()  # claims the second batch, then learns of the failure
+    assert len(a.errors) == 1
+    second = [run.id for run in a.claims[1].runs]
+    assert not {sent.run.id for sent in w.sent} & set(second)
+
+    w.run_for(10)
+
+    sent_at = {sent.run.id: sent.clock for sent in w.sent}
+    assert set(second) <= set(sent_at)
+    assert max(sent_at[run_id] for run_id in second) < a.claims[1].clock + 5
+    first = [run.id for run in a.claims[0].runs]
+    assert not set(first) & set(sent_at), "the failed batch waits for the outbox's grace"
+    assert set(w.send_counts().values()) == {1}
+
+
 def test_armed_runs_whose_time_comes_mid_burst_wait_for_the_batch_in_flight() -> None:
     # One send at a time: an armed fire time sent from the pass while a batch is in
     # flight would be sent beside it, out of the loop's order.
