@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from beat.config import BeatConfig
 from bench.common import scratch
 from bench.lateness import insert_schedules
 
@@ -63,7 +64,12 @@ END $$
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.claim_floor")
     parser.add_argument("--schedules", type=int, default=100_000)
-    parser.add_argument("--batch", type=int, default=1000, help="the claim batch")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=BeatConfig().claim_batch,
+        help="the claim batch (default: beat's)",
+    )
     options = parser.parse_args()
     with scratch() as run:
         insert_schedules(run, options.schedules, cron="0 0 * * *", first=time.time() - 1)

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import func, select
 
+from beat.config import BeatConfig
 from beat.models import RunState
 from beat.store import Store
 from beat.tables import runs
@@ -30,12 +31,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedules", type=int, default=10_000)
     parser.add_argument("--due-in", type=float, default=-1.0, help="seconds; <0: overdue")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=BeatConfig().claim_batch,
+        help="the claim batch (default: beat's)",
+    )
     parser.add_argument("--profile", type=Path, help="write cProfile statistics here")
     options = parser.parse_args()
     profiler = cProfile.Profile() if options.profile else None
     with scratch() as run:
         # Leads before anything is due; waits as beat does (LISTEN/NOTIFY).
-        scheduler = leader(run, wait=True)
+        scheduler = leader(run, wait=True, claim_batch=options.batch)
         first = time.time() + options.due_in
         insert_schedules(run, options.schedules, every=3600.0, first=first)
         store = run.store()
@@ -70,7 +77,7 @@ def main() -> int:
         )
     print(
         f"{options.schedules:,} schedules overdue: all queued in {elapsed:.2f}s,"
-        f" {options.schedules / elapsed:,.0f} runs/s; claim transactions of 1,000:"
+        f" {options.schedules / elapsed:,.0f} runs/s; claim transactions of {options.batch:,}:"
         f" p50 {percentile(claims, 50) * 1000:.0f} ms, p99 {percentile(claims, 99) * 1000:.0f} ms;"
         f" this process used {cpu:.2f}s of CPU ({cpu / elapsed:.0%} of the time)"
     )

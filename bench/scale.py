@@ -86,15 +86,16 @@ def make_due(run: Scratch, first_id: int) -> None:
     )
 
 
-def leader(run: Scratch, *, wait: bool = False) -> HAScheduler:
-    """A scheduler that leads; it never waits unless ``wait`` (then as beat does)."""
+def leader(run: Scratch, *, wait: bool = False, claim_batch: int = DUE) -> HAScheduler:
+    """A scheduler that leads, claiming ``claim_batch`` schedules at a time (all of a
+    tick's by default); it never waits unless ``wait`` (then as beat does)."""
     settings = Settings(
         database_url=run.database_url,
         redis_url=run.redis_url,
         broker_url=run.redis_url,
         key_prefix=run.prefix,
         broker_key_prefix=run.broker_prefix,
-        claim_batch=DUE,
+        claim_batch=claim_batch,
     )
     scheduler = HAScheduler(app=create_app(settings))
     if not wait:
