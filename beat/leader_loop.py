@@ -53,7 +53,7 @@ from beat.leader_store import Claim, PruneReport, Reclaim
 from beat.liveness import WorkerDeaths
 from beat.lost_messages import Recovery
 from beat.models import Quarantine, RunToPublish, UnpublishableRun
-from beat.overlapped_send import OverlappedSend
+from beat.overlapped_send import SHUTDOWN_WAIT, OverlappedSend
 from beat.planning import PlanningRules, SchedulePlanner
 from beat.reporting import CLAIM, OUTBOX, RECLAIM, Reporter
 from beat.run_stats import SummaryReport
@@ -247,7 +247,10 @@ class LeaderLoop:
         try:
             self._run_once()
         except BaseException:
-            self.sends.finish_quietly()
+            # Bounded: SIGTERM's SystemExit comes through here too, and a send stuck on
+            # a broker that stopped answering must not keep the process from exiting
+            # (a send left running is still waited for before the next one).
+            self.sends.finish_quietly(timeout=SHUTDOWN_WAIT)
             raise
 
     def _run_once(self) -> None:

@@ -88,3 +88,32 @@ def test_a_shutdown_does_not_wait_for_a_send_that_never_ends(
     assert time.monotonic() - started < 2
     assert "has not ended after 0.2s" in caplog.text
     release.set()
+
+
+def test_a_pass_that_is_stopped_does_not_wait_long_for_a_stuck_send(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # SIGTERM's SystemExit goes through run_once while a send may be stuck on a broker
+    # that stopped answering: the process must still exit.
+    from beat import leader_loop, overlapped_send
+    from tests.fakes import World, beat_config
+
+    monkeypatch.setattr(overlapped_send, "SHUTDOWN_WAIT", 0.2)
+    monkeypatch.setattr(leader_loop, "SHUTDOWN_WAIT", 0.2)
+    process = World(beat_config()).start("a")
+    sends = OverlappedSend()
+    process.loop.sends = sends
+    release = threading.Event()
+    sends.start(lambda: release.wait(10) and None)
+
+    def stopped() -> None:
+        raise SystemExit(0)
+
+    monkeypatch.setattr(process.loop, "_run_once", stopped)
+    started = time.monotonic()
+    with pytest.raises(SystemExit):
+        process.loop.run_once()
+    assert time.monotonic() - started < 2
+    assert sends.in_flight, "still waited for before the next send"
+    release.set()
+    sends.finish()
