@@ -105,6 +105,7 @@ from beat.planning import (
     plan_claim,
     release_of,
 )
+from beat.run_ids import new_run_id
 from beat.run_stats import RunStatsStore, SummaryReport
 from beat.schedule_store import trigger_from_row
 from beat.tables import FINISHED_SQL, SCHEDULES_CHANNEL, TZ, leader, runs, schedules, workers
@@ -1313,7 +1314,7 @@ def new_run_values(
     snapshot of its payload, so the run can be published again whatever becomes
     of the schedule."""
     return {
-        "id": uuid.uuid4(),
+        "id": new_run_id(),
         "schedule_id": schedule.id,
         "schedule_name": schedule.name,
         "task": schedule.task,
