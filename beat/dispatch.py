@@ -395,6 +395,11 @@ def _send(sending: _Sending, run: RunToPublish) -> None:
         sending.declared.add(routing)
         return
     options = publish_options(run) if options is None else options
+    if run.options.get("expires") is None:
+        database_now = sending.database_now()
+        own = task_expiry(app, run.task, database_now)
+        if own is not None:
+            options["expires"], ttl = own, time_to_live(own, database_now)
     if routing in sending.declared:
         options["declare"] = []
     send_plain(app, producer, run, options, ttl=ttl)
@@ -409,6 +414,22 @@ def time_to_live(expires: datetime, database_now: datetime | None) -> float | No
     if database_now is None:
         return None
     return max(0.0, (expires - database_now).total_seconds())
+
+
+def task_expiry(app: Any, task: str, database_now: datetime | None) -> datetime | None:
+    """When the task's own ``expires`` option (Celery's task option, counted from the
+    send) makes a message sent at ``database_now`` expire; None if it has none, or if
+    the database's time is not known (Celery then counts it from this host's clock)."""
+    own = getattr(app.tasks.get(task), "expires", None)
+    if database_now is None or own is None or isinstance(own, bool):
+        return None
+    if isinstance(own, int | float):
+        return database_now + timedelta(seconds=float(own))
+    if isinstance(own, str):
+        own = datetime.fromisoformat(own)
+    if isinstance(own, datetime):
+        return own if own.tzinfo else own.replace(tzinfo=UTC)
+    return None
 
 
 def send_plain(

@@ -25,7 +25,8 @@ What no template can reproduce falls back to ``send_task`` for every message
 (``usable`` says which): signal receivers around publishing (they may change a
 message, or expect to be called for each), ``task_sent`` events, a sender running
 inside a worker task (parent and root IDs, inherited priority), and an expiry or ETA
-that comes from the task's own options (computed from the time of the send).
+that comes from the task's own options (computed from the time of the send: by the
+database's clock, ``beat.dispatch.task_expiry``).
 
 A template is shared by every schedule of one task and one set of options, whatever
 their arguments (``Templates.key``), as long as routing looks at the task's name only:

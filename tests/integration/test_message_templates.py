@@ -320,6 +320,27 @@ def test_a_task_whose_own_options_expire_it_is_sent_with_send_task(
     assert redis_client.llen(f"{test_env.broker_key_prefix}celery") == 1
 
 
+def test_a_task_s_own_expiry_counts_from_the_send_by_the_database_s_clock(
+    app: Celery, test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    """issue 38, finding 11: a task whose own options expire it (``expires=120``) counts
+    them from the send by the database's clock, not this host's: with the database's
+    clock 2 minutes behind this host's, the ``expires`` header is the database's now +
+    120 s, and the time to live 120 s."""
+    run = make_run("tasks.local.expiring")
+    database_now = datetime.now(UTC) - timedelta(minutes=2)
+    reading = DatabaseClock(now=database_now, clock=time.monotonic())
+
+    result = dispatch.publish_runs(app, [run], database=reading)
+
+    assert result.published == [run.id]
+    (message,) = broker_messages(redis_client, test_env.broker_key_prefix)
+    expires = datetime.fromisoformat(message["headers"]["expires"])
+    expected = database_now + timedelta(seconds=120)
+    assert abs((expires - expected).total_seconds()) <= EXPIRATION_SLACK_MS / 1000
+    assert 120_000 - EXPIRATION_SLACK_MS <= int(message["properties"]["expiration"]) <= 120_000
+
+
 def test_a_run_whose_options_cannot_be_built_is_rejected_and_the_others_are_stamped(
     app: Celery, test_env: SessionEnv, redis_client: redis.Redis
 ) -> None:
