@@ -3,7 +3,7 @@
 A claim that takes schedules due within ``claim_ahead`` seconds returns their
 runs as *armed*: the claiming leader builds their messages ahead and sends
 them at the fire time. The deadline of each is on this host's monotonic clock,
-measured from the database's ``now`` at the claim (``Claim.clock``), so a
+measured from the database's ``now`` at the claim (``DatabaseClock``), so a
 wrong wall clock cannot send a run early. Armed runs are also in the outbox:
 if this process stops leading they are dropped here, and whoever leads next
 publishes them from the outbox at their fire time.
@@ -13,10 +13,34 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from beat.leader_store import Claim
 from beat.models import RunToPublish
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseClock:
+    """PostgreSQL's ``now()`` placed on this host's monotonic clock: ``now`` as a query
+    read it, and ``time.monotonic()`` just after. From then on the database's time is
+    that reading plus the monotonic seconds since, whatever this host's wall clock says
+    (set wrong, stepped by NTP). The leader takes one with every claim
+    (``Claim.now``, ``Claim.clock``): a run claimed ahead is sent when the monotonic
+    clock reaches its fire time, and a message's time to live is its expiry less the
+    database's time at the send (``beat.dispatch``)."""
+
+    now: datetime
+    clock: float
+
+    def monotonic_at(self, moment: datetime) -> float:
+        """The monotonic time at which the database's clock shows ``moment``."""
+        return self.clock + (moment - self.now).total_seconds()
+
+    def now_at(self, monotonic: float) -> datetime:
+        """The database's time when the monotonic clock shows ``monotonic``."""
+        return self.now + timedelta(seconds=monotonic - self.clock)
+
 
 #: Runs claimed ahead for one fire time: (monotonic deadline, runs).
 Armed = tuple[float, list[RunToPublish]]
@@ -41,11 +65,11 @@ class ArmedRuns:
     def arm(self, claim: Claim) -> None:
         """Keep ``claim``'s armed runs for their fire time (never early: the deadline
         is the fire time's distance from the database's ``now`` at the claim)."""
+        database = DatabaseClock(now=claim.now, clock=claim.clock)
         for run in claim.armed:
             if run.fire_at is None:  # armed runs have one; this narrows the type
                 continue
-            deadline = claim.clock + (run.fire_at - claim.now).total_seconds()
-            self.keep(run.fire_at, deadline, [run])
+            self.keep(run.fire_at, database.monotonic_at(run.fire_at), [run])
 
     def keep(self, fire_at: datetime, deadline: float, runs: list[RunToPublish]) -> None:
         earlier, kept = self._armed.get(fire_at, (deadline, []))

@@ -4,13 +4,21 @@ Beat publishes by task name (``send_task``): it needs no job code. It never
 publishes with an ETA or countdown (a delay longer than the broker's
 visibility timeout would run the task twice).
 
-Runs go out in chunks through kombu's producer batches (``Producer.batch``):
-on Redis a chunk is one pipelined round trip instead of one per message, which
-is what bounds a leader's publish rate, and its pushes to one queue are folded
-into one command per 1,000 messages (``beat.redis_pushes``). A chunk whose flush fails has an
-uncertain outcome (some of its messages may be in the queue): its runs stay in
-the outbox and are published again, and the worker's guard refuses a second
-delivery of a run.
+On Redis, runs go out in chunks through kombu's producer batches
+(``Producer.batch``): a chunk is one pipelined round trip instead of one per
+message, which is what bounds a leader's publish rate, and its pushes to one queue
+are folded into one command per 1,000 messages (``beat.redis_pushes``). A chunk
+whose flush fails has an uncertain outcome (some of its messages may be in the
+queue): its runs stay in the outbox and are published again, and the worker's guard
+refuses a second delivery of a run. Other transports (RabbitMQ) take a plain
+``producer.publish`` per message, and a run counts as published once its own
+publish returned: a failure stops at that run, and none sent before it is sent again
+(``batches`` tells the two apart).
+
+A message's expiry is an instant, fire time + ``expires`` (the ``expires`` header),
+and its time to live (RabbitMQ's ``expiration``) what is left of it at the send by
+the database's clock (``beat.armed.DatabaseClock``), never by this host's: a beat host
+whose clock is ahead would send runs already dead.
 
 A schedule's runs differ only in their task ID, fire time, attempt and expiry, and the
 schedules of one task and options only in their arguments besides: their messages are
@@ -21,7 +29,8 @@ first three of them in a batch, and the others' envelopes are stamped from its o
 
 Runs claimed ahead of their fire time are built into a batch before it and
 sent at it (``publish_at``): their lateness is one Redis round trip. Nothing of
-them reaches the broker before that time, whatever the routing or transport.
+them reaches the broker before that time, whatever the routing or transport (where
+a batch cannot hold them, they are built at that time).
 
 Two kinds of failure are told apart. A broker error (the broker is down, a
 connection drops) stops publishing: the rest stay in the outbox for the next
@@ -39,10 +48,11 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kombu.exceptions import EncodeError
 from kombu.exceptions import OperationalError as KombuOperationalError
+from kombu.transport.redis import Channel as RedisChannel
 
 from beat import messages
 from beat.errors import HABeatError, InvalidSchedule, error_text
@@ -51,6 +61,9 @@ from beat.models import RunToPublish, UnpublishableRun
 from beat.options import check_publish_options
 from beat.redis_envelopes import Envelopes
 from beat.redis_pushes import fold_pushes
+
+if TYPE_CHECKING:
+    from beat.armed import DatabaseClock  # beat.armed imports this module, through its store
 
 logger = logging.getLogger(__name__)
 
@@ -114,48 +127,89 @@ class CeleryPublisher:
     def __init__(self, app: Any) -> None:
         self.app = app
 
-    def publish(self, runs: Sequence[RunToPublish]) -> PublishResult:
-        return publish_runs(self.app, runs)
+    def publish(
+        self, runs: Sequence[RunToPublish], *, database: DatabaseClock | None = None
+    ) -> PublishResult:
+        return publish_runs(self.app, runs, database=database)
 
     def publish_at(
         self,
         runs: Sequence[RunToPublish],
         deadline: float,
         *,
+        database: DatabaseClock | None = None,
         before_send: Callable[[], None] | None = None,
         while_waiting: Callable[[], float] | None = None,
     ) -> PublishResult:
         return publish_at(
-            self.app, runs, deadline, before_send=before_send, while_waiting=while_waiting
+            self.app,
+            runs,
+            deadline,
+            database=database,
+            before_send=before_send,
+            while_waiting=while_waiting,
         )
 
     def revoke(self, run_ids: Sequence[uuid.UUID]) -> None:
         self.app.control.revoke([str(run_id) for run_id in run_ids])
 
 
-def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
-    """Publish ``runs`` in order, a chunk per producer batch; stop at the first broker error.
+def batches(producer: Any) -> bool:
+    """Whether a batch of ``producer`` holds its messages until it is flushed: kombu's
+    batch on its Redis virtual channel (a redis-py pipeline), the only one ours is built
+    for (``beat.redis_envelopes``, ``beat.redis_pushes``). Elsewhere (RabbitMQ, a Redis
+    transport that may retry a pipeline) each message goes with ``producer.publish``,
+    handed to the broker as it is built."""
+    return bool(producer.supports_batch_publish) and isinstance(producer.channel, RedisChannel)
 
-    ``published`` lists the runs of the chunks whose flush succeeded.
-    """
-    published: list[uuid.UUID] = []
+
+@dataclass(slots=True)
+class _Sending:
+    """What the messages of one publish share."""
+
+    app: Any
+    producer: Any
+    #: Runs left out because their message cannot be built.
+    rejected: list[UnpublishableRun]
+    templates: messages.Templates | None
+    #: The database's clock (``beat.armed.DatabaseClock``); None: no time to live is set.
+    database: DatabaseClock | None
+    #: ``time.monotonic()`` of the send, for messages built ahead of it.
+    send_at: float | None = None
+    #: The stamps of the batch open on the producer (``beat.redis_envelopes``).
+    envelopes: Envelopes | None = None
+    #: Routing options whose queues were declared (once per publish is enough).
+    declared: set[tuple[Any, ...]] = field(default_factory=set)
+
+    def database_now(self) -> datetime | None:
+        """The database's time at which the message being built is sent, if known."""
+        if self.database is None:
+            return None
+        sent = time.monotonic()
+        if self.send_at is not None:
+            sent = max(sent, self.send_at)
+        return self.database.now_at(sent)
+
+
+def publish_runs(
+    app: Any, runs: Sequence[RunToPublish], *, database: DatabaseClock | None = None
+) -> PublishResult:
+    """Publish ``runs`` in order; stop at the first broker error. On Redis (``batches``)
+    a chunk goes per producer batch, and ``published`` lists the runs of the chunks whose
+    flush succeeded; elsewhere the runs whose message the broker took, one by one.
+    ``database``: the database's clock, which times the messages' expiry."""
+    published: list[RunToPublish] = []
     rejected: list[UnpublishableRun] = []
     if not runs:
-        return PublishResult(published=published)
+        return PublishResult(published=[])
     try:
         with app.producer_or_acquire() as producer:
-            declared: set[tuple[Any, ...]] = set()
-            templates = _templates(app)
-            for chunk in _chunks(runs, CHUNK):
-                with producer.batch(max_size=len(chunk) + 1):
-                    envelopes = _envelopes(producer)
-                    sent = [
-                        run
-                        for run in chunk
-                        if _sent(app, producer, run, declared, rejected, templates, envelopes)
-                    ]
-                    fold_pushes(producer)
-                published.extend(run.id for run in sent)
+            sending = _Sending(app, producer, rejected, _templates(app), database)
+            if batches(producer):
+                for chunk in _chunks(runs, CHUNK):
+                    _send_batch(sending, chunk, into=published)
+            else:
+                _send_all(sending, runs, into=published)
     except Exception as exc:  # the broker's errors are many and transport-specific
         logger.error(
             "publishing stopped after %d of %d runs: %s; the rest stay in the outbox",
@@ -164,8 +218,21 @@ def publish_runs(app: Any, runs: Sequence[RunToPublish]) -> PublishResult:
             exc,
             extra={"published": len(published), "due": len(runs)},
         )
-        return PublishResult(published=published, error=exc, rejected=rejected)
-    return PublishResult(published=published, rejected=rejected)
+        return PublishResult(published=_ids(published), error=exc, rejected=rejected)
+    return PublishResult(published=_ids(published), rejected=rejected)
+
+
+def _send_batch(
+    sending: _Sending, runs: Sequence[RunToPublish], *, into: list[RunToPublish]
+) -> None:
+    """Send ``runs`` in one producer batch; they go ``into`` once its flush succeeded."""
+    producer = sending.producer
+    sent: list[RunToPublish] = []
+    with producer.batch(max_size=len(runs) + 1):
+        sending.envelopes = _envelopes(producer)
+        _send_all(sending, runs, into=sent)
+        fold_pushes(producer)
+    into += sent
 
 
 def publish_at(
@@ -173,54 +240,83 @@ def publish_at(
     runs: Sequence[RunToPublish],
     deadline: float,
     *,
+    database: DatabaseClock | None = None,
     before_send: Callable[[], None] | None = None,
     while_waiting: Callable[[], float] | None = None,
 ) -> PublishResult:
     """Build the messages of ``runs`` now and send them together at ``deadline``
     (``time.monotonic()``): at the fire time, only one round trip is left to do.
 
-    Nothing is handed to the broker before ``deadline``: the messages wait in a kombu
-    producer batch that never flushes by itself (``NEVER_FLUSH``), and on a transport
-    that cannot batch (kombu would send each message as it is built) they are built
-    at the deadline instead. ``before_send`` is called at the deadline, just before
-    the send: a ``HABeatError`` from it (e.g. this process no longer leads) discards
-    the messages and propagates. A burst takes seconds to build, then waits for its
-    time: meanwhile ``while_waiting`` is called between chunks of ``BUILD_STEP``
-    messages and then at least every ``WAIT_STEP`` seconds, and it returns in how many
-    seconds it wants to be called again (the caller sends an earlier fire time's runs
-    from it). Runs are reported published all or none, less those
-    ``rejected`` (a failed send may have delivered some: they are sent again, and the
-    worker's guard runs each once).
+    Nothing is handed to the broker before ``deadline``: on Redis (``batches``) the
+    messages wait in a kombu producer batch that never flushes by itself
+    (``NEVER_FLUSH``), and are reported published all or none, less those ``rejected``
+    (a failed send may have delivered some: they are sent again, and the worker's guard
+    runs each once). Elsewhere they are built and sent one by one at the deadline, and
+    those the broker took are reported published even if a later one fails.
+    ``before_send`` is called at the deadline, just before the send: a ``HABeatError``
+    from it (e.g. this process no longer leads) discards the messages and propagates.
+    A burst takes seconds to build, then waits for its time: meanwhile
+    ``while_waiting`` is called between chunks of ``BUILD_STEP`` messages and then at
+    least every ``WAIT_STEP`` seconds, and it returns in how many seconds it wants to
+    be called again (the caller sends an earlier fire time's runs from it).
+    ``database``: the database's clock, which times the messages' expiry.
     """
+    published: list[RunToPublish] = []
     rejected: list[UnpublishableRun] = []
     built_in = 0.0
     if not runs:
         return PublishResult(published=[])
     try:
         with app.producer_or_acquire() as producer:
-            build_ahead = producer.supports_batch_publish
-            with producer.batch(max_size=NEVER_FLUSH):
-                if build_ahead:
-                    started = time.monotonic()
-                    sent = _send_all(app, producer, runs, rejected, between=while_waiting)
-                    fold_pushes(producer)  # one LPUSH per 1,000 messages at the fire time
-                    built_in = time.monotonic() - started
+            sending = _Sending(app, producer, rejected, _templates(app), database, deadline)
+            if batches(producer):
+                built_in = _build_then_send(
+                    sending, runs, deadline, before_send, while_waiting, into=published
+                )
+            else:
                 _wait_until(deadline, while_waiting)
                 if before_send is not None:
                     before_send()
-                if not build_ahead:
-                    sent = _send_all(app, producer, runs, rejected)
+                _send_all(sending, runs, into=published)
     except HABeatError:
         raise  # from before_send: not the broker's error, nothing was sent
     except Exception as exc:  # the broker's errors are many and transport-specific
         logger.error(
-            "publishing %d runs at their fire time failed: %s",
+            "publishing %d runs at their fire time failed after %d: %s",
             len(runs),
+            len(published),
             exc,
-            extra={"published": 0, "due": len(runs)},
+            extra={"published": len(published), "due": len(runs)},
         )
-        return PublishResult(published=[], error=exc, rejected=rejected)
-    return PublishResult(published=[run.id for run in sent], rejected=rejected, built_in=built_in)
+        return PublishResult(published=_ids(published), error=exc, rejected=rejected)
+    return PublishResult(published=_ids(published), rejected=rejected, built_in=built_in)
+
+
+def _build_then_send(
+    sending: _Sending,
+    runs: Sequence[RunToPublish],
+    deadline: float,
+    before_send: Callable[[], None] | None,
+    while_waiting: Callable[[], float] | None,
+    *,
+    into: list[RunToPublish],
+) -> float:
+    """Build the messages of ``runs`` into a batch that sends nothing before it is
+    flushed, wait for ``deadline``, then flush it; the seconds the build took. The runs
+    go ``into`` once the flush succeeded."""
+    producer = sending.producer
+    sent: list[RunToPublish] = []
+    with producer.batch(max_size=NEVER_FLUSH):
+        sending.envelopes = _envelopes(producer)
+        started = time.monotonic()
+        _send_all(sending, runs, into=sent, between=while_waiting)
+        fold_pushes(producer)  # one LPUSH per 1,000 messages at the fire time
+        built_in = time.monotonic() - started
+        _wait_until(deadline, while_waiting)
+        if before_send is not None:
+            before_send()
+    into += sent
+    return built_in
 
 
 def _wait_until(deadline: float, while_waiting: Callable[[], float] | None) -> None:
@@ -230,23 +326,16 @@ def _wait_until(deadline: float, while_waiting: Callable[[], float] | None) -> N
         time.sleep(max(0.0, min(deadline - time.monotonic(), WAIT_STEP, step)))
 
 
-def _sent(
-    app: Any,
-    producer: Any,
-    run: RunToPublish,
-    declared: set[tuple[Any, ...]],
-    rejected: list[UnpublishableRun],
-    templates: messages.Templates | None,
-    envelopes: Envelopes | None,
-) -> bool:
-    """Add the message of ``run`` to the producer's batch; False (and the error in
-    ``rejected``) if the run itself cannot be made into a message. Broker errors raise."""
+def _sent(sending: _Sending, run: RunToPublish) -> bool:
+    """Add the message of ``run`` to the producer's batch, or send it; False (and the
+    error in ``rejected``) if the run itself cannot be made into a message. Broker
+    errors raise."""
     try:
-        _send(app, producer, run, declared, templates, envelopes)
+        _send(sending, run)
     except Exception as exc:
-        if not is_run_fault(exc, producer.connection):
+        if not is_run_fault(exc, sending.producer.connection):
             raise
-        rejected.append(UnpublishableRun(run=run, error=error_text(exc)))
+        sending.rejected.append(UnpublishableRun(run=run, error=error_text(exc)))
         return False
     return True
 
@@ -266,65 +355,95 @@ def is_run_fault(exc: Exception, connection: Any) -> bool:
 
 
 def _send_all(
-    app: Any,
-    producer: Any,
+    sending: _Sending,
     runs: Sequence[RunToPublish],
-    rejected: list[UnpublishableRun],
     *,
+    into: list[RunToPublish],
     between: Callable[[], float] | None = None,
-) -> list[RunToPublish]:
-    """Add the messages of ``runs`` to the batch; the runs whose message was built.
-    ``between`` is called after every ``BUILD_STEP`` of them."""
-    declared: set[tuple[Any, ...]] = set()
-    templates = _templates(app)
-    envelopes = _envelopes(producer)
-    sent: list[RunToPublish] = []
+) -> None:
+    """Add the messages of ``runs`` to the batch (or send them), and each run whose
+    message was built ``into``, as it goes. ``between`` is called after every
+    ``BUILD_STEP`` of them."""
     for chunk in _chunks(runs, BUILD_STEP):
-        sent += [
-            run
-            for run in chunk
-            if _sent(app, producer, run, declared, rejected, templates, envelopes)
-        ]
+        for run in chunk:
+            if _sent(sending, run):
+                into.append(run)
         if between is not None and len(chunk) == BUILD_STEP:
             between()
-    return sent
 
 
-def _send(
-    app: Any,
-    producer: Any,
-    run: RunToPublish,
-    declared: set[tuple[Any, ...]],
-    templates: messages.Templates | None,
-    envelopes: Envelopes | None,
-) -> None:
+def _send(sending: _Sending, run: RunToPublish) -> None:
+    app, producer = sending.app, sending.producer
     # kombu would re-check the queue declaration on every message; once a batch is enough.
     routing = tuple(repr(run.options.get(key)) for key in ROUTING_OPTIONS)
-    template, options = _template(producer, run, templates)
+    template, options = _template(producer, run, sending.templates)
+    expires = expiry_of(run)
+    ttl = None if expires is None else time_to_live(expires, sending.database_now())
     if template is not None:
-        expires = expiry_of(run)
         messages.publish(
             app,
             producer,
             template,
             run,
             expires,
+            ttl=ttl,
             argsrepr=_short_repr(run.args),
             kwargsrepr=_short_repr(run.kwargs),
-            declare=routing not in declared,
-            envelopes=envelopes,
+            declare=routing not in sending.declared,
+            envelopes=sending.envelopes,
         )
-        declared.add(routing)
+        sending.declared.add(routing)
         return
     options = publish_options(run) if options is None else options
-    if routing in declared:
+    if run.options.get("expires") is None:
+        database_now = sending.database_now()
+        own = task_expiry(app, run.task, database_now)
+        if own is not None:
+            options["expires"], ttl = own, time_to_live(own, database_now)
+    if routing in sending.declared:
         options["declare"] = []
-    send_plain(app, producer, run, options)
-    declared.add(routing)  # only once a message went through the declaration
+    send_plain(app, producer, run, options, ttl=ttl)
+    sending.declared.add(routing)  # only once a message went through the declaration
 
 
-def send_plain(app: Any, producer: Any, run: RunToPublish, options: dict[str, Any]) -> None:
-    """Publish ``run`` with ``send_task``: every message built from scratch."""
+def time_to_live(expires: datetime, database_now: datetime | None) -> float | None:
+    """Seconds a message expiring at ``expires`` may wait in its queue, sent when the
+    database's clock shows ``database_now`` (none left if past); None if that is not
+    known: then the message has no time to live, and the worker decides by its
+    ``expires`` header. Never from this host's wall clock, which may be off."""
+    if database_now is None:
+        return None
+    return max(0.0, (expires - database_now).total_seconds())
+
+
+def task_expiry(app: Any, task: str, database_now: datetime | None) -> datetime | None:
+    """When the task's own ``expires`` option (Celery's task option, counted from the
+    send) makes a message sent at ``database_now`` expire; None if it has none, or if
+    the database's time is not known (Celery then counts it from this host's clock)."""
+    own = getattr(app.tasks.get(task), "expires", None)
+    if database_now is None or own is None or isinstance(own, bool):
+        return None
+    if isinstance(own, int | float):
+        return database_now + timedelta(seconds=float(own))
+    if isinstance(own, str):
+        own = datetime.fromisoformat(own)
+    if isinstance(own, datetime):
+        return own if own.tzinfo else own.replace(tzinfo=UTC)
+    return None
+
+
+def send_plain(
+    app: Any,
+    producer: Any,
+    run: RunToPublish,
+    options: dict[str, Any],
+    *,
+    ttl: float | None = None,
+) -> None:
+    """Publish ``run`` with ``send_task``: every message built from scratch. Its expiry
+    (``options["expires"]``, from ``publish_options``) is written as a template writes
+    it: the ``expires`` header is the instant, and ``ttl`` the time to live; Celery
+    would count both from this host's clock."""
     app.send_task(
         run.task,
         args=run.args,
@@ -334,8 +453,22 @@ def send_plain(app: Any, producer: Any, run: RunToPublish, options: dict[str, An
         # Inside a batch nothing is sent until the flush: a publish retry has nothing to
         # retry, and a failed flush leaves the runs in the outbox.
         retry=False,
-        **options,
+        **_expiring(options, ttl),
     )
+
+
+def _expiring(options: dict[str, Any], ttl: float | None) -> dict[str, Any]:
+    """``send_task`` options expiring the message at ``options["expires"]`` (a datetime,
+    if any) with a time to live of ``ttl``: Celery is given no ``expires`` (it would
+    compute the time to live from this host's clock), the header and the property."""
+    expires = options.get("expires")
+    if not isinstance(expires, datetime):
+        return options
+    headers = {**options.get("headers", {}), "expires": expires.isoformat()}
+    given = options | {"expires": None, "headers": headers}
+    if ttl is not None:
+        given["expiration"] = ttl
+    return given
 
 
 def _templates(app: Any) -> messages.Templates | None:
@@ -350,7 +483,7 @@ def _templates(app: Any) -> messages.Templates | None:
 
 def _envelopes(producer: Any) -> Envelopes | None:
     """The envelope stamps of the batch open on ``producer`` (``beat.redis_envelopes``),
-    or None to have kombu publish every message (``ENVELOPES`` off, not on Redis)."""
+    or None to have kombu publish every message (``ENVELOPES`` off)."""
     return Envelopes.of(producer) if ENVELOPES else None
 
 
@@ -442,6 +575,10 @@ def _short_repr(value: Any) -> str:
     """A stand-in for Celery's ``saferepr`` of JSON arguments, some 20 times cheaper."""
     text = repr(value)
     return text if len(text) <= REPR_LIMIT else text[: REPR_LIMIT - 3] + "..."
+
+
+def _ids(runs: Sequence[RunToPublish]) -> list[uuid.UUID]:
+    return [run.id for run in runs]
 
 
 def _chunks(runs: Sequence[RunToPublish], size: int) -> Iterator[Sequence[RunToPublish]]:

@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Protocol
 
-from beat.armed import ArmedRuns, no_lead
+from beat.armed import ArmedRuns, DatabaseClock, no_lead
 from beat.claim_window import (
     FIRST_BUILD_PACE,
     FIRST_CLAIM_PACE,
@@ -135,14 +135,18 @@ class Leader(Protocol):
 
 
 class Publisher(Protocol):
-    """Sends runs to the broker with the run ID as task ID (``beat.dispatch``)."""
+    """Sends runs to the broker with the run ID as task ID (``beat.dispatch``);
+    ``database`` is the database's clock, which times the messages' expiry."""
 
-    def publish(self, runs: Sequence[RunToPublish]) -> PublishResult: ...
+    def publish(
+        self, runs: Sequence[RunToPublish], *, database: DatabaseClock | None = ...
+    ) -> PublishResult: ...
     def publish_at(
         self,
         runs: Sequence[RunToPublish],
         deadline: float,
         *,
+        database: DatabaseClock | None = ...,
         before_send: Callable[[], None] | None = ...,
         while_waiting: Callable[[], float] | None = ...,
     ) -> PublishResult: ...
@@ -237,6 +241,8 @@ class LeaderLoop:
         self.sends: Sends = sends or OverlappedSend()
         #: A burst's batch claimed while the send before it failed: sent next pass.
         self._carried: list[RunToPublish] = []
+        #: The database's clock as the last claim read it: messages' expiry counts on it.
+        self.database: DatabaseClock | None = None
 
     def run_once(self) -> None:
         """One pass; a fenced write refused raises StaleEpoch (the caller steps down).
@@ -494,6 +500,7 @@ class LeaderLoop:
             ahead=ahead,
         )
         duration = self.clock() - started
+        self.database = DatabaseClock(now=claim.now, clock=claim.clock)
         self.claim_pace.observe(len(claim.runs) + len(claim.armed) + claim.deferred, duration)
         self.report.claimed(claim, duration)
         return claim
@@ -557,12 +564,13 @@ class LeaderLoop:
             # Confirmed first, as for armed runs: a leader paused since its claim or its
             # outbox read, past its lease, sends nothing (the next leader does).
             self.leadership.confirm_for_send()
-            result = self.publisher.publish(runs)
+            result = self.publisher.publish(runs, database=self.database)
         else:
             started = self.clock()
             result = self.publisher.publish_at(
                 runs,
                 deadline,
+                database=self.database,
                 before_send=self.leadership.confirm_for_send,
                 while_waiting=while_waiting or self._waiting_only,
             )

@@ -16,15 +16,17 @@ queue's list):
 
 * headers ``id`` and ``root_id``, property ``correlation_id``: the run's task ID;
 * headers ``retries``, ``habeat_schedule``, ``habeat_fire_at``, ``habeat_attempt``;
-* header ``expires`` and property ``expiration`` (the seconds left until then, at
-  the send, as ``send_task`` computes them), when the run's options have an expiry;
+* header ``expires`` and property ``expiration`` (the seconds left until then at
+  the send, by the database's clock: ``beat.dispatch.time_to_live``), when the run's
+  options have an expiry;
 * property ``reply_to``: Celery's ID of the sending thread.
 
 What no template can reproduce falls back to ``send_task`` for every message
 (``usable`` says which): signal receivers around publishing (they may change a
 message, or expect to be called for each), ``task_sent`` events, a sender running
 inside a worker task (parent and root IDs, inherited priority), and an expiry or ETA
-that comes from the task's own options (computed from the time of the send).
+that comes from the task's own options (computed from the time of the send: by the
+database's clock, ``beat.dispatch.task_expiry``).
 
 A template is shared by every schedule of one task and one set of options, whatever
 their arguments (``Templates.key``), as long as routing looks at the task's name only:
@@ -39,7 +41,7 @@ import contextlib
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from celery import signals
@@ -235,6 +237,7 @@ def publish(
     run: RunToPublish,
     expires: datetime | None,
     *,
+    ttl: float | None = None,
     argsrepr: str,
     kwargsrepr: str,
     declare: bool,
@@ -242,6 +245,7 @@ def publish(
 ) -> None:
     """Publish ``run``'s message from its template through ``producer`` (in its batch, if
     one is open). ``expires``: when the run expires (``beat.dispatch.expiry_of``);
+    ``ttl``: the seconds left until then at the send (none if not known);
     ``argsrepr``, ``kwargsrepr``: the run's arguments as ``send_task`` is given them;
     ``declare``: whether the template's queues are to be declared (once per batch is
     enough); ``envelopes``: the stamps of the open batch, if it is kombu's batch on
@@ -278,8 +282,8 @@ def publish(
     kwargs["reply_to"] = app.thread_oid
     if expires is not None:
         headers["expires"] = expires.isoformat()
-        # As send_task: the seconds left at the send, none if already past.
-        kwargs["expiration"] = max(0.0, (expires - datetime.now(UTC)).total_seconds())
+        if ttl is not None:
+            kwargs["expiration"] = ttl
     if template.backend_call:
         with _library_errors(producer):
             app.backend.on_task_call(producer, task_id)

@@ -24,7 +24,7 @@ from typing import Any
 from app.factory import create_app
 from app.settings import Settings
 from beat import dispatch, messages
-from beat.models import RunToPublish
+from beat.models import RunToPublish, UnpublishableRun
 from bench.common import REDIS_URL, table
 
 
@@ -67,12 +67,16 @@ def time_building(
     """Seconds to add the messages of ``runs`` to a batch that is then discarded."""
     dispatch.TEMPLATES = templates
     dispatch.ENVELOPES = envelopes
-    rejected: list[object] = []
+    rejected: list[UnpublishableRun] = []
+    sent: list[RunToPublish] = []
     with app.producer_or_acquire() as producer:  # type: ignore[attr-defined]
         try:
             with producer.batch(max_size=dispatch.NEVER_FLUSH):
                 started = time.perf_counter()
-                sent = dispatch._send_all(app, producer, runs, rejected)  # type: ignore[arg-type]
+                kept = dispatch._templates(app)
+                sending = dispatch._Sending(app, producer, rejected, kept, None)
+                sending.envelopes = dispatch._envelopes(producer)
+                dispatch._send_all(sending, runs, into=sent)
                 elapsed = time.perf_counter() - started
                 raise _Discard
         except _Discard:

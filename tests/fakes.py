@@ -38,7 +38,7 @@ from unittest import mock
 from zoneinfo import ZoneInfo
 
 from beat import planning
-from beat.armed import ArmedRuns
+from beat.armed import ArmedRuns, DatabaseClock
 from beat.claim_window import DueSecond
 from beat.config import BeatConfig
 from beat.dispatch import BUILD_STEP, PublishResult
@@ -1122,12 +1122,17 @@ class RecordingPublisher:
         self._failures = 0
         #: Seconds ``publish_at`` takes to build each message (in ``BUILD_STEP`` chunks).
         self.build_seconds_per_run = 0.0
+        #: The database's clock each publish was given, in order.
+        self.databases: list[DatabaseClock | None] = []
 
     def fail_next(self, sends: int = 1) -> None:
         """The next ``sends`` sends fail (the broker is down): nothing of them is sent."""
         self._failures += sends
 
-    def publish(self, runs: Sequence[RunToPublish]) -> PublishResult:
+    def publish(
+        self, runs: Sequence[RunToPublish], *, database: DatabaseClock | None = None
+    ) -> PublishResult:
+        self.databases.append(database)
         return self._send(runs, deadline=None)
 
     def publish_at(
@@ -1135,9 +1140,11 @@ class RecordingPublisher:
         runs: Sequence[RunToPublish],
         deadline: float,
         *,
+        database: DatabaseClock | None = None,
         before_send: Callable[[], None] | None = None,
         while_waiting: Callable[[], float] | None = None,
     ) -> PublishResult:
+        self.databases.append(database)
         if not runs:
             return PublishResult(published=[])
         started = self.clock()

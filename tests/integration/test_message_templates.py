@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -24,6 +25,7 @@ from kombu import Exchange, Queue
 
 from app.factory import create_app
 from beat import dispatch, messages
+from beat.armed import DatabaseClock
 from beat.models import RunToPublish
 from tests.conftest import SessionEnv
 from tests.integration.helpers import broker_messages, count_stamped_pushes, task_ids
@@ -40,7 +42,7 @@ FIRE_AT = datetime(2030, 5, 4, 3, 2, 1, 123456, tzinfo=UTC)
 #: Envelope properties set by each publish, whatever builds the message:
 #: ``delivery_tag``, a random UUID kombu's virtual channel draws per message, and
 #: ``expiration``, the milliseconds left until ``expires`` at the moment of the send
-#: (``send_task`` computes it from its clock; compared within ``EXPIRATION_SLACK_MS``).
+#: (by the database's clock; compared within ``EXPIRATION_SLACK_MS``).
 PER_PUBLISH = ("delivery_tag", "expiration")
 EXPIRATION_SLACK_MS = 5_000
 
@@ -306,7 +308,9 @@ def test_a_task_whose_own_options_expire_it_is_sent_with_send_task(
     sent: list[str] = []
     monkeypatch.setattr(dispatch, "TEMPLATES", True)
     monkeypatch.setattr(
-        dispatch, "send_plain", lambda *args: sent.append(args[2].task) or send_plain(*args)
+        dispatch,
+        "send_plain",
+        lambda *args, **kwargs: sent.append(args[2].task) or send_plain(*args, **kwargs),
     )
 
     result = dispatch.publish_runs(app, [run])
@@ -314,6 +318,27 @@ def test_a_task_whose_own_options_expire_it_is_sent_with_send_task(
     assert result.published == [run.id]
     assert sent == ["tasks.local.expiring"]
     assert redis_client.llen(f"{test_env.broker_key_prefix}celery") == 1
+
+
+def test_a_task_s_own_expiry_counts_from_the_send_by_the_database_s_clock(
+    app: Celery, test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    """issue 38, finding 11: a task whose own options expire it (``expires=120``) counts
+    them from the send by the database's clock, not this host's: with the database's
+    clock 2 minutes behind this host's, the ``expires`` header is the database's now +
+    120 s, and the time to live 120 s."""
+    run = make_run("tasks.local.expiring")
+    database_now = datetime.now(UTC) - timedelta(minutes=2)
+    reading = DatabaseClock(now=database_now, clock=time.monotonic())
+
+    result = dispatch.publish_runs(app, [run], database=reading)
+
+    assert result.published == [run.id]
+    (message,) = broker_messages(redis_client, test_env.broker_key_prefix)
+    expires = datetime.fromisoformat(message["headers"]["expires"])
+    expected = database_now + timedelta(seconds=120)
+    assert abs((expires - expected).total_seconds()) <= EXPIRATION_SLACK_MS / 1000
+    assert 120_000 - EXPIRATION_SLACK_MS <= int(message["properties"]["expiration"]) <= 120_000
 
 
 def test_a_run_whose_options_cannot_be_built_is_rejected_and_the_others_are_stamped(
@@ -441,8 +466,9 @@ def test_stamped_pushes_count_in_kombu_s_batch_and_go_with_its_flushes(
     """kombu flushes a batch when it holds ``max_size`` commands, and only if it counts
     some: a stamped push counts as kombu's own, so none is left in the pipeline."""
     runs = variants(make_run(), 25)
+    sent: list[RunToPublish] = []
     with app.producer_or_acquire() as producer, producer.batch(max_size=4):
-        sent = dispatch._send_all(app, producer, runs, [])
+        dispatch._send_all(sending(app, producer), runs, into=sent)
         in_pipeline = len(producer._batch_local.current.session.pipeline.command_stack)
     assert len(sent) == len(runs)
     assert in_pipeline == len(runs) % 4 == 1, "flushed every 4 pushes, stamped ones included"
@@ -457,8 +483,9 @@ def test_a_flush_while_a_stamp_is_learnt_teaches_none_and_loses_nothing(
     one by the third run, no stamp is learnt from it, and every message lands."""
     runs = variants(make_run(), 12)
     stamped = count_stamped_pushes(monkeypatch)
+    sent: list[RunToPublish] = []
     with app.producer_or_acquire() as producer, producer.batch(max_size=2):
-        sent = dispatch._send_all(app, producer, runs, [])
+        dispatch._send_all(sending(app, producer), runs, into=sent)
     assert len(sent) == len(runs)
     assert stamped == [0]
     landed = broker_messages(redis_client, test_env.broker_key_prefix)
@@ -471,18 +498,31 @@ def test_a_batch_that_kombu_aborted_takes_no_stamped_push(
     """As kombu refuses a publish through an aborted batch, so does a stamped push: the
     run is not taken for sent."""
     runs = variants(make_run(), 5)
-    templates, declared = messages.templates_of(app), set[tuple[Any, ...]]()
     stamped = count_stamped_pushes(monkeypatch)
     with app.producer_or_acquire() as producer, producer.batch(max_size=100):
-        envelopes = dispatch._envelopes(producer)
+        batch = sending(app, producer)
         for run in runs[:4]:  # three through kombu, the fourth stamped
-            dispatch._send(app, producer, run, declared, templates, envelopes)
+            dispatch._send(batch, run)
         assert stamped == [1]
         producer._batch_local.current.abort()
         with pytest.raises(RuntimeError, match="aborted"):
-            dispatch._send(app, producer, runs[4], declared, templates, envelopes)
+            dispatch._send(batch, runs[4])
     assert stamped == [1]
     assert redis_client.llen(f"{test_env.broker_key_prefix}celery") == 0
+
+
+def sending(app: Celery, producer: Any) -> Any:
+    """The messages of one publish into the batch open on ``producer``, from templates
+    and stamps, their expiry timed by the database's clock (this host's, in step)."""
+    batch = dispatch._Sending(app, producer, [], messages.templates_of(app), database_clock_now())
+    batch.envelopes = dispatch._envelopes(producer)
+    return batch
+
+
+def database_clock_now() -> DatabaseClock:
+    """A reading of the database's clock, taken as this host's (the test's servers run
+    here, in step)."""
+    return DatabaseClock(now=datetime.now(UTC), clock=time.monotonic())
 
 
 def published_batch(
@@ -499,7 +539,7 @@ def published_batch(
     monkeypatch.setattr(dispatch, "TEMPLATES", templates)
     monkeypatch.setattr(dispatch, "ENVELOPES", templates)
     monkeypatch.setattr(dispatch, "send_plain", send_plain)
-    result = dispatch.publish_runs(app, runs)
+    result = dispatch.publish_runs(app, runs, database=database_clock_now())
     assert result.error is None
     assert result.rejected == []
     assert result.published == [run.id for run in runs]
@@ -548,7 +588,7 @@ def published(
         monkeypatch.setattr(dispatch, "send_plain", refused)
     else:
         monkeypatch.setattr(dispatch, "send_plain", send_plain)
-    result = dispatch.publish_runs(app, [run])
+    result = dispatch.publish_runs(app, [run], database=database_clock_now())
     assert result.error is None
     assert result.rejected == []
     assert result.published == [run.id]

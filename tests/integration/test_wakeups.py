@@ -99,9 +99,9 @@ def test_a_burst_s_batches_are_sent_on_a_thread_while_the_next_is_claimed(
     threads: list[str] = []
     publish = scheduler.loop.publisher.publish
 
-    def noted(runs: Any) -> Any:
+    def noted(runs: Any, **options: Any) -> Any:
         threads.append(threading.current_thread().name)
-        return publish(runs)
+        return publish(runs, **options)
 
     scheduler.loop.publisher.publish = noted  # type: ignore[method-assign]
     claimed: list[uuid.UUID] = []
@@ -132,9 +132,9 @@ def test_close_ends_the_send_in_flight_before_it_hands_over(
     publish = scheduler.loop.publisher.publish
     released: list[str] = []
 
-    def slow(runs: Any) -> Any:
+    def slow(runs: Any, **options: Any) -> Any:
         time.sleep(0.5)  # still sending when beat is told to stop
-        result = publish(runs)
+        result = publish(runs, **options)
         released.append("sent")
         return result
 

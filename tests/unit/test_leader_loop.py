@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from beat.armed import DatabaseClock
 from beat.errors import StoreUnavailable
 from beat.leader_loop import BURST_MAINTENANCE_INTERVAL, LEASE_EXPIRY_MARGIN, SUMMARY_INTERVAL
 from beat.leader_store import Claim
@@ -133,6 +134,27 @@ def test_runs_claimed_ahead_are_sent_at_their_fire_time_never_before(max_wait: f
     if max_wait < 1.5:
         claim_pass = a.claims.index(claim)
         assert len(a.claims) > claim_pass + 2, "kept over passes until its time"
+
+
+def test_the_leader_times_its_messages_expiry_by_the_database_s_clock_of_its_claims() -> None:
+    """issue 38, finding 11: each send is given PostgreSQL's now as the last claim read
+    it, placed on the monotonic clock (``beat.armed.DatabaseClock``), never this host's wall
+    clock: the messages' time to live counts from it."""
+    w = world(claim_ahead=2.0)
+    w.store.add_schedule("due", every=60, in_seconds=-0.5)
+    w.store.add_schedule("soon", every=60, in_seconds=1.5)
+    a = w.start("a")
+
+    w.run_for(5)
+
+    readings = [DatabaseClock(now=claim.now, clock=claim.clock) for claim in a.claims]
+    given = a.publisher.databases
+    assert len(given) == 2, "the run due, then the armed one at its fire time"
+    assert given[0] == readings[0], "the claim that took the run due"
+    assert all(reading in readings for reading in given)
+    for reading in given:
+        assert reading is not None
+        assert reading.now_at(w.clock()) == w.clock.now(), "the database's time now"
 
 
 def test_the_leaders_own_outbox_leaves_its_armed_runs_alone() -> None:
