@@ -128,7 +128,8 @@ class WorkerHeartbeat:
         beacon: Callable[[], Session | None] = lambda: None,
     ) -> None:
         self.store = store
-        #: This process's beacon (``beat.liveness``), recorded with its presence.
+        #: This process's beacon (``beat.liveness``), recorded with its presence: asked
+        #: at every heartbeat, it opens again a half it lost.
         self.beacon = beacon
         self.hostname = hostname
         self.owner = f"{hostname}:{os.getpid()}:received"
@@ -190,12 +191,7 @@ def _leases_of(config: BeatConfig, hostname: str) -> WorkerHeartbeat:
                 run_store_for(config.database_url),
                 hostname,
                 config.lease_timeout,
-                beacon=lambda: process_session(
-                    config.database_url,
-                    config.redis_url,
-                    database_setting=config.database_setting,
-                    redis_setting=config.redis_setting,
-                ),
+                beacon=lambda: process_session(config),
             )
         return leases
 
