@@ -184,6 +184,9 @@ class SessionBeacon:
         self._redis: BeaconConnection | None = None
         #: The halves as recorded in ``beat_beacons``; None while the row is not up to date.
         self._session: Session | None = None
+        #: The Redis server last recorded: a database session opened again while Redis
+        #: cannot be reached is recorded with it (its row then names the new session).
+        self._redis_server = ""
         #: False once the servers were seen unable to tell: crash detection is off.
         self._supported = True
 
@@ -201,17 +204,24 @@ class SessionBeacon:
             self._conn = self._open_pg()
         if not self._supported:
             return None
+        redis_down: LeaseUnavailable | None = None
         try:
             if self._session is None:
                 self._check_own_session(self._conn)
             if self._redis is None:
-                self._redis = self._open_redis()
-            if self._session is None or self._session.redis_server != self._redis.server:
-                self._session = self._record(self._conn, self._redis.server)
+                try:
+                    self._redis = self._open_redis()
+                except LeaseUnavailable as exc:
+                    redis_down = exc  # the database half is recorded all the same
+            server = self._redis_server if self._redis is None else self._redis.server
+            if server and (self._session is None or self._session.redis_server != server):
+                self._session = self._record(self._conn, server)
         except _Unsupported as why:
             self._close_redis()
             self._unsupported(str(why))
             return None
+        if redis_down is not None:
+            raise redis_down
         return self._session
 
     def _open_pg(self) -> psycopg.Connection[Any]:
@@ -267,6 +277,7 @@ class SessionBeacon:
         if row is None:  # pg_stat_activity does not list this session: nothing to prove
             raise _Unsupported(f"PostgreSQL at {self._masked} does not list this session")
         pid, started_at, postgres_server = row
+        self._redis_server = redis_server
         return Session(
             beacon=self.name,
             pid=pid,

@@ -17,6 +17,8 @@ import redis
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from beat import liveness
+from beat.errors import LeaseUnavailable
 from beat.leader import lock_key
 from beat.liveness import Session, SessionBeacon
 from beat.models import RunState
@@ -336,3 +338,35 @@ def test_a_half_opened_on_another_server_is_unknown_not_gone(
         )
     crash(store, redis_client, session.beacon)
     assert leader.crash_detection.dead_runs(limit=10).runs == []
+
+
+def test_a_session_opened_again_while_redis_is_down_is_recorded_at_once(
+    store: Store,
+    redis_client: redis.Redis,
+    beacons: Callable[[], SessionBeacon],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both halves closed, Redis unreachable from the process: its new database
+    session is recorded all the same, so the beacon never reads as dead meanwhile."""
+    process = beacons()
+    first = process.keep()
+    assert first is not None
+    crash(store, redis_client, first.beacon)
+
+    def unreachable(url: str, name: str) -> None:
+        raise LeaseUnavailable("Redis is unreachable")
+
+    monkeypatch.setattr(liveness, "open_beacon_connection", unreachable)
+    with pytest.raises(LeaseUnavailable):
+        process.keep()
+
+    with store.engine.begin() as conn:
+        listed = conn.execute(
+            text(
+                "SELECT b.session_pid FROM beat_beacons b JOIN pg_stat_activity a"
+                " ON a.pid = b.session_pid WHERE b.name = :name"
+            ),
+            {"name": first.beacon},
+        ).scalar_one_or_none()
+    assert listed is not None
+    assert listed != first.pid
