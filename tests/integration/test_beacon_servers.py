@@ -1,7 +1,9 @@
-"""The beacon outlives the servers' idle timeouts (issue 38, findings 5 and 6), on a
-private PostgreSQL and Redis whose timeouts the test sets: Redis's ``timeout`` and
-PostgreSQL's ``idle_session_timeout`` close idle connections, never the beacon's
-halves (a pub/sub client; a session that turned the timeout off for itself)."""
+"""The beacon on a private PostgreSQL and Redis whose settings the tests change. It
+outlives the servers' idle timeouts (issue 38, findings 5 and 6): Redis's ``timeout``
+and PostgreSQL's ``idle_session_timeout`` close idle connections, never the beacon's
+halves (a pub/sub client; a session that turned the timeout off for itself). Over the
+server's own unix socket, the session is the connection's own: crash detection is on.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from tests.chaos.servers import PrivatePostgres, PrivateRedis
 
 pytestmark = pytest.mark.integration
 
-DATABASE = "beacon_timeouts"
+DATABASE = "beacon_servers"
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +58,18 @@ def test_the_beacon_survives_the_servers_idle_timeouts(
     finally:
         beacon.close()
         client.close()
+
+
+def test_over_a_unix_socket_the_beacon_is_recorded(
+    servers: tuple[PrivatePostgres, PrivateRedis],
+) -> None:
+    """The session a unix socket reaches is the connection's own when the socket is the
+    server's (``unix_socket_directories`` with its ``port``): crash detection is on."""
+    postgres, redis_server = servers
+    url = f"postgresql+psycopg://postgres@/{DATABASE}?host={postgres.datadir}&port={postgres.port}"
+    beacon = SessionBeacon(url, redis_server.url())
+    try:
+        session = beacon.keep()
+        assert session is not None, "a unix socket of the server's own is no proxy"
+    finally:
+        beacon.close()
