@@ -73,7 +73,7 @@ from beat.errors import (
     StoreUnavailable,
     error_text,
 )
-from beat.liveness import SERVER_INCARNATION, Session
+from beat.liveness import NO_IDLE_TIMEOUTS, SERVER_INCARNATION, Session
 from beat.models import (
     ACTIVE_STATES,
     PLAIN_RUN_INTERRUPTED,
@@ -1091,6 +1091,8 @@ class ScheduleChangeListener:
                 self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
             except psycopg.Error as exc:
                 raise StoreUnavailable(unreachable(self._masked, exc, self._setting)) from exc
+            # Waiting for notifications is idle: a server's idle_session_timeout would end it.
+            self._conn.execute(NO_IDLE_TIMEOUTS)
             for channel in self.CHANNELS:
                 self._conn.execute(f"LISTEN {channel}")
         return self._conn

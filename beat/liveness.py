@@ -101,8 +101,8 @@ SERVER_INCARNATION = (
     "(SELECT stats_reset::text FROM pg_stat_bgwriter), '')"
 )
 
-#: Timeouts that would end an idle beacon session; set to 0 where the server has them.
-_NO_TIMEOUTS = (
+#: Timeouts that would end an idle session; set to 0 where the server has them.
+NO_IDLE_TIMEOUTS = (
     "SELECT set_config(name, '0', false) FROM pg_settings"
     " WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout')"
 )
@@ -231,7 +231,7 @@ class SessionBeacon:
         except psycopg.Error as exc:
             raise StoreUnavailable(unreachable(self._masked, exc, self._database_setting)) from exc
         try:
-            conn.execute(_NO_TIMEOUTS)
+            conn.execute(NO_IDLE_TIMEOUTS)
         except psycopg.Error as exc:
             conn.close()
             raise StoreUnavailable(f"PostgreSQL at {self._masked}: {exc}") from exc

@@ -182,8 +182,9 @@ def test_idle_session_timeout_neither_unseats_the_leader_nor_reclaims_a_run(
     private_cluster: Cluster, servers: tuple[PrivatePostgres, PrivateRedis]
 ) -> None:
     """issue 38, finding 6: `idle_session_timeout = 2s` on the database ends every idle
-    session; the beacons' sessions turn it off for themselves: the leader never steps
-    down and a `-P threads` worker's run is not reclaimed."""
+    session; the beacons' sessions (and the leader's LISTEN connection) turn it off for
+    themselves: the leader never steps down, its wait for changes never fails, and a
+    `-P threads` worker's run is not reclaimed."""
     database = make_url(private_cluster.env.database_url).database
     with private_cluster.store.engine.begin() as conn:
         conn.execute(text(f"ALTER DATABASE \"{database}\" SET idle_session_timeout = '2s'"))
@@ -192,6 +193,7 @@ def test_idle_session_timeout_neither_unseats_the_leader_nor_reclaims_a_run(
     assert_ran_once(private_cluster, task_id)
     beat_log = private_cluster.processes[0].output()
     assert "stepping down" not in beat_log, "the leader stepped down with no fault at all"
+    assert "lost the LISTEN connection" not in beat_log, "the wait for changes is idle too"
 
 
 # -- behind PgBouncer ---------------------------------------------------------------------
