@@ -281,3 +281,32 @@ def test_behind_pgbouncer_crash_detection_is_off_and_leases_decide(
     )
     row = run_row(store, task_id)
     assert (row.attempt, row.worker.split("@")[0]) == (2, "worker1"), "reclaimed by its lease"
+
+
+def test_after_both_servers_restarted_a_killed_workers_run_is_still_reclaimed_at_once(
+    private_cluster: Cluster, servers: tuple[PrivatePostgres, PrivateRedis]
+) -> None:
+    """The proof still holds after restarts: the beacons opened again on the new
+    servers are recorded with them, so a worker SIGKILLed afterwards is seen dead at
+    once, long before its 60-s lease would have expired."""
+    postgres, redis_server = servers
+    private_cluster.settings["HABEAT_LEASE_TIMEOUT"] = "60"
+    start_cluster(private_cluster, "threads")
+    private_cluster.worker("worker1", concurrency=1)
+    restart_redis(redis_server)
+    restart_postgres(postgres)
+    task_id = start_watched_run(private_cluster, seconds=3)
+    worker = run_row(private_cluster.store, task_id).worker
+    private_cluster.process_for_worker(worker).signal(signal.SIGKILL)
+    wait_until(
+        lambda: (getattr(run_row(private_cluster.store, task_id), "attempt", 0) or 0) >= 2,
+        timeout=30,
+        interval=0.2,
+    )
+    wait_until(
+        lambda: state_of(private_cluster.store, task_id) == RunState.SUCCEEDED.value,
+        timeout=60,
+        interval=0.5,
+    )
+    row = run_row(private_cluster.store, task_id)
+    assert row.interruptions == 1, "its worker's death was seen, not its lease's end"
