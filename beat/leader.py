@@ -100,6 +100,8 @@ def epoch_key(prefix: str) -> str:
 
 #: Prefix of the names of the Redis connections processes keep as crash beacons.
 BEACON_PREFIX = "habeat-beacon:"
+#: Replies a beacon's check reads at most, looking for its PING's among messages.
+_MESSAGES_READ = 100
 
 
 class BeaconConnection:
@@ -116,16 +118,23 @@ class BeaconConnection:
         self.direct = direct
 
     def lost(self) -> bool:
-        """True once the server closed it (without blocking: only a socket with
-        something to read is looked at; nothing is ever published to its channel)."""
+        """True once the server closed it. Non-blocking while nothing arrived: only a
+        readable socket (the server closing it, or a message someone published to its
+        channel) is asked, with a PING, whose answer follows any such message."""
         sock = self._connection._sock  # redis-py keeps the socket here
         if sock is None:
             return True
         try:
             readable, _, _ = select.select([sock], [], [], 0)
-            return bool(readable) and not sock.recv(1, socket.MSG_PEEK)
-        except (OSError, ValueError):
+            if not readable:
+                return False
+            self._connection.send_command("PING")
+            for _ in range(_MESSAGES_READ):
+                if self._connection.read_response() == [b"pong", b""]:
+                    return False
+        except (redis.RedisError, OSError, ValueError):
             return True
+        return False  # more messages than read: the connection answers, it is open
 
     def close(self) -> None:
         with contextlib.suppress(redis.RedisError, OSError):
