@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from ipaddress import ip_address
+from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
 
 import redis
@@ -204,9 +204,16 @@ def same_endpoint(shown: str, host: str, port: int) -> bool:
     the address ``host`` and ``port``?"""
     ip, _, shown_port = shown.rpartition(":")
     try:
-        return ip_address(ip.strip("[]")) == ip_address(host) and shown_port == str(port)
+        return _plain_ip(ip.strip("[]")) == _plain_ip(host) and shown_port == str(port)
     except ValueError:
         return False
+
+
+def _plain_ip(text: str) -> IPv4Address | IPv6Address:
+    """An address, an IPv4 one mapped into IPv6 (a dual-stack socket's view) as IPv4."""
+    address = ip_address(text.split("%")[0])  # without an IPv6 zone
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped if mapped is not None else address
 
 
 def gone_beacons(client: redis.Redis, recorded: Mapping[str, str]) -> set[str]:
