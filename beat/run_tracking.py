@@ -156,13 +156,14 @@ class WorkerHeartbeat:
         while True:
             held = self._still_held()
             try:
+                # The leases first: opening a lost half of the beacon again may take time.
+                self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
                 self.store.worker_seen(
                     self.hostname,
                     pid=os.getpid(),
                     booted_at=self.booted_at,
                     session=self.beacon(),
                 )
-                self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
             except HABeatError as exc:
                 logger.warning("could not renew this worker's leases (%d runs): %s", len(held), exc)
             time.sleep(self.lease_seconds / 3)

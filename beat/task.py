@@ -99,7 +99,6 @@ class _Execution:
     def heartbeat_loop(self) -> None:
         valid_until = time.monotonic() + self.lease_seconds
         while not self.stop.wait(self.heartbeat_every):
-            self.keep_beacon()
             sent_at = time.monotonic()
             try:
                 if not self.store.heartbeat(
@@ -109,6 +108,7 @@ class _Execution:
                         self._lose("another worker holds it now")
                     return
                 valid_until = sent_at + self.lease_seconds
+                self.keep_beacon()  # after the lease: opening a half again may take time
             except HABeatError as exc:
                 logger.warning("lease heartbeat of run %s failed: %s", self.run_id, exc)
                 if time.monotonic() >= valid_until:
