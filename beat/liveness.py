@@ -36,7 +36,9 @@ so absence counts only as proof, and these are the rules that make it one:
    ``run_id`` (a restart or a failover is another ``run_id``). A half whose
    server is not the one it was opened on is *unknown*, never gone, until its
    process opens it again on the new server and records that. Both halves must
-   be proven gone.
+   be proven gone at one moment: PostgreSQL is asked, then Redis, then
+   PostgreSQL again (a session recorded gone before and after Redis answered
+   was gone when it did).
 3. **Both halves are kept, not only opened.** A living process looks at its
    halves on its existing timers (the leader each pass, a worker's presence
    heartbeat, a run's lease heartbeat, each run's start) and opens again a
@@ -429,8 +431,10 @@ class CrashDetection:
             return False
         holder, half = found
         gone = self._lease.gone_beacons({half.name: half.server})
-        if half.name not in gone or not self._lease.evict(holder):
+        if half.name not in gone or self._leaders.leader_without_session() != found:
             return False  # its Redis connection lives, or may: a cut link, a restart
+        if not self._lease.evict(holder):
+            return False
         logger.warning(
             "the leader %s crashed (its database session and Redis connection are gone):"
             " taking over without waiting for its lease",
@@ -441,7 +445,8 @@ class CrashDetection:
 
     def dead_runs(self, *, limit: int) -> WorkerDeaths:
         """Running runs whose worker process is dead: both halves of its beacon are
-        proven gone (one gone alone is a cut link, a half on a restarted server is
+        proven gone at once (its session gone before and after Redis no longer lists
+        its connection; one gone alone is a cut link, a half on a restarted server is
         unknown: leases decide). A run whose worker's main process died too was
         interrupted; one whose pool process died under a living worker crashed it (an
         attempt)."""
@@ -456,6 +461,9 @@ class CrashDetection:
         }
         gone = self._lease.gone_beacons(halves)
         dead = [run for run in candidates if run.beacon.name in gone]
+        if dead:  # and their sessions were still gone after Redis said so: at once
+            still = {run.id for run in self._leaders.runs_without_session(limit=limit)}
+            dead = [run for run in dead if run.id in still]
         return WorkerDeaths(
             runs=[run.id for run in dead],
             interrupted=[
