@@ -20,11 +20,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import select
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
+from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
 
 import redis
@@ -97,39 +100,138 @@ def epoch_key(prefix: str) -> str:
 
 #: Prefix of the names of the Redis connections processes keep as crash beacons.
 BEACON_PREFIX = "habeat-beacon:"
+#: Replies a beacon's check reads at most, looking for its PING's among messages.
+_MESSAGES_READ = 100
 
 
-def open_beacon_connection(url: str, name: str) -> redis.Redis | None:
-    """A Redis connection of its own named ``name`` (``CLIENT SETNAME``), kept open by
-    a process for its life or term (``beat.liveness``); None where the server refuses
-    CLIENT commands (some managed Redis services). Raises LeaseUnavailable when Redis
-    cannot be reached."""
-    client = redis.Redis.from_url(
-        url, single_connection_client=True, socket_timeout=2, socket_connect_timeout=2
+class BeaconConnection:
+    """A process's own Redis connection, named ``name`` (``CLIENT SETNAME``) and
+    subscribed to a channel of that name (``beat.liveness``). Subscribed, it is a
+    pub/sub client, which Redis never closes for its idle ``timeout``."""
+
+    def __init__(self, connection: Any, *, server: str, direct: bool) -> None:
+        self._connection = connection
+        #: The ``run_id`` of the server that took it: another one is another server (a
+        #: restart, a failover), which never listed it.
+        self.server = server
+        #: The server sees it from this end's address: nothing stands between them.
+        self.direct = direct
+
+    def lost(self) -> bool:
+        """True once the server closed it. Non-blocking while nothing arrived: only a
+        readable socket (the server closing it, or a message someone published to its
+        channel) is asked, with a PING, whose answer follows any such message."""
+        sock = self._connection._sock  # redis-py keeps the socket here
+        if sock is None:
+            return True
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+            if not readable:
+                return False
+            self._connection.send_command("PING")
+            for _ in range(_MESSAGES_READ):
+                if self._connection.read_response() == [b"pong", b""]:
+                    return False
+        except (redis.RedisError, OSError, ValueError):
+            return True
+        return False  # more messages than read: the connection answers, it is open
+
+    def close(self) -> None:
+        with contextlib.suppress(redis.RedisError, OSError):
+            self._connection.disconnect()
+
+
+def open_beacon_connection(url: str, name: str) -> BeaconConnection | None:
+    """The connection a process keeps for its life or term (``beat.liveness``), in one
+    round trip: named, its address as the server sees it, the server's ``run_id``, then
+    subscribed. None where the server refuses CLIENT commands (some managed Redis
+    services). Raises LeaseUnavailable when Redis cannot be reached."""
+    pool = redis.ConnectionPool.from_url(
+        # RESP2: a subscribed connection answers with plain replies, and takes no command
+        # but PING and (UN)SUBSCRIBE.
+        url,
+        protocol=2,
+        socket_timeout=2,
+        socket_connect_timeout=2,
     )
+    connection: Any = pool.make_connection()  # redis-py's connection API is untyped
+    commands = [
+        ("CLIENT", "SETNAME", name),
+        ("CLIENT", "INFO"),
+        ("INFO", "server"),
+        ("SUBSCRIBE", name),
+    ]
     try:
-        client.client_setname(name)
+        connection.connect()
+        connection.send_packed_command(connection.pack_commands(commands))
+        replies = [connection.read_response() for _ in commands]
     except redis.ResponseError:
-        client.close()
+        connection.disconnect()
         return None
-    except redis.RedisError as exc:
-        client.close()
+    except (redis.RedisError, OSError) as exc:
+        connection.disconnect()
         raise LeaseUnavailable(f"Redis at {masked_url(url)}: {exc}") from exc
-    return client
+    info = _fields(replies[1], " ")
+    return BeaconConnection(
+        connection,
+        server=_fields(replies[2], "\r\n").get("run_id", ""),
+        direct=_seen_from_here(connection._sock, info.get("addr", ""), info.get("laddr", "")),
+    )
 
 
-def live_beacons(client: redis.Redis, names: Iterable[str]) -> set[str]:
-    """Which of ``names`` are names of open Redis connections. Every name counts as live
-    when Redis cannot tell (CLIENT LIST refused or Redis unreachable): a crash is then
-    not confirmed, and leases decide."""
-    wanted = set(names)
-    if not wanted:
+def _fields(reply: object, separator: str) -> dict[str, str]:
+    """``key=value`` (CLIENT INFO) or ``key:value`` (INFO) fields of a reply."""
+    text = reply.decode() if isinstance(reply, bytes) else str(reply)
+    pairs = (re.split("[=:]", item.strip(), maxsplit=1) for item in text.split(separator))
+    return {pair[0]: pair[1] for pair in pairs if len(pair) == 2}
+
+
+def _seen_from_here(sock: socket.socket | None, addr: str, laddr: str) -> bool:
+    """Does the server see this socket as it is (``addr``: its client's address,
+    ``laddr``: the server's own end)? Over TCP, the client's address and port must be
+    ours and the server's port our peer's; over a unix socket, the server's socket path
+    must be the one we reached."""
+    if sock is None:
+        return False
+    if sock.family == socket.AF_UNIX:
+        return bool(laddr) and laddr.rsplit(":", 1)[0] == sock.getpeername()
+    local, peer = sock.getsockname(), sock.getpeername()
+    return same_endpoint(addr, local[0], local[1]) and laddr.rsplit(":", 1)[-1] == str(peer[1])
+
+
+def same_endpoint(shown: str, host: str, port: int) -> bool:
+    """Is ``shown`` (``ip:port``, ``[ip]:port`` or ``ip6:port`` as servers print them)
+    the address ``host`` and ``port``?"""
+    ip, _, shown_port = shown.rpartition(":")
+    try:
+        return _plain_ip(ip.strip("[]")) == _plain_ip(host) and shown_port == str(port)
+    except ValueError:
+        return False
+
+
+def _plain_ip(text: str) -> IPv4Address | IPv6Address:
+    """An address, an IPv4 one mapped into IPv6 (a dual-stack socket's view) as IPv4."""
+    address = ip_address(text.split("%")[0])  # without an IPv6 zone
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped if mapped is not None else address
+
+
+def gone_beacons(client: redis.Redis, recorded: Mapping[str, str]) -> set[str]:
+    """The names in ``recorded`` (name → the ``run_id`` of the server its connection was
+    opened on) that are proven closed: the server answering has that ``run_id`` before
+    and after listing its pub/sub clients, and does not list the name. A name recorded
+    on another server (restarted, failed over since), or when Redis cannot tell (CLIENT
+    LIST refused, unreachable), is not: leases decide."""
+    if not recorded:
         return set()
     try:
-        listed = client.client_list(_type="normal")
+        server = client.info("server").get("run_id")
+        listed = {str(entry.get("name", "")) for entry in client.client_list(_type="pubsub")}
+        if client.info("server").get("run_id") != server:
+            return set()  # restarted meanwhile: the list is of another server
     except redis.RedisError:
-        return wanted
-    return wanted & {str(entry.get("name", "")) for entry in listed}
+        return set()
+    return {name for name, on in recorded.items() if on == server and name not in listed}
 
 
 def new_holder_id() -> str:
@@ -227,9 +329,10 @@ class LeaderLease:
         process is known dead (``beat.liveness``). True if the lock was deleted."""
         return bool(self._call(self._release, holder))
 
-    def live_beacons(self, names: Iterable[str]) -> set[str]:
-        """Which of ``names`` are open Redis connections (see :func:`live_beacons`)."""
-        return live_beacons(self._client, names)
+    def gone_beacons(self, recorded: Mapping[str, str]) -> set[str]:
+        """Which recorded beacons' Redis connections are proven closed (see
+        :func:`gone_beacons`)."""
+        return gone_beacons(self._client, recorded)
 
     def abandon(self, reason: str) -> None:
         """Stop leading without touching Redis (e.g. PostgreSQL refused our epoch)."""

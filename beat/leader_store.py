@@ -49,6 +49,7 @@ from sqlalchemy import (
     delete,
     func,
     literal,
+    literal_column,
     or_,
     select,
     text,
@@ -72,7 +73,7 @@ from beat.errors import (
     StoreUnavailable,
     error_text,
 )
-from beat.liveness import Session
+from beat.liveness import NO_IDLE_TIMEOUTS, SERVER_INCARNATION, Session
 from beat.models import (
     ACTIVE_STATES,
     PLAIN_RUN_INTERRUPTED,
@@ -108,7 +109,16 @@ from beat.planning import (
 from beat.run_ids import new_run_id
 from beat.run_stats import RunStatsStore, SummaryReport
 from beat.schedule_store import trigger_from_row
-from beat.tables import FINISHED_SQL, SCHEDULES_CHANNEL, TZ, leader, runs, schedules, workers
+from beat.tables import (
+    FINISHED_SQL,
+    SCHEDULES_CHANNEL,
+    TZ,
+    beacons,
+    leader,
+    runs,
+    schedules,
+    workers,
+)
 from beat.timing import Trigger
 
 logger = logging.getLogger(__name__)
@@ -175,14 +185,24 @@ class Unconfirmed:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RedisHalf:
+    """A beacon's Redis connection as recorded (``beat.liveness``)."""
+
+    #: The connection's name (the beacon's).
+    name: str
+    #: The ``run_id`` of the Redis server it was opened on.
+    server: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SessionlessRun:
-    """A running run whose worker process's database session is gone."""
+    """A running run whose worker process's database session is proven gone."""
 
     id: uuid.UUID
     #: The beacon of the process running it.
-    beacon: str
-    #: The beacon of its worker's main process, if that session is gone too.
-    worker_beacon: str | None
+    beacon: RedisHalf
+    #: The beacon of its worker's main process, if that session is proven gone too.
+    worker_beacon: RedisHalf | None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -278,8 +298,10 @@ class LeaderStore(StoreConnection):
         values = {
             "epoch": epoch,
             "holder": holder,
-            "session_pid": None if session is None else session.pid,
-            "session_started_at": None if session is None else session.started_at,
+            # The beacon's halves are in beat_beacons; these two columns are left empty
+            # (a standby of the release before reads them, and finds nothing to evict).
+            "session_pid": None,
+            "session_started_at": None,
             "beacon": None if session is None else session.beacon,
         }
         statement = (
@@ -306,41 +328,54 @@ class LeaderStore(StoreConnection):
                 return False
             raise
 
-    def leader_without_session(self) -> tuple[str, str] | None:
-        """(holder, beacon) of the recorded leader if the database session it keeps for
-        its term is no longer listed by PostgreSQL; None while it is, when none was
-        recorded, or when there is no leader. Whether its process died is for its
-        Redis connection to confirm (``beat.liveness``)."""
-        query = select(leader.c.holder, leader.c.beacon).where(
-            leader.c.name == self.leader_name,
-            leader.c.beacon.is_not(None),
-            session_gone(leader.c.session_pid),
+    def leader_without_session(self) -> tuple[str, RedisHalf] | None:
+        """(holder, Redis half of its beacon) of the recorded leader if the database
+        session of its beacon is proven gone (``beat.liveness``); None while it is
+        listed, when it was opened on another server, when none was recorded, or when
+        there is no leader. Whether its process died is for its Redis connection to
+        confirm."""
+        query = (
+            select(leader.c.holder, beacons.c.name, beacons.c.redis_server)
+            .join(beacons, beacons.c.name == leader.c.beacon)
+            .where(leader.c.name == self.leader_name, session_gone(beacons))
         )
         with self._transaction() as conn:
             row = conn.execute(query).one_or_none()
-        return None if row is None else (row.holder, row.beacon)
+        if row is None:
+            return None
+        return row.holder, RedisHalf(name=row.name, server=row.redis_server)
 
     def runs_without_session(self, *, limit: int) -> list[SessionlessRun]:
-        """Running runs whose worker process's database session is no longer listed by
-        PostgreSQL: candidates for a crash, for Redis to confirm; each with the beacon
-        of its worker's main process if that session is gone too."""
+        """Running runs whose worker process's database session is proven gone:
+        candidates for a crash, for Redis to confirm; each with the beacon of its
+        worker's main process if that session is proven gone too."""
+        own = beacons.alias("own")
+        main = beacons.alias("main")
         query = (
             select(
                 runs.c.id,
-                runs.c.beacon,
-                case((session_gone(workers.c.session_pid), workers.c.beacon)).label("worker"),
+                own.c.name,
+                own.c.redis_server,
+                case((session_gone(main), main.c.name)).label("worker"),
+                main.c.redis_server.label("worker_server"),
             )
-            .select_from(runs.outerjoin(workers, workers.c.name == runs.c.worker))
-            .where(
-                runs.c.state == RunState.RUNNING.value,
-                runs.c.beacon.is_not(None),
-                session_gone(runs.c.session_pid),
+            .select_from(
+                runs.join(own, own.c.name == runs.c.beacon)
+                .outerjoin(workers, workers.c.name == runs.c.worker)
+                .outerjoin(main, main.c.name == workers.c.beacon)
             )
+            .where(runs.c.state == RunState.RUNNING.value, session_gone(own))
             .limit(limit)
         )
         with self._transaction() as conn:
             return [
-                SessionlessRun(id=row.id, beacon=row.beacon, worker_beacon=row.worker)
+                SessionlessRun(
+                    id=row.id,
+                    beacon=RedisHalf(name=row.name, server=row.redis_server),
+                    worker_beacon=None
+                    if row.worker is None
+                    else RedisHalf(name=row.worker, server=row.worker_server),
+                )
                 for row in conn.execute(query)
             ]
 
@@ -1056,6 +1091,8 @@ class ScheduleChangeListener:
                 self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
             except psycopg.Error as exc:
                 raise StoreUnavailable(unreachable(self._masked, exc, self._setting)) from exc
+            # Waiting for notifications is idle: a server's idle_session_timeout would end it.
+            self._conn.execute(NO_IDLE_TIMEOUTS)
             for channel in self.CHANNELS:
                 self._conn.execute(f"LISTEN {channel}")
         return self._conn
@@ -1107,12 +1144,20 @@ def _worker_died(lease_seconds: float) -> Any:
     )
 
 
-def session_gone(pid: Any) -> ColumnElement[bool]:
-    """SQL: a session was recorded (``pid`` not NULL) and PostgreSQL no longer lists it:
-    the process that held it died (``beat.liveness``). A pid listed again by a newer
-    session reads as alive: the lease then decides, as with no session recorded."""
-    listed = select(literal(1)).select_from(text("pg_stat_activity")).where(column("pid") == pid)
-    return and_(pid.is_not(None), ~listed.exists())
+def session_gone(beacon: Any) -> ColumnElement[bool]:
+    """SQL: the database session of a beacon (a row of ``beat_beacons``) is proven gone:
+    it was opened on the server answering now (the same incarnation: not restarted,
+    not failed over, no crash of a backend since) and that server no longer lists it
+    (``beat.liveness``). A pid listed again by a newer session reads as alive: the
+    lease then decides."""
+    listed = (
+        select(literal(1))
+        .select_from(text("pg_stat_activity"))
+        .where(column("pid") == beacon.c.session_pid)
+    )
+    return and_(
+        beacon.c.postgres_server == literal_column(f"({SERVER_INCARNATION})"), ~listed.exists()
+    )
 
 
 def _released_now() -> ColumnElement[bool]:

@@ -8,10 +8,12 @@ health watchdog that lets the lease go when this process cannot do the work.
 - **Keep**: the lease is renewed from a thread of its own while the watchdog
   says the loop makes progress; a loop that fails or hangs for longer than its
   longest step lets the lease go, so a standby that can reach PostgreSQL leads.
-- **Crash**: the leader keeps a database session for its term and records it;
-  a standby that finds that session gone (the process died) evicts the dead
-  holder's lease and leads at once (``beat.liveness``). A leader that sees its
-  own session closed steps down.
+- **Crash**: the leader keeps a beacon for its term (a database session and a
+  Redis connection) and records it; a standby that finds both proven gone (the
+  process died) evicts the dead holder's lease and leads at once
+  (``beat.liveness``). Each pass, the leader opens again a half it lost (a
+  server restarted, a timeout closed it): it steps down only when it lost its
+  database session and cannot open another.
 - **Lose**: whoever notices first (the renewer, a fenced write refused with
   ``StaleEpoch``, the check before sending runs claimed ahead) ends this term;
   the loop's ``on_lost`` drops what only this leader holds in memory.
@@ -60,7 +62,7 @@ class CrashDetector(Protocol):
     """A leader's beacon and a standby's check for a crashed leader (``beat.liveness``)."""
 
     def open_beacon(self) -> Session | None: ...
-    def beacon_alive(self) -> bool: ...
+    def keep_beacon(self) -> bool: ...
     def close_beacon(self) -> None: ...
     def evict_dead_leader(self) -> bool: ...
 
@@ -71,7 +73,7 @@ class _NoCrashDetection:
     def open_beacon(self) -> Session | None:
         return None
 
-    def beacon_alive(self) -> bool:
+    def keep_beacon(self) -> bool:
         return True
 
     def close_beacon(self) -> None:
@@ -139,10 +141,10 @@ class Leadership:
         # this process is up (throttled, and harmless if it fails).
         self._presence.refresh()
         if self._epoch is not None:
-            if not self._crash.beacon_alive():
+            if not self._crash.keep_beacon():
                 self.step_down(
-                    "this process lost the database session it leads with: standbys may"
-                    " take over at once"
+                    "this process lost the database session it leads with and cannot open"
+                    " another: standbys may take over"
                 )
                 return None
             if self._lease.is_held():

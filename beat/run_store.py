@@ -321,7 +321,7 @@ class RunStore(StoreConnection):
         """Take the run's lease if this delivery may run it (one statement), else record a refusal.
 
         ``session`` is the beacon this worker process keeps (``beat.liveness``):
-        once it is gone, the leader reclaims the run at once.
+        once both its halves are proven gone, the leader reclaims the run at once.
 
         A run that does not exist yet (a task sent with ``delay()``) is created,
         with its payload, so the reaper can publish it again, unless
@@ -335,7 +335,7 @@ class RunStore(StoreConnection):
             "lease_expires_at": _lease_until(lease_seconds),
             "started_at": func.now(),
             "worker": worker,
-            "session_pid": None if session is None else session.pid,
+            "session_pid": None,  # the beacon's session is in beat_beacons
             "beacon": None if session is None else session.beacon,
         }
         if not may_create:
@@ -448,7 +448,7 @@ class RunStore(StoreConnection):
             pid=pid,
             booted_at=booted_at,
             seen_at=func.now(),
-            session_pid=None if session is None else session.pid,
+            session_pid=None,  # the beacon's session is in beat_beacons
             beacon=None if session is None else session.beacon,
         )
         with self._transaction() as conn:

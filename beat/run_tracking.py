@@ -128,7 +128,8 @@ class WorkerHeartbeat:
         beacon: Callable[[], Session | None] = lambda: None,
     ) -> None:
         self.store = store
-        #: This process's beacon (``beat.liveness``), recorded with its presence.
+        #: This process's beacon (``beat.liveness``), recorded with its presence: asked
+        #: at every heartbeat, it opens again a half it lost.
         self.beacon = beacon
         self.hostname = hostname
         self.owner = f"{hostname}:{os.getpid()}:received"
@@ -155,13 +156,14 @@ class WorkerHeartbeat:
         while True:
             held = self._still_held()
             try:
+                # The leases first: opening a lost half of the beacon again may take time.
+                self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
                 self.store.worker_seen(
                     self.hostname,
                     pid=os.getpid(),
                     booted_at=self.booted_at,
                     session=self.beacon(),
                 )
-                self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
             except HABeatError as exc:
                 logger.warning("could not renew this worker's leases (%d runs): %s", len(held), exc)
             time.sleep(self.lease_seconds / 3)
@@ -190,12 +192,7 @@ def _leases_of(config: BeatConfig, hostname: str) -> WorkerHeartbeat:
                 run_store_for(config.database_url),
                 hostname,
                 config.lease_timeout,
-                beacon=lambda: process_session(
-                    config.database_url,
-                    config.redis_url,
-                    database_setting=config.database_setting,
-                    redis_setting=config.redis_setting,
-                ),
+                beacon=lambda: process_session(config),
             )
         return leases
 

@@ -146,11 +146,11 @@ runs = Table(
     Column("finished_at", TZ),
     Column("lease_owner", Text),
     Column("lease_expires_at", TZ),
-    #: The database session of the worker process running it (``beat.liveness``):
-    #: once PostgreSQL no longer lists it, the run is reclaimed without waiting for
-    #: its lease. NULL: not known, the lease decides.
+    #: Written by the release before ``beat_beacons`` (left empty now).
     Column("session_pid", Integer),
-    #: And the name of its Redis connection (see ``beat_leader.beacon``).
+    #: The beacon of the worker process running it (``beat_beacons.name``): once both
+    #: its halves are proven gone, the run is reclaimed without waiting for its lease.
+    #: NULL: not known, the lease decides.
     Column("beacon", Text),
     Column("worker", Text),
     Column("error", Text),
@@ -253,13 +253,12 @@ leader = Table(
     Column("epoch", BigInteger, nullable=False),
     Column("holder", Text, nullable=False),
     Column("acquired_at", TZ, nullable=False, server_default=text("now()")),
-    #: The database session the leader holds for its whole term (``beat.liveness``):
-    #: once PostgreSQL no longer lists it, the leader's process is gone and a standby
-    #: takes over without waiting for the lease. NULL: not known, wait for the lease.
+    #: Written by the release before ``beat_beacons`` (left empty now).
     Column("session_pid", Integer),
     Column("session_started_at", TZ),
-    #: The name of the Redis connection the leader keeps for its term: a crash closes
-    #: both, a link cut to one server closes one. Both gone: the process is dead.
+    #: The beacon the leader keeps for its term (``beat_beacons.name``): once both its
+    #: halves are proven gone, the leader's process is dead and a standby takes over
+    #: without waiting for the lease. NULL: not known, wait for the lease.
     Column("beacon", Text),
 )
 
@@ -273,7 +272,27 @@ workers = Table(
     Column("booted_at", TZ, nullable=False),
     #: Renewed by the worker's main process every third of the lease timeout.
     Column("seen_at", TZ, nullable=False),
-    #: The beacon of the worker's main process (see ``beat_leader.beacon``).
+    #: Written by the release before ``beat_beacons`` (left empty now).
     Column("session_pid", Integer),
+    #: The beacon of the worker's main process (``beat_beacons.name``).
     Column("beacon", Text),
+)
+
+#: The halves of each process's crash-detection beacon (``beat.liveness``), written by
+#: the beacon's own database session whenever it opens a half again: whatever names
+#: the beacon follows its newest session.
+beacons = Table(
+    "beat_beacons",
+    metadata,
+    #: The beacon's name, also its Redis connection's (``CLIENT SETNAME``).
+    Column("name", Text, primary_key=True),
+    #: Its database session: ``pg_stat_activity.pid`` and ``backend_start``.
+    Column("session_pid", Integer, nullable=False),
+    Column("session_started_at", TZ, nullable=False),
+    #: The identity of the PostgreSQL server the session was opened on
+    #: (``beat.liveness.SERVER_INCARNATION``).
+    Column("postgres_server", Text, nullable=False),
+    #: The ``run_id`` of the Redis server its connection was opened on.
+    Column("redis_server", Text, nullable=False),
+    Column("recorded_at", TZ, nullable=False, server_default=text("now()")),
 )

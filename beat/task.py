@@ -25,6 +25,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -91,6 +92,9 @@ class _Execution:
     started: float = field(default_factory=time.monotonic)
     #: The retry this attempt asked for was recorded before Celery published it.
     retry_recorded: bool = False
+    #: Keeps this process's beacon (``beat.liveness``): a half it lost is opened again
+    #: while the run runs, also in a pool process that has no other timer.
+    keep_beacon: Callable[[], object] = lambda: None
 
     def heartbeat_loop(self) -> None:
         valid_until = time.monotonic() + self.lease_seconds
@@ -104,6 +108,7 @@ class _Execution:
                         self._lose("another worker holds it now")
                     return
                 valid_until = sent_at + self.lease_seconds
+                self.keep_beacon()  # after the lease: opening a half again may take time
             except HABeatError as exc:
                 logger.warning("lease heartbeat of run %s failed: %s", self.run_id, exc)
                 if time.monotonic() >= valid_until:
@@ -217,6 +222,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             store=store,
             lease_seconds=config.lease_timeout,
             heartbeat_every=config.lease_heartbeat,
+            keep_beacon=lambda: process_session(config),
         )
         return self._execute(execution, args, kwargs)
 
@@ -272,12 +278,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             may_create=not published_by_beat(request),
             task_id=None if str(run_id) == request.id else request.id,
             expires=self._expires(),
-            session=process_session(
-                config.database_url,
-                config.redis_url,
-                database_setting=config.database_setting,
-                redis_setting=config.redis_setting,
-            ),
+            session=process_session(config),
         )
 
     def _execute(self, execution: _Execution, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

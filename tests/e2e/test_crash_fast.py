@@ -157,9 +157,12 @@ def test_a_leader_cut_from_one_server_is_not_taken_for_dead(
     cluster: Cluster, store: Store, link: str
 ) -> None:
     """Cut from PostgreSQL or Redis, the leader lives and keeps its other connection:
-    no standby evicts it. Cut from PostgreSQL, it sees its session closed and steps
-    down; cut from Redis, its lease runs out. Either way the gap stays within the
-    TTL + 1 s, every fire time runs once and every run's effect exists once."""
+    no standby evicts it (behind the proxy its crash detection is off: the server sees
+    the proxy's connection, not the leader's). Cut from PostgreSQL, it sees its own
+    session closed, cannot open another and steps down: the gap stays within the TTL +
+    1 s. Cut from Redis, its lease runs out: the gap stays within the TTL, a standby's
+    poll and one fire time. Every fire time runs once and every run's effect exists
+    once."""
     anchor = create_second_schedules(store)
     cluster.worker("worker0")
     target = make_url(cluster.env.database_url if link == "postgres" else cluster.env.redis_url)
@@ -178,7 +181,10 @@ def test_a_leader_cut_from_one_server_is_not_taken_for_dead(
         time.sleep(DEFAULT_LOCK_TTL + 2)
         gap = longest_gap_between_publications(store, cut_at)
         print(f"leader cut from {link}: longest gap between publications {gap:.2f} s")
-        assert gap <= DEFAULT_LOCK_TTL + 1, f"the gap was {gap:.2f} s"
+        # The lease expires at most a TTL after the cut; a standby then takes it within
+        # its poll (1 s), and publishes at the next fire time (every second).
+        bound = DEFAULT_LOCK_TTL + (1 if link == "postgres" else 2)
+        assert gap <= bound, f"the gap was {gap:.2f} s"
         assert cut_off.alive(), "the cut-off leader lives on, as a standby"
         until = store.now() - timedelta(seconds=1)
         assert_each_fire_time_once(store, anchor, until)
