@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -108,6 +108,7 @@ from beat.planning import (
 )
 from beat.run_ids import new_run_id
 from beat.run_stats import RunStatsStore, SummaryReport
+from beat.run_store import due_again
 from beat.schedule_store import trigger_from_row
 from beat.tables import (
     FINISHED_SQL,
@@ -673,6 +674,9 @@ class LeaderStore(StoreConnection):
                 "): attempts exhausted",
             ),
         )
+        # A plain run's retry is held by the worker that received it (``running``, not
+        # started) until its countdown ends: sent again, it keeps its due time.
+        waits_for_retry = and_(~exhausted, runs.c.retry_due_at > func.now())
         reap = (
             update(runs)
             .where(runs.c.id == expired.c.id)
@@ -685,8 +689,13 @@ class LeaderStore(StoreConnection):
                 claimed_at=func.now(),
                 lease_owner=None,
                 lease_expires_at=None,
+                not_before=due_again(),
+                # As below: a delivery due later keeps no time of the ones before it.
+                published_at=case((waits_for_retry, None), else_=runs.c.published_at),
+                received_at=case((waits_for_retry, None), else_=runs.c.received_at),
+                started_at=case((waits_for_retry, None), else_=runs.c.started_at),
             )
-            .returning(*runs.c)
+            .returning(*runs.c, func.now().label("now"))
         )
         stale = (
             update(runs)
@@ -714,7 +723,7 @@ class LeaderStore(StoreConnection):
                 lease_owner=None,
                 lease_expires_at=None,
                 # A retry is not published before it is due (the outbox waits for it).
-                not_before=func.greatest(runs.c.not_before, runs.c.retry_due_at),
+                not_before=due_again(),
                 # The run waits for a new delivery, due at that later time: the times of
                 # the deliveries before it (a publication and an attempt on time for the
                 # fire time, the receipt of a retry's message held for its countdown) are
@@ -730,12 +739,8 @@ class LeaderStore(StoreConnection):
         )
         with self._transaction() as conn:
             self._fence(conn, epoch, idle_timeout)
-            rows = [*conn.execute(reap), *conn.execute(stale)]
-            rows += [
-                row
-                for row in conn.execute(held_by_dead)
-                if row.not_before is None or row.not_before <= row.now
-            ]
+            rows = [*_due(conn.execute(reap)), *conn.execute(stale)]
+            rows += _due(conn.execute(held_by_dead))
         republish = [_run_from_row(row) for row in rows if row.state == RunState.PENDING.value]
         lost = [
             LostRun(id=row.id, schedule_name=row.schedule_name, error=row.error)
@@ -1118,6 +1123,12 @@ def _merged_backlog(
         waiting=known.waiting + waiting,
         oldest_published_at=min(known.oldest_published_at, oldest),
     )
+
+
+def _due(rows: Iterable[Row[Any]]) -> list[Row[Any]]:
+    """The rows put back in the outbox that are due now; the outbox sends the others
+    when their ``not_before`` comes."""
+    return [row for row in rows if row.not_before is None or row.not_before <= row.now]
 
 
 def _worker_died(lease_seconds: float) -> Any:

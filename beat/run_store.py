@@ -15,7 +15,16 @@ duplicate delivery: refused and counted.
 
 Plain tasks (not on the idempotent base) are taken at receipt, in the
 worker's main process (``receive_plain``): once taken, a plain run is never
-started again, whoever delivers it.
+started again, whoever delivers it. Its body starts only if the delivery that
+took it still holds it (``start_plain``: the attempt its receipt numbered, under
+that receipt's owner, not started): a delivery whose receipt lease expired and
+whose run went to another worker does not run the body.
+
+A run with ``expires`` is expired when PostgreSQL's ``now()`` has reached its
+expiry instant (``fire_at`` + ``expires``, as beat put it in the message);
+every statement that would take or start a run checks that in the same
+statement, and a delivery that would have taken or started it ends it
+``expired`` instead. No worker's clock is consulted.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from sqlalchemy import (
     and_,
     any_,
     bindparam,
+    case,
     func,
     or_,
     select,
@@ -164,7 +174,43 @@ def _startable(retries: Any, expires: datetime | None = None) -> ColumnElement[b
     )
     if expires is None:
         return startable
-    return and_(startable, func.now() <= expires)
+    return and_(startable, func.now() < expires)
+
+
+def _expired_values(reason: str) -> dict[str, Any]:
+    return {
+        "state": RunState.EXPIRED.value,
+        "reason": reason,
+        "finished_at": func.now(),
+        "lease_owner": None,
+        "lease_expires_at": None,
+    }
+
+
+def expiry_reason(expires: datetime) -> str:
+    return f"expired at {expires.isoformat()} before a worker started it"
+
+
+def _expire_instead(
+    conn: Connection, run_id: uuid.UUID, may_start: ColumnElement[bool], expires: datetime | None
+) -> Refused | None:
+    """The delivery that may start the run (``may_start``) found it past ``expires`` by
+    the database's clock: end it ``expired``; None if it has not expired (or no such)."""
+    if expires is None:
+        return None
+    ended = conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id, may_start, func.now() >= expires)
+        .values(**_expired_values(expiry_reason(expires)))
+    ).rowcount
+    return Refused(state=RunState.EXPIRED.value, lease_owner=None) if ended else None
+
+
+def due_again() -> ColumnElement[datetime]:
+    """When a run put back in the outbox may be sent again: not before its ``not_before``,
+    nor, if it was a retry, before the retry is due (``retry_due_at``, by the database's
+    clock, kept from the attempt that asked for it)."""
+    return func.greatest(runs.c.not_before, runs.c.retry_due_at)
 
 
 def run_id_for(task_id: str) -> uuid.UUID:
@@ -372,23 +418,39 @@ class RunStore(StoreConnection):
             return _refuse(conn, run_id)
 
     def receive_plain(
-        self, run_id: uuid.UUID, *, owner: str, worker: str, lease_seconds: float, retries: int
+        self,
+        run_id: uuid.UUID,
+        *,
+        owner: str,
+        worker: str,
+        lease_seconds: float,
+        retries: int,
+        expires: datetime | None = None,
+        retry_due_in: float | None = None,
     ) -> Started | Refused:
         """A worker took the message of a plain run: hold it (under ``owner``'s lease,
-        renewed by ``heartbeat_received``) if it may start, else refuse the delivery."""
-        return self._take(
-            run_id,
-            retries,
-            {
-                "state": RunState.RUNNING.value,
-                "plain": True,
-                "received_at": func.now(),
-                "started_at": None,
-                "worker": worker,
-                "lease_owner": owner,
-                "lease_expires_at": _lease_until(lease_seconds),
-            },
-        )
+        renewed by ``heartbeat_received``) if it may start, else refuse the delivery;
+        past ``expires`` by the database's clock, the run ends ``expired`` (refused).
+
+        The message of a retry waits here for its countdown, ``retry_due_in`` seconds
+        (measured on the worker's clock from the ETA the retrying worker set): the run
+        keeps that due time, so that if this worker dies, the retry is not sent again
+        before it. (The retry may arrive before the attempt that asked for it has
+        recorded its outcome, and then only the receipt knows the due time.)"""
+        values: dict[str, Any] = {
+            "state": RunState.RUNNING.value,
+            "plain": True,
+            "received_at": func.now(),
+            "started_at": None,
+            "worker": worker,
+            "lease_owner": owner,
+            "lease_expires_at": _lease_until(lease_seconds),
+        }
+        if retry_due_in is not None:
+            values["retry_due_at"] = func.greatest(
+                runs.c.retry_due_at, _lease_until(max(0.0, retry_due_in))
+            )
+        return self._take(run_id, retries, values, expires)
 
     def _take(
         self,
@@ -415,7 +477,8 @@ class RunStore(StoreConnection):
             attempt = conn.execute(statement).scalar_one_or_none()
             if attempt is not None:
                 return Started(attempt=attempt)
-            return _refuse(conn, run_id)
+            expired = _expire_instead(conn, run_id, _startable(literal_int(retries)), expires)
+            return expired or _refuse(conn, run_id)
 
     def note_received(
         self, run_id: uuid.UUID, *, owner: str, worker: str, lease_seconds: float
@@ -483,14 +546,32 @@ class RunStore(StoreConnection):
                 {"ids": list(run_ids)},
             ).rowcount
 
-    def start_plain(self, run_id: uuid.UUID) -> None:
-        """The plain run's body starts now (it was taken at receipt)."""
+    def start_plain(
+        self, run_id: uuid.UUID, *, owner: str, attempt: int, expires: datetime | None = None
+    ) -> Started | Refused:
+        """The plain run's body starts now, if the delivery whose receipt numbered it
+        ``attempt`` under ``owner`` still holds it (no other delivery took it since) and
+        it has not expired by the database's clock (one statement); else the body must
+        not run: past ``expires``, the run ends ``expired``. Each receipt numbers its
+        own attempt, so only one start can pass; trying it again after a commit whose
+        reply was lost passes again (the start time kept)."""
+        held = and_(
+            runs.c.id == run_id,
+            runs.c.plain,
+            runs.c.state == RunState.RUNNING.value,
+            runs.c.attempt == attempt,
+            runs.c.lease_owner == owner,
+        )
+        statement = (
+            update(runs).where(held).values(started_at=func.coalesce(runs.c.started_at, func.now()))
+        )
+        if expires is not None:
+            statement = statement.where(func.now() < expires)
         with self._transaction() as conn:
-            conn.execute(
-                update(runs)
-                .where(runs.c.id == run_id, runs.c.plain, runs.c.state == RunState.RUNNING.value)
-                .values(started_at=func.now())
-            )
+            if conn.execute(statement.returning(runs.c.attempt)).scalar_one_or_none() is not None:
+                return Started(attempt=attempt)
+            not_started = and_(held, runs.c.started_at.is_(None))
+            return _expire_instead(conn, run_id, not_started, expires) or _refuse(conn, run_id)
 
     def finish_plain(
         self,
@@ -525,34 +606,65 @@ class RunStore(StoreConnection):
             .where(
                 runs.c.id == run_id,
                 runs.c.state.in_(WAITING_STATES),
-                func.now() > expires,
+                func.now() >= expires,
             )
-            .values(
-                state=RunState.EXPIRED.value,
-                reason=f"expired at {expires.isoformat()} before a worker started it",
-                finished_at=func.now(),
-                lease_owner=None,
-                lease_expires_at=None,
-            )
+            .values(**_expired_values(expiry_reason(expires)))
         )
 
-    def record_expired(self, run_id: uuid.UUID, *, reason: str) -> bool:
-        """A delivery was discarded by a worker because its ``expires`` passed: the run
-        ends ``expired`` (unless it was started or finished meanwhile)."""
-        return self._changed_one(
-            update(runs)
-            .where(
-                runs.c.id == run_id,
-                runs.c.state.in_(WAITING_STATES),
+    def end_discarded(
+        self, run_id: uuid.UUID, *, expires: datetime, owner: str, attempt: int | None = None
+    ) -> str | None:
+        """Celery discarded a delivery of the run because its ``expires`` passed by the
+        worker's clock, before any task code ran. The database's clock decides (one
+        statement): expired by it, the run ends ``expired``; not expired, the worker's
+        clock was wrong and the run goes back to the outbox (``pending``) to be sent
+        again, not before a retry is due. Either only if no other delivery holds it: it
+        is waiting (unleased, or under ``owner``'s receipt lease, or one that expired),
+        or it is the plain run this delivery took at receipt (``attempt`` under
+        ``owner``) and never started. Returns the run's new state, or None."""
+        expired = func.now() >= expires
+        free = or_(
+            runs.c.lease_owner.is_(None),
+            runs.c.lease_owner == owner,
+            runs.c.lease_expires_at < func.now(),
+        )
+        discarded = and_(runs.c.state.in_(WAITING_STATES), free)
+        if attempt is not None:
+            held = and_(
+                runs.c.plain,
+                runs.c.state == RunState.RUNNING.value,
+                runs.c.attempt == attempt,
+                runs.c.lease_owner == owner,
+                runs.c.started_at.is_(None),
             )
+            discarded = or_(discarded, held)
+        back = RunState.PENDING.value
+        statement = (
+            update(runs)
+            .where(runs.c.id == run_id, discarded)
             .values(
-                state=RunState.EXPIRED.value,
-                reason=reason,
-                finished_at=func.now(),
+                state=case((expired, RunState.EXPIRED.value), else_=back),
+                reason=case((expired, expiry_reason(expires)), else_=runs.c.reason),
+                finished_at=case((expired, func.now()), else_=None),
                 lease_owner=None,
                 lease_expires_at=None,
+                not_before=case((expired, runs.c.not_before), else_=due_again()),
+                # Sent again: no time of the deliveries before it stays (as the reaper).
+                published_at=case((expired, runs.c.published_at), else_=None),
+                received_at=case((expired, runs.c.received_at), else_=None),
+                started_at=case((expired, runs.c.started_at), else_=None),
             )
+            .returning(runs.c.state)
         )
+        with self._transaction() as conn:
+            state: str | None = conn.execute(statement).scalar_one_or_none()
+            return state
+
+    def database_now(self) -> datetime:
+        """PostgreSQL's clock, read as late in the round trip as the server can."""
+        with self._transaction() as conn:
+            now: datetime = conn.execute(select(func.clock_timestamp())).scalar_one()
+            return now
 
     def heartbeat(self, run_id: uuid.UUID, *, owner: str, lease_seconds: float) -> bool:
         """Extend the lease; False if it is no longer ours (taken over, or the run moved on)."""

@@ -17,9 +17,42 @@ lists it); no task has to change. It covers what the idempotent base
   leader sent because it could not find the message) is dropped at receipt.
   If the worker dies while it holds the run, the leader's reaper ends the run
   ``lost`` rather than send it again: a plain task may have had its effect.
-- **Expired deliveries**: a message whose ``expires`` passed is discarded by
-  Celery before any task code runs (``task_revoked`` with ``expired``); the run
-  ends ``expired`` instead of waiting to be sent again.
+- **A plain run starts only while its delivery holds it**: the receipt numbers
+  the attempt it took; the pool process starts the body only if that attempt,
+  under this worker's receipt, still holds the run (``RunStore.start_plain``, one
+  conditional statement, run where the pool executes the request, just before
+  Celery's trace). A worker paused past its receipt lease (SIGSTOP, a VM pause, a
+  long GC) may find that the leader sent the run to another worker meanwhile:
+  its reserved copy is then acknowledged and never run, as a duplicate delivery
+  is at receipt. The pool is handed the request through a wrapper of the
+  request's ``execute_using_pool`` (as a duplicate is dropped at receipt), since
+  Celery's ``task_prerun`` cannot keep a body from running.
+- **Expiry, by the database's clock**: a run with ``expires`` is expired when
+  PostgreSQL's ``now()`` has reached its expiry instant (fire time + ``expires``,
+  put in the message by beat, so computed from stored values, not from a
+  clock). The receipt and the start of plain and idempotent runs check it in
+  the statement that takes or starts the run; a delivery that finds its run
+  expired ends it ``expired`` and does not run it. A worker's own clock decides
+  nothing. Celery, though, discards a message whose ``expires`` passed by the
+  worker's clock before any handler of ours sees it (in its strategy, and again
+  when an ETA comes). So, before Celery reads a message of beat's, the consumer
+  step ``ExpiryOnTheDatabaseClock`` moves the ``expires`` header onto this
+  worker's clock: the instant plus how far this clock reads ahead of
+  PostgreSQL's (``WorkerClock``: the server's ``clock_timestamp()`` against the
+  midpoint of the local clock around the round trip, plus half that round trip,
+  plus a margin), keeping the instant itself in ``habeat_expires`` for our own
+  checks (and for a retry's message, which carries it on). Celery's check then
+  fires only once the database's clock has passed the expiry too; our checks
+  decide before it. If Celery discards a delivery anyway (the clock jumped since
+  it was measured, or PostgreSQL was unreachable to measure it), no task code of
+  that delivery ran: the database's clock decides (``RunStore.end_discarded``):
+  expired, the run ends ``expired``; not, it goes back to the leader's outbox to
+  be sent again (not before a retry is due), and Celery's memory of the ID as
+  revoked is cleared so this worker takes the next delivery.
+- **Retries' due times**: a plain retry's message received for its countdown
+  records when the retry is due (``retry_due_at``, the database's now plus the
+  countdown left), so that if the worker holding it dies the leader sends it
+  again at that time, not before.
 
 Only runs beat published are recorded (their messages carry beat's headers);
 other tasks are left to Celery.
@@ -32,16 +65,21 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from datetime import UTC, datetime
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery.exceptions import Retry, TaskRevokedError
+from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
+from celery import bootsteps
+from celery.app.trace import fast_trace_task, trace_task_ret
+from celery.exceptions import Ignore, Retry, TaskRevokedError
 from celery.signals import (
     task_postrun,
-    task_prerun,
     task_received,
     task_revoked,
+    worker_init,
     worker_ready,
 )
 
@@ -50,8 +88,16 @@ from beat.config import BeatConfig, uses_this_scheduler
 from beat.dispatch import published_by_beat
 from beat.errors import HABeatError
 from beat.liveness import Session, process_session
+from beat.messages import ATTEMPT_HEADER
 from beat.models import RunState
-from beat.run_store import Refused, RunStore, run_id_for, run_store_for
+from beat.run_store import (
+    Refused,
+    RunStore,
+    Started,
+    expiry_reason,
+    run_id_for,
+    run_store_for,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +114,17 @@ MAX_ERROR_LENGTH = 4000
 #: A plain run taken this recently is renewed even before Celery lists its request
 #: (the request is reserved just after ``task_received``).
 RECEIPT_GRACE = 5.0
+
+#: The header that keeps a run's expiry instant (the database's clock) once ``expires``
+#: is moved onto a worker's clock for Celery's own check.
+EXPIRES_HEADER = "habeat_expires"
+#: The key of a request's headers that holds the attempt its receipt took (plain runs).
+RECEIPT_KEY = "habeat_receipt_attempt"
+#: Seconds Celery's own expiry check is put after the database's (besides the
+#: uncertainty of the measured offset): our checks, by the database's clock, decide.
+EXPIRY_MARGIN = 1.0
+#: Seconds a measured clock offset is used before it is measured again.
+CLOCK_MAX_AGE = 30.0
 
 #: Celery's outcome of a task (``task_postrun``'s ``state``) → the run's state.
 _OUTCOMES = {
@@ -102,6 +159,20 @@ def seconds_until(when: Any) -> float:
         aware = when if when.tzinfo else when.replace(tzinfo=UTC)
         return (aware - datetime.now(UTC)).total_seconds()
     return 0.0
+
+
+def run_expiry(fields: Mapping[str, Any]) -> datetime | None:
+    """When the run of a delivery (its headers, or a task's request) expires, by the
+    database's clock: the instant beat put in the message; None if it has none."""
+    when = fields.get(EXPIRES_HEADER) or fields.get("expires")
+    if isinstance(when, str):
+        try:
+            when = datetime.fromisoformat(when)
+        except ValueError:
+            return None
+    if not isinstance(when, datetime):
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def error_text(exc: BaseException) -> str:
@@ -206,6 +277,98 @@ def _worker_ready(sender: Any = None, **_: Any) -> None:
     _leases_of(BeatConfig.from_celery_conf(app.conf), hostname).start()
 
 
+# -- Celery's expiry check, moved onto the database's clock (the worker's main process) ----
+
+
+class WorkerClock:
+    """How far this process's wall clock reads ahead of PostgreSQL's, measured from a
+    query: the server's ``clock_timestamp()`` against the midpoint of the local clock
+    read just before and just after the round trip (wrong by at most half of it)."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+        self._ahead: float | None = None
+        self._measured = -CLOCK_MAX_AGE
+        self._lock = threading.Lock()
+
+    def ahead(self) -> float | None:
+        """Seconds this clock reads ahead of the database's at most (negative: behind),
+        measured again when older than ``CLOCK_MAX_AGE``; None if it never could be."""
+        with self._lock:
+            if time.monotonic() - self._measured >= CLOCK_MAX_AGE:
+                self._measure()
+            return self._ahead
+
+    def _measure(self) -> None:
+        try:
+            before = time.time()
+            server = self.store.database_now().timestamp()
+            after = time.time()
+        except HABeatError as exc:
+            logger.warning("could not measure this worker's clock against PostgreSQL: %s", exc)
+            return
+        self._ahead = (before + after) / 2 - server + (after - before) / 2
+        self._measured = time.monotonic()
+
+
+_clocks: dict[tuple[int, str], WorkerClock] = {}
+
+
+def _clock_of(config: BeatConfig) -> WorkerClock:
+    key = (os.getpid(), config.database_url)
+    with _leases_lock:
+        clock = _clocks.get(key)
+        if clock is None:
+            clock = _clocks[key] = WorkerClock(run_store_for(config.database_url))
+        return clock
+
+
+def retime_expiry(headers: dict[str, Any], clock: WorkerClock) -> None:
+    """Move the ``expires`` of a message beat published onto this worker's clock, for
+    Celery's own check; the instant itself stays in ``EXPIRES_HEADER``."""
+    if headers.get(ATTEMPT_HEADER) is None:
+        return
+    instant = run_expiry(headers)
+    if instant is None:
+        return
+    ahead = clock.ahead()
+    if ahead is None:  # Celery checks the instant as it is; a discard is settled by the database
+        return
+    headers[EXPIRES_HEADER] = instant.isoformat()
+    headers["expires"] = (instant + timedelta(seconds=ahead + EXPIRY_MARGIN)).isoformat()
+
+
+class ExpiryOnTheDatabaseClock(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Consumer bootstep: each message's ``expires`` is moved onto this worker's clock
+    before Celery checks it (see the module docstring)."""
+
+    label = "expiry on the database's clock"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        clock = _clock_of(BeatConfig.from_celery_conf(c.app.conf))
+        create = c.create_task_handler
+
+        def create_task_handler() -> Callable[[Any], Any]:
+            on_task_received = create()
+
+            def retimed(message: Any) -> Any:
+                if isinstance(message.headers, dict):
+                    retime_expiry(message.headers, clock)
+                return on_task_received(message)
+
+            return retimed
+
+        c.create_task_handler = create_task_handler
+
+
+def _add_consumer_step(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is not None and uses_this_scheduler(app.conf):
+        app.steps["consumer"].add(ExpiryOnTheDatabaseClock)
+
+
 # -- receipt (the worker's main process) ------------------------------------------------
 
 
@@ -217,11 +380,16 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
     context = request.request_dict
     if not published_by_beat(_Headers(context)):
         return
+    context.pop(RECEIPT_KEY, None)  # a retry carries its parent's headers
     config = BeatConfig.from_celery_conf(request.task.app.conf)
     leases = _leases_of(config, request.hostname or "worker")
     run_id = run_id_for(request.id)
+    expires = run_expiry(context)
     try:
         if is_guarded(request.task):
+            if expires is not None and leases.store.expire_if_past(run_id, expires):
+                _expired_at_receipt(request, run_id, expires)
+                return
             # The guard decides in the pool whether this delivery runs; until then the
             # worker only holds the run.
             if leases.store.note_received(
@@ -238,6 +406,8 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
             worker=request.hostname or "",
             lease_seconds=config.lease_timeout,
             retries=int(context.get("retries") or 0),
+            expires=expires,
+            retry_due_in=seconds_until(request.eta) if request.eta else None,
         )
     except HABeatError as exc:
         if is_guarded(request.task):
@@ -253,6 +423,9 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
         time.sleep(REQUEUE_DELAY)
         _drop(request, requeue=True)
         return
+    if isinstance(outcome, Refused) and outcome.state == RunState.EXPIRED.value:
+        _expired_at_receipt(request, run_id, expires)
+        return
     if isinstance(outcome, Refused):
         metrics.WORKER_DUPLICATE_DELIVERIES.inc()
         logger.warning(
@@ -266,6 +439,27 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
         _drop(request, requeue=False)
         return
     leases.add(run_id, request.id)
+    _start_only_while_held(
+        request,
+        PlainStart(
+            run_id=run_id,
+            owner=leases.owner,
+            attempt=outcome.attempt,
+            database_url=config.database_url,
+            expires=expires,
+        ),
+    )
+
+
+def _expired_at_receipt(request: Any, run_id: uuid.UUID, expires: datetime | None) -> None:
+    logger.warning(
+        "run %s (%s) expired at %s (the database's clock) before a worker started it: not run",
+        run_id,
+        request.name,
+        expires.isoformat() if expires else "?",
+        extra={"run_id": str(run_id)},
+    )
+    _drop(request, requeue=False)
 
 
 class _Headers:
@@ -296,20 +490,118 @@ def _drop(request: Any, *, requeue: bool) -> None:
 _running_plain: dict[str, uuid.UUID] = {}
 
 
-def _plain_run_started(
-    sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any
-) -> None:
-    if task is None or task_id is None or is_guarded(task):
-        return
-    if not published_by_beat(task.request):
-        return
-    run_id = run_id_for(task_id)
-    _running_plain[task_id] = run_id
-    store = _store_of(task)
-    # Recorded before the body runs: a run whose worker dies after this is never sent
-    # again; before it, it is.
-    if not _persist(lambda: store.start_plain(run_id), task):
-        logger.error("could not record the start of plain run %s", run_id)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlainStart:
+    """The delivery that took a plain run at receipt: the pool starts the body only while
+    it still holds the run."""
+
+    run_id: uuid.UUID
+    owner: str
+    attempt: int
+    database_url: str
+    expires: datetime | None
+
+
+def _start_only_while_held(request: Any, start: PlainStart) -> None:
+    """Hand this request to the pool behind ``_start_then_trace``.
+
+    What Celery's ``Request.execute_using_pool`` does, with the gate put before its
+    trace (the request class Celery builds per task binds the pool's ``apply_async``
+    and the trace function when it is made, so neither can be wrapped from outside)."""
+
+    def execute_using_pool(pool: Any, **_: Any) -> Any:
+        if request.revoked():
+            raise TaskRevokedError(request.id)
+        task = request.task
+        time_limit, soft_time_limit = request.time_limits
+        trace = fast_trace_task if request.app.use_fast_trace_task else trace_task_ret
+        result = pool.apply_async(
+            _start_then_trace,
+            args=(
+                start,
+                trace,
+                request.type,
+                request.id,
+                request.request_dict,
+                request.body,
+                request.content_type,
+                request.content_encoding,
+            ),
+            accept_callback=request.on_accepted,
+            timeout_callback=request.on_timeout,
+            callback=request.on_success,
+            error_callback=request.on_failure,
+            soft_timeout=soft_time_limit or task.soft_time_limit,
+            timeout=time_limit or task.time_limit,
+            correlation_id=request.id,
+        )
+        request._apply_result = None if result is None else weakref.ref(result)
+        return result
+
+    request.execute_using_pool = execute_using_pool
+    # What a discard of this delivery settles (Celery reports it with a context made
+    # from the request's headers).
+    request.request_dict[RECEIPT_KEY] = start.attempt
+
+
+def _start_then_trace(start: PlainStart, trace: Callable[..., Any], *args: Any) -> Any:
+    """In the pool: record the start of the plain run and run Celery's trace of it, if
+    this delivery still holds the run and it has not expired; else run nothing."""
+    store = run_store_for(start.database_url)
+    outcomes: list[Started | Refused] = []
+    started = _persist(
+        lambda: outcomes.append(
+            store.start_plain(
+                start.run_id, owner=start.owner, attempt=start.attempt, expires=start.expires
+            )
+        )
+    )
+    outcome = outcomes[0] if started else None
+    if isinstance(outcome, Started):
+        # Recorded before the body runs: a run whose worker dies after this is never
+        # sent again; before it, it is.
+        _running_plain[args[1]] = start.run_id
+        return trace(*args)
+    _log_not_started(start, outcome)
+    return _not_run()
+
+
+def _log_not_started(start: PlainStart, outcome: Refused | None) -> None:
+    extra = {"run_id": str(start.run_id)}
+    if outcome is None:
+        logger.error(
+            "could not record the start of plain run %s: not run (its receipt lease ends"
+            " and the leader sends it again)",
+            start.run_id,
+            extra=extra,
+        )
+    elif outcome.state == RunState.EXPIRED.value:
+        logger.warning(
+            "plain run %s expired at %s (the database's clock) before it started: not run",
+            start.run_id,
+            start.expires.isoformat() if start.expires else "?",
+            extra=extra,
+        )
+    else:
+        metrics.WORKER_DUPLICATE_DELIVERIES.inc()
+        logger.warning(
+            "did not start plain run %s: this delivery no longer holds it (it is %s%s);"
+            " a plain task runs at most once",
+            start.run_id,
+            outcome.state,
+            f" under the lease of {outcome.lease_owner}" if outcome.lease_owner else "",
+            extra=extra,
+        )
+
+
+def _not_run() -> tuple[int, Any, float]:
+    """What the pool hands back for a request whose body did not run: what Celery's
+    trace gives for a task that raised ``Ignore`` (the message is acknowledged, no
+    result is recorded)."""
+    try:
+        raise Ignore("not started: see the log line before")
+    except Ignore:
+        return 1, ExceptionInfo(internal=True), 0.0
 
 
 def _plain_run_ended(
@@ -340,7 +632,7 @@ def _plain_run_ended(
 
     # A plain run is never run again: its outcome must reach PostgreSQL, also through
     # a restart of it.
-    if not _persist(finish, task):
+    if not _persist(finish):
         logger.error(
             "could not record plain run %s as %s",
             run_id,
@@ -349,7 +641,7 @@ def _plain_run_ended(
         )
 
 
-def _persist(write: Callable[[], None], task: Any) -> bool:
+def _persist(write: Callable[[], None]) -> bool:
     """Do ``write``, trying again while PostgreSQL is unreachable, for up to
     ``PERSIST_FOR`` seconds (a restart, crash recovery included)."""
     deadline = time.monotonic() + PERSIST_FOR
@@ -374,27 +666,46 @@ def _store_of(task: Any) -> RunStore:
 def _record_expiry(
     sender: Any = None, request: Any = None, expired: bool = False, **_: Any
 ) -> None:
-    """A delivery Celery discarded because its ``expires`` passed ends its run."""
+    """Celery discarded a delivery because its ``expires`` passed by this worker's clock:
+    the database's clock decides what becomes of the run (see the module docstring)."""
     if not expired or request is None or sender is None or request.id is None:
         return
-    run_id = run_id_for(request.id)
-    reason = f"expired at {request.expires} before a worker started it"
-    try:
-        recorded = _store_of(sender).record_expired(run_id, reason=reason)
-    except HABeatError as exc:
-        logger.error("could not record run %s as expired: %s", run_id, exc)
+    fields = vars(request)
+    expires = run_expiry(fields)
+    if expires is None:
         return
-    if recorded:
-        logger.warning("run %s %s", run_id, reason, extra={"run_id": str(run_id)})
+    leases = _leases_of(BeatConfig.from_celery_conf(sender.app.conf), request.hostname or "worker")
+    run_id = run_id_for(request.id)
+    try:
+        state = leases.store.end_discarded(
+            run_id, expires=expires, owner=leases.owner, attempt=fields.get(RECEIPT_KEY)
+        )
+    except HABeatError as exc:
+        logger.error("could not settle the discarded delivery of run %s: %s", run_id, exc)
+        return
+    extra = {"run_id": str(run_id)}
+    if state == RunState.EXPIRED.value:
+        logger.warning("run %s %s", run_id, expiry_reason(expires), extra=extra)
+    elif state == RunState.PENDING.value:
+        from celery.worker import state as worker_state
+
+        worker_state.revoked.discard(request.id)  # this worker takes its next delivery
+        logger.warning(
+            "Celery discarded run %s as expired by this worker's clock, but by the"
+            " database's it expires at %s: sent again",
+            run_id,
+            expires.isoformat(),
+            extra=extra,
+        )
 
 
 def install() -> None:
     """Connect the handlers (done on import; weak references are not used, so once is enough)."""
     task_received.connect(_hold_received_run, weak=False, dispatch_uid="habeat.hold_received_run")
-    task_prerun.connect(_plain_run_started, weak=False, dispatch_uid="habeat.plain_run_started")
     task_postrun.connect(_plain_run_ended, weak=False, dispatch_uid="habeat.plain_run_ended")
     task_revoked.connect(_record_expiry, weak=False, dispatch_uid="habeat.record_expiry")
     worker_ready.connect(_worker_ready, weak=False, dispatch_uid="habeat.worker_ready")
+    worker_init.connect(_add_consumer_step, weak=False, dispatch_uid="habeat.expiry_step")
 
 
 install()

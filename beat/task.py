@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from celery import Task
@@ -49,7 +49,13 @@ from beat.run_store import (
     run_id_for,
     run_store_for,
 )
-from beat.run_tracking import REQUEUE_DELAY, error_text, retry_delay, seconds_until
+from beat.run_tracking import (
+    REQUEUE_DELAY,
+    error_text,
+    retry_delay,
+    run_expiry,
+    seconds_until,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -178,9 +184,12 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             if self._expired(store, run_id):
                 raise Ignore
             outcome = self._start(store, run_id, owner, config, args, kwargs)
-            # The start refuses a run whose expiry passed after the check above: the
-            # check, then the start, are two statements some milliseconds apart.
-            if isinstance(outcome, Refused) and self._expired(store, run_id):
+            # The start refuses a run whose expiry passed after the check above (the
+            # check, then the start, are two statements some milliseconds apart), and
+            # ends it expired.
+            if isinstance(outcome, Refused) and (
+                outcome.state == RunState.EXPIRED.value or self._expired(store, run_id)
+            ):
                 raise Ignore
         except StoreUnavailable as exc:
             # Without the guard the run must not start, nor be acknowledged as done:
@@ -227,12 +236,9 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         return self._execute(execution, args, kwargs)
 
     def _expires(self) -> datetime | None:
-        """The delivery's ``expires``, as an aware time (None: it has none)."""
-        expires = self.request.expires
-        if not expires:
-            return None
-        moment = datetime.fromisoformat(expires) if isinstance(expires, str) else expires
-        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+        """When the delivery's run expires, by the database's clock (None: it does not);
+        not the ``expires`` Celery checks, which is moved onto this worker's clock."""
+        return run_expiry(vars(self.request))
 
     def _expired(self, store: RunStore, run_id: uuid.UUID) -> bool:
         """Celery discards an expired message by this worker's clock, before the task

@@ -106,7 +106,14 @@ class Cluster:
             **env,
         )
 
-    def worker(self, name: str, concurrency: int = 4, pool: str = "threads", **env: str) -> Process:
+    def worker(
+        self,
+        name: str,
+        concurrency: int = 4,
+        pool: str = "threads",
+        options: tuple[str, ...] = (),
+        **env: str,
+    ) -> Process:
         return self.start(
             name,
             "worker",
@@ -120,6 +127,7 @@ class Cluster:
             f"{name}@%h",
             "--without-gossip",
             "--without-mingle",
+            *options,
             **env,
         )
 

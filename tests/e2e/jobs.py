@@ -99,6 +99,16 @@ def plain_flaky(self: Any, label: str, failures: int) -> str:
     return _record_plain_effect(self.request.id, label)
 
 
+@celery_app.task(name="e2e.plain_retry_later", bind=True, max_retries=3)
+def plain_retry_later(self: Any, label: str, countdown: float) -> str:
+    """A plain task that asks for one retry ``countdown`` s later; each attempt records
+    its start (the database's clock), labelled with its retry count."""
+    _record_plain_effect(self.request.id, f"{label}:{self.request.retries}")
+    if self.request.retries < 1:
+        raise self.retry(countdown=countdown)
+    return self.request.id
+
+
 @celery_app.task(name="e2e.crash", bind=True, base=IdempotentTask)
 def crash(self: IdempotentTask, label: str) -> None:
     """Kills the process that runs it, as a job that exhausts its memory would."""

@@ -276,10 +276,10 @@ def test_chaos_seed_87395_a_delivery_whose_expiry_passes_after_the_check_does_no
     passed = store.now() - timedelta(milliseconds=1)
 
     refused = start(run_store, run.id, "late", may_create=False, expires=passed)
-    assert isinstance(refused, Refused)
+    assert refused == Refused(state=RunState.EXPIRED.value, lease_owner=None)
     [row] = run_rows(store)
-    assert (row.state, row.started_at) == (RunState.QUEUED.value, None)
-    assert run_store.expire_if_past(run.id, passed), "then ends expired"
+    assert (row.state, row.started_at) == (RunState.EXPIRED.value, None), "and ends it expired"
+    assert row.duplicate_deliveries == 0, "an expiry is not a duplicate delivery"
 
     Schedules(store).create("in-time", "t", at=datetime.now(UTC), allow_unregistered=True)
     [other] = store.claim_due(1, batch=10, plan=planner).runs
@@ -349,7 +349,8 @@ def test_a_retry_put_back_in_the_outbox_that_never_starts_again_reads_as_never_e
     from tests.chaos.checks import Verdict, _check_never_early
 
     run_id = _retry_held_by_a_dead_worker(run_store, store)
-    assert run_store.record_expired(run_id, reason="expired")
+    passed = store.now() - timedelta(seconds=1)
+    assert run_store.end_discarded(run_id, expires=passed, owner="x:received") == "expired"
 
     [row] = run_rows(store)
     assert row.state == RunState.EXPIRED.value

@@ -1,0 +1,218 @@
+"""What a worker does with a run's delivery when the worker is killed while it holds a
+retry, paused while it holds a prefetched run, or runs with its wall clock two minutes
+off: every decision follows the leases and the database's clock, and a body runs once,
+never before its retry is due and never after its ``expires``."""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from beat.api import Schedules
+from beat.models import RunState
+from beat.store import Store
+from tests.e2e.cluster import ROOT, Cluster, Process, wait_until
+from tests.integration.helpers import run_rows
+
+pytestmark = pytest.mark.e2e
+
+FAST = {"HABEAT_LEASE_TIMEOUT": "4", "HABEAT_MAX_WAIT": "1", "HABEAT_VISIBILITY_TIMEOUT": "5"}
+#: Kombu does not hand a message taken by a worker to another one within the test.
+SLOW_REDELIVERY = FAST | {"HABEAT_VISIBILITY_TIMEOUT": "60"}
+#: How far off the skewed workers' wall clocks are (seconds).
+SKEW = 120.0
+FINAL = {"succeeded", "failed", "expired", "lost", "cancelled", "skipped"}
+
+
+def skewed(seconds: float) -> dict[str, str]:
+    """Environment of a worker whose wall clock is ``seconds`` off (tests/worker_skew)."""
+    return {
+        "PYTHONPATH": f"{ROOT / 'tests' / 'worker_skew'}:{ROOT}",
+        "HABEAT_TEST_CLOCK_SKEW": str(seconds),
+    }
+
+
+def prefetching_worker(cluster: Cluster, name: str, pool: str = "threads", **env: str) -> Process:
+    """A worker of one process or thread that takes a second message while it runs one
+    (a run prefetched behind a long job)."""
+    return cluster.worker(name, 1, pool, ("--prefetch-multiplier", "2"), **env)
+
+
+def one_run(store: Store, schedule: str) -> Any:
+    rows = run_rows(store, schedule_name=schedule)
+    assert len(rows) <= 1, rows
+    return rows[0] if rows else None
+
+
+def state_of(store: Store, schedule: str) -> str | None:
+    run = one_run(store, schedule)
+    return None if run is None else run.state
+
+
+def ready(process: Process) -> None:
+    wait_until(lambda: " ready." in process.output(), timeout=60, interval=0.2)
+
+
+def effect_times(store: Store, task_id: str) -> dict[str, datetime]:
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT label, at FROM e2e_effects WHERE task_id = :id"), {"id": task_id}
+        )
+        return {row.label: row.at for row in rows}
+
+
+def test_a_plain_retry_whose_worker_dies_does_not_start_before_its_countdown(
+    cluster: Cluster, store: Store
+) -> None:
+    """issue 38, finding 7: a plain task asks for a retry 15 s later; the worker that
+    received the retry (holding it for its countdown) is SIGKILLed: the retry runs on
+    another worker, not before its countdown ended by the database's clock."""
+    countdown = 15
+    cluster.settings = SLOW_REDELIVERY  # the leader, not kombu, sends the retry again
+    cluster.beat("beat0")
+    holder = cluster.worker("worker0", concurrency=2)
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    ready(holder)
+    Schedules(store).create(
+        "plain-retry",
+        "e2e.plain_retry_later",
+        at=datetime.now(UTC),
+        args=["attempt", countdown],
+        allow_unregistered=True,
+    )
+
+    def retry_held() -> bool:
+        run = one_run(store, "plain-retry")
+        return run is not None and run.retries == 1 and run.lease_owner is not None
+
+    wait_until(retry_held, timeout=30, interval=0.1)
+    holder.signal(signal.SIGKILL)
+    holder.popen.wait()
+    cluster.worker("worker1", concurrency=2)
+    wait_until(lambda: state_of(store, "plain-retry") in FINAL, timeout=60, interval=0.2)
+    run = one_run(store, "plain-retry")
+    times = effect_times(store, str(run.id))
+    print(f"run {run.state}, attempts started at {times}")
+    assert run.state == RunState.SUCCEEDED.value
+    assert times["attempt:1"] - times["attempt:0"] >= timedelta(seconds=countdown), (
+        "the retry started before its countdown ended"
+    )
+
+
+#: A task, and what its worker logs when it refuses a copy of a run another one took.
+REFUSALS = {
+    "e2e.plain_record": "did not start plain run {}",
+    "e2e.record": "skipped a duplicate delivery of run {}",
+}
+
+
+@pytest.mark.parametrize("task", sorted(REFUSALS))
+def test_a_prefetched_plain_run_of_a_paused_worker_runs_once(
+    cluster: Cluster, store: Store, task: str
+) -> None:
+    """issue 38, finding 8: a worker holds a prefetched plain run (received, not started)
+    behind a long job and is paused (SIGSTOP) past its receipt lease: the run is sent
+    to another worker, which runs it; resumed (SIGCONT), the paused worker does not
+    start its reserved copy: the body runs once. The same on the idempotent base,
+    whose start is one conditional statement too."""
+    cluster.settings = SLOW_REDELIVERY
+    cluster.beat("beat0")
+    paused = prefetching_worker(cluster, "worker0", pool="prefork")
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    ready(paused)
+    app = cluster.app()
+    app.send_task("e2e.plain_slow", args=["long", 10], task_id="long-job")
+    wait_until(lambda: "long-job" in paused.output(), timeout=30)
+    Schedules(store).create(
+        "prefetched", task, at=datetime.now(UTC), args=["p"], allow_unregistered=True
+    )
+
+    def held_by_paused() -> bool:
+        run = one_run(store, "prefetched")
+        return run is not None and (run.worker or "").startswith("worker0") and run.lease_owner
+
+    wait_until(held_by_paused, timeout=30, interval=0.1)
+    paused.signal(signal.SIGSTOP)
+    try:
+        prefetching_worker(cluster, "worker1")
+        wait_until(lambda: state_of(store, "prefetched") == "succeeded", timeout=60, interval=0.2)
+        assert one_run(store, "prefetched").worker.startswith("worker1")
+    finally:
+        paused.signal(signal.SIGCONT)
+    # The long job ends at once (its 10 s passed while paused); then the reserved copy
+    # is handed to the pool, which refuses it.
+    run = one_run(store, "prefetched")
+    refusal = REFUSALS[task].format(run.id)
+
+    def settled() -> bool:
+        return refusal in paused.output() or cluster.effects().get(str(run.id), 0) > 1
+
+    wait_until(settled, timeout=30, interval=0.2)
+    assert cluster.effects()[str(run.id)] == 1, "the body ran twice"
+    assert refusal in paused.output()
+    assert one_run(store, "prefetched").state == RunState.SUCCEEDED.value
+
+
+def test_a_worker_whose_clock_is_ahead_runs_runs_that_have_not_expired(
+    cluster: Cluster, store: Store
+) -> None:
+    """issue 38, finding 9: a worker whose wall clock is 2 minutes ahead takes plain and
+    idempotent runs with ``expires=60`` at their fire time: by the database's clock none
+    has expired, so all run (Celery's discard by the worker's clock is not the truth)."""
+    cluster.settings = FAST
+    cluster.beat("beat0")
+    worker = cluster.worker("worker0", concurrency=4, **skewed(SKEW))
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    ready(worker)
+    schedules = Schedules(store)
+    names = [f"{kind}-{index}" for kind in ("plain", "guarded") for index in range(3)]
+    for name in names:
+        task = "e2e.plain_record" if name.startswith("plain") else "e2e.record"
+        schedules.create(
+            name,
+            task,
+            at=datetime.now(UTC),
+            args=[name],
+            options={"expires": 60},
+            allow_unregistered=True,
+        )
+    wait_until(
+        lambda: all(state_of(store, name) in FINAL for name in names), timeout=60, interval=0.2
+    )
+    states = {name: state_of(store, name) for name in names}
+    assert states == dict.fromkeys(names, RunState.SUCCEEDED.value)
+    assert sorted(cluster.effects().values()) == [1] * len(names)
+
+
+def test_a_worker_whose_clock_is_behind_does_not_start_a_plain_run_past_its_expires(
+    cluster: Cluster, store: Store
+) -> None:
+    """issue 38, finding 10: a worker whose wall clock is 2 minutes behind holds a plain
+    run with ``expires=3`` behind a 10-s job: when its turn comes the run has expired
+    by the database's clock, so it is not started and ends ``expired``."""
+    cluster.settings = SLOW_REDELIVERY
+    cluster.beat("beat0")
+    worker = prefetching_worker(cluster, "worker0", pool="prefork", **skewed(-SKEW))
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    ready(worker)
+    cluster.app().send_task("e2e.plain_slow", args=["long", 10], task_id="long-job")
+    wait_until(lambda: "long-job" in worker.output(), timeout=30)
+    Schedules(store).create(
+        "late-plain",
+        "e2e.plain_record",
+        at=datetime.now(UTC),
+        args=["late"],
+        options={"expires": 3},
+        allow_unregistered=True,
+    )
+    wait_until(lambda: state_of(store, "late-plain") in FINAL, timeout=60, interval=0.2)
+    time.sleep(2)
+    run = one_run(store, "late-plain")
+    assert run.state == RunState.EXPIRED.value
+    assert run.started_at is None
+    assert str(run.id) not in cluster.effects()

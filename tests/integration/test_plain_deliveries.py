@@ -1,0 +1,142 @@
+"""The statements behind a worker's deliveries of plain runs, and what a discard by a
+worker's clock becomes: each decision made by one conditional statement, on the
+database's clock."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from beat.api import Schedules
+from beat.models import RunState
+from beat.run_store import Refused, RunStore, Started
+from beat.store import Store
+from tests.integration.helpers import run_rows
+
+pytestmark = pytest.mark.integration
+
+LEASE = 30.0
+
+
+@pytest.fixture
+def run_store(store: Store) -> RunStore:
+    return RunStore(store.engine)
+
+
+def published_run(store: Store) -> uuid.UUID:
+    from tests.integration.test_store import planner
+
+    Schedules(store).create("plain", "t", at=datetime.now(UTC), allow_unregistered=True)
+    assert store.take_leadership(1, "leader")
+    [run] = store.claim_due(1, batch=10, plan=planner).runs
+    assert store.mark_published([run.id]) == 1
+    return run.id
+
+
+def receive(run_store: RunStore, run_id: uuid.UUID, owner: str, **fields: object) -> object:
+    return run_store.receive_plain(
+        run_id, owner=owner, worker=owner, lease_seconds=LEASE, retries=0, **fields
+    )
+
+
+def test_a_plain_run_starts_only_under_the_receipt_that_still_holds_it(
+    run_store: RunStore, store: Store
+) -> None:
+    """issue 38, finding 8: worker a took the run, paused past its lease; the run went to
+    b. a's reserved copy does not start; b's does, once."""
+    run_id = published_run(store)
+    assert receive(run_store, run_id, "a:received") == Started(attempt=1)
+    store.reclaim(1, stale_queued_after=3600, limit=10, dead=[run_id])  # a's lease is gone
+    assert receive(run_store, run_id, "b:received") == Started(attempt=2)
+
+    refused = run_store.start_plain(run_id, owner="a:received", attempt=1)
+    assert isinstance(refused, Refused)
+    assert run_store.start_plain(run_id, owner="b:received", attempt=2) == Started(attempt=2)
+    [row] = run_rows(store)
+    assert (row.state, row.worker, row.duplicate_deliveries) == ("running", "b:received", 1)
+    # b's start tried again (its commit's reply lost) passes, and keeps its start time.
+    assert run_store.start_plain(run_id, owner="b:received", attempt=2) == Started(attempt=2)
+    assert run_rows(store)[0].started_at == row.started_at
+
+
+def test_a_plain_run_past_its_expiry_by_the_database_clock_does_not_start(
+    run_store: RunStore, store: Store
+) -> None:
+    """issue 38, finding 10: the start checks ``expires`` against ``now()`` and ends the
+    run expired."""
+    run_id = published_run(store)
+    passed = store.now() - timedelta(milliseconds=1)
+    assert receive(run_store, run_id, "a:received") == Started(attempt=1)
+    outcome = run_store.start_plain(run_id, owner="a:received", attempt=1, expires=passed)
+    assert outcome == Refused(state=RunState.EXPIRED.value, lease_owner=None)
+    [row] = run_rows(store)
+    assert (row.state, row.started_at, row.lease_owner) == ("expired", None, None)
+
+
+def test_a_plain_receipt_past_the_expiry_ends_the_run_expired(
+    run_store: RunStore, store: Store
+) -> None:
+    run_id = published_run(store)
+    passed = store.now() - timedelta(milliseconds=1)
+    outcome = receive(run_store, run_id, "a:received", expires=passed)
+    assert outcome == Refused(state=RunState.EXPIRED.value, lease_owner=None)
+    [row] = run_rows(store)
+    assert (row.state, row.duplicate_deliveries) == ("expired", 0)
+
+
+def test_a_plain_retry_held_by_a_dead_worker_is_sent_again_at_its_due_time(
+    run_store: RunStore, store: Store
+) -> None:
+    """issue 38, finding 7: the retry's receipt records its due time; the reaper, taking
+    the run back from the dead worker, keeps it (the outbox waits for it)."""
+    run_id = published_run(store)
+    assert receive(run_store, run_id, "a:received") == Started(attempt=1)
+    assert run_store.start_plain(run_id, owner="a:received", attempt=1) == Started(attempt=1)
+    # The retry (countdown 60 s) reaches a worker before the first attempt's outcome.
+    retry = run_store.receive_plain(
+        run_id, owner="b:received", worker="b", lease_seconds=LEASE, retries=1, retry_due_in=60
+    )
+    assert retry == Started(attempt=2)
+    reclaim = store.reclaim(1, stale_queued_after=3600, limit=10, dead=[run_id])
+    assert reclaim.runs == [], "not sent again before it is due"
+    [row] = run_rows(store)
+    assert row.state == RunState.PENDING.value
+    assert row.not_before == row.retry_due_at > store.now() + timedelta(seconds=55)
+    assert (row.published_at, row.received_at, row.started_at) == (None, None, None)
+
+
+def test_a_discard_the_database_clock_contradicts_sends_the_run_again(
+    run_store: RunStore, store: Store
+) -> None:
+    """issue 38, finding 9: a worker's clock discarded the delivery; by the database's
+    clock it has not expired: the run goes back to the outbox, it does not end."""
+    run_id = published_run(store)
+    later = store.now() + timedelta(seconds=60)
+    assert receive(run_store, run_id, "a:received") == Started(attempt=1)
+    state = run_store.end_discarded(run_id, expires=later, owner="a:received", attempt=1)
+    assert state == RunState.PENDING.value
+    [row] = run_rows(store)
+    assert (row.lease_owner, row.started_at, row.finished_at) == (None, None, None)
+
+
+def test_a_discard_the_database_clock_confirms_ends_the_run_expired(
+    run_store: RunStore, store: Store
+) -> None:
+    run_id = published_run(store)
+    passed = store.now() - timedelta(milliseconds=1)
+    assert run_store.end_discarded(run_id, expires=passed, owner="a:received") == "expired"
+
+
+def test_a_discard_leaves_a_run_another_delivery_holds(run_store: RunStore, store: Store) -> None:
+    run_id = published_run(store)
+    later = store.now() + timedelta(seconds=60)
+    assert receive(run_store, run_id, "b:received") == Started(attempt=1)
+    assert run_store.start_plain(run_id, owner="b:received", attempt=1) == Started(attempt=1)
+    assert run_store.end_discarded(run_id, expires=later, owner="a:received", attempt=1) is None
+    assert run_store.end_discarded(run_id, expires=later, owner="b:received", attempt=1) is None, (
+        "started: its body may have run"
+    )
+    [row] = run_rows(store)
+    assert row.state == RunState.RUNNING.value
