@@ -16,6 +16,7 @@ from sqlalchemy import text
 from beat.api import Schedules
 from beat.models import RunState
 from beat.store import Store
+from tests.clock_skew import skew_overrides
 from tests.e2e.cluster import ROOT, Cluster, Process, wait_until
 from tests.integration.helpers import run_rows
 
@@ -30,11 +31,8 @@ FINAL = {"succeeded", "failed", "expired", "lost", "cancelled", "skipped"}
 
 
 def skewed(seconds: float) -> dict[str, str]:
-    """Environment of a worker whose wall clock is ``seconds`` off (tests/worker_skew)."""
-    return {
-        "PYTHONPATH": f"{ROOT / 'tests' / 'worker_skew'}:{ROOT}",
-        "HABEAT_TEST_CLOCK_SKEW": str(seconds),
-    }
+    """Environment of a worker whose wall clock is ``seconds`` off (``tests.clock_skew``)."""
+    return skew_overrides(seconds, str(ROOT))
 
 
 def prefetching_worker(cluster: Cluster, name: str, pool: str = "threads", **env: str) -> Process:
