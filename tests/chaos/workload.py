@@ -5,9 +5,10 @@ Schedules created at runtime: 1-second intervals (quick job), 1-minute crons
 and one-offs every few seconds (slow job, so that worker kills catch runs
 mid-job), plain Celery tasks (on the plain queue, which the worker without the
 package consumes too), tasks that retry (idempotent ones after 0.5 or 1 s, plain
-ones after ``PLAIN_RETRY_COUNTDOWN``), and schedules whose runs expire (an
-idempotent and a plain task). The code schedule lives in a JSON file that ``tests.chaos.jobs`` reads
-when a beat starts; a deploy rewrites it while every beat is down.
+ones after ``PLAIN_RETRY_COUNTDOWN``), schedules whose runs expire (an idempotent
+and a plain task), and long jobs (idempotent and plain, 20 s) for faults to land
+in. The code schedule lives in a JSON file that ``tests.chaos.jobs`` reads when a
+beat starts; a deploy rewrites it while every beat is down.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ class WorkloadShape:
     expiring_schedules: int = 1
     plain_expiring_schedules: int = 1
     expires_seconds: float = 3.0
+    #: Long jobs (an idempotent and a plain one) every ``long_job_every`` s: a server
+    #: restart, an ``idle_session_timeout`` or a pause lands in the middle of them, where a
+    #: living worker's run must not be taken for a dead one's.
+    long_schedules: int = 1
+    long_job_seconds: float = 20.0
+    long_job_every: float = 10.0
     #: Seconds between two ad hoc chains sent by the harness (0: none).
     chain_every: float = 3.0
 
@@ -68,6 +75,7 @@ class WorkloadShape:
             + (self.plain_schedules + self.expiring_schedules + self.plain_expiring_schedules) / 2
             + self.retrying_schedules / 3
             + self.plain_retrying_schedules / 4
+            + 2 * self.long_schedules / self.long_job_every
             + 1 / 3  # the code schedule a deploy changes: every 2 to 4 s
         )
         return per_second + (2 / self.chain_every if self.chain_every else 0.0)
@@ -85,7 +93,7 @@ def create_workload(store: Store, shape: WorkloadShape, until: datetime) -> list
 
 
 PLAIN_KIND = "plain"
-PLAIN_KINDS = frozenset({PLAIN_KIND, "plain retrying", "plain expires"})
+PLAIN_KINDS = frozenset({PLAIN_KIND, "plain retrying", "plain expires", "plain long"})
 
 
 def _definitions(
@@ -139,6 +147,13 @@ def _definitions(
             "options": {"expires": shape.expires_seconds},
         }
         yield "expires", f"expiring-{index}", "e2e.slow", expiring
+    for index in range(shape.long_schedules):
+        every, seconds = shape.long_job_every, shape.long_job_seconds
+        long = {"every": every, "start_at": anchor, "args": [f"l{index}", seconds]}
+        yield "long", f"long-{index}", "e2e.slow", long
+        # On the default queue: the workers with the package run it (they record it).
+        plain_long = {"every": every, "start_at": anchor, "args": [f"pl{index}", seconds]}
+        yield "plain long", f"plain-long-{index}", "chaos.plain", plain_long
     at, index = anchor + timedelta(seconds=shape.one_off_every), 0
     while at < until:
         yield "one-off", f"once-{index:04d}", "e2e.slow", {"at": at, "args": [f"o{index}", slow]}
