@@ -52,8 +52,9 @@ FIRE_TIME_LIMIT = 1_000_000
 #: Lateness is reported for these schedules (one fire time a second: the finest grain).
 SECOND_KIND = "every 1 s"
 ONE_MICROSECOND = timedelta(microseconds=1)
-#: A message sent this long before a Redis restart may still have been waiting in it.
-WAITING_BEFORE_RESTART = timedelta(seconds=10)
+#: A message sent this long before a Redis restart may still have been waiting in it
+#: (the long jobs keep workers busy: a chain's link waited 22 s in a queue under faults).
+WAITING_BEFORE_RESTART = timedelta(seconds=30)
 #: Fire times this close before a deploy may be claimed after it, with the new kwargs.
 DEPLOY_CLAIM_SLACK = timedelta(seconds=5)
 #: Worker names of the worker without the package begin with this.
