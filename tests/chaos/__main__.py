@@ -1,4 +1,4 @@
-"""The long chaos run: ``python -m tests.chaos [--seed N] [--duration SECONDS]``
+"""The long chaos run: ``python -m tests.chaos [--seed N] [--duration SECONDS | --runs N]``
 (``scripts/chaos.sh`` runs this). Exit status 0 if every guarantee held, 1 on
 any violation, 2 if PostgreSQL or Redis is not installed."""
 
@@ -11,24 +11,49 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from tests.chaos.harness import ChaosConfig, run_chaos
+from tests.chaos.harness import CLOCK_SKEW, ChaosConfig, run_chaos
 from tests.chaos.servers import MissingBinaries
+from tests.chaos.workload import WorkloadShape
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="scripts/chaos.sh",
-        description="Run a 3-beat, 3-worker cluster on private PostgreSQL and Redis, inject"
-        " faults from a seeded plan (kills, pauses, restarts, cut links, broker message loss,"
-        " deploys), then check from PostgreSQL that every fire time ran exactly once, every"
-        " effect happened once, and no run was lost, stuck, early or run after its expiry.",
+        description="Run a mixed fleet (3 beats, 4 prefork and threads workers, one worker"
+        " without the package, one beat and one worker 2 minutes ahead and one of each"
+        " behind) on private PostgreSQL and Redis, inject faults from a seeded plan (kills,"
+        " pauses, server restarts mid-run, idle_session_timeout, cut links, broker message"
+        " loss, deploys), then check from PostgreSQL that every fire time ran exactly once,"
+        " every effect happened once, and no run was lost, stuck, early or run after its"
+        " expiry.",
     )
     parser.add_argument("--seed", type=int, help="seed of the fault plan (default: random)")
     parser.add_argument(
         "--duration", type=float, default=600, help="seconds of fault injection (default 600)"
     )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        help="about this many runs (fire times) instead of a duration: the duration the"
+        " workload needs for them (about 7.8 a second, the chains' links on top); the"
+        " summary counts the real number",
+    )
     parser.add_argument("--beats", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument(
+        "--workers", type=int, default=4, help="workers with the package (prefork, threads...)"
+    )
+    parser.add_argument(
+        "--clock-skew",
+        type=float,
+        default=CLOCK_SKEW,
+        help="seconds the second beat and third worker are ahead, the third beat and fourth"
+        f" worker behind (default {CLOCK_SKEW:g}; 0: every clock true)",
+    )
+    parser.add_argument(
+        "--without-foreign-worker",
+        action="store_true",
+        help="leave out the worker without the package",
+    )
     parser.add_argument(
         "--claim-ahead",
         type=float,
@@ -39,9 +64,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--show-logs", action="store_true", help="print the processes' log tails on a violation"
     )
     parser.add_argument(
-        "--keep-logs", type=Path, metavar="DIR", help="copy every process's full log to DIR"
+        "--keep-logs",
+        type=Path,
+        metavar="DIR",
+        help="copy every process's full log to DIR, and every violation (violations.txt)",
     )
     return parser.parse_args(argv)
+
+
+def duration_for(runs: int) -> float:
+    """Seconds of faults in which the default workload makes about ``runs`` runs (the
+    fire times of the first seconds and the end phase's add a little)."""
+    return float(round(runs / WorkloadShape().runs_per_second()))
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -52,13 +86,16 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
-    print(f"chaos: seed {seed}, {args.duration:g} s of faults", flush=True)
+    duration = args.duration if args.runs is None else duration_for(args.runs)
+    print(f"chaos: seed {seed}, {duration:g} s of faults", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)
     config = ChaosConfig(
         seed=seed,
-        duration=args.duration,
+        duration=duration,
         beats=args.beats,
         workers=args.workers,
+        clock_skew=args.clock_skew,
+        foreign_worker=not args.without_foreign_worker,
         claim_ahead=args.claim_ahead,
         keep_logs=args.keep_logs,
     )
@@ -72,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if report.violations and args.show_logs:
         print(report.logs_tail)
+    if args.keep_logs is not None:  # every violation, not only the first of each kind
+        (args.keep_logs / "violations.txt").write_text("".join(f"{v}\n" for v in report.violations))
     print(report.summary(), flush=True)
     return 1 if report.violations else 0
 

@@ -13,8 +13,19 @@ published, received or started before its fire time, and one effect (a row in
 ``e2e_effects``) if it succeeded, none otherwise. Runs of plain tasks (no
 idempotent base) may end ``lost`` only when the plan killed the worker that
 held them; runs of schedules with ``expires`` may end ``expired`` (with a
-reason), and none starts after its expiry. The harness's ad hoc chains must run
-every link exactly once and complete.
+reason), and none starts after its expiry, nor ends ``expired`` before it. A
+retry never starts before the countdown it asked for (``chaos_attempts``). The
+harness's ad hoc chains must run every link exactly once and complete.
+
+Every time is the database's: the columns the product writes with ``now()``,
+the effects' and attempts' ``at`` (written by PostgreSQL too), the fire times
+computed from them. No check reads a process's clock, so a worker or beat whose
+wall clock is off is judged by what it did, not by what it believed.
+
+The worker without the package (its name begins with ``FOREIGN_PREFIX``) records
+nothing in ``beat_runs``: a plain run it executed stays ``queued``. Its effects
+carry its name, so every execution counts wherever it happened: a run it executed
+is done if it has exactly one effect, and a second execution anywhere is caught.
 """
 
 from __future__ import annotations
@@ -41,10 +52,13 @@ FIRE_TIME_LIMIT = 1_000_000
 #: Lateness is reported for these schedules (one fire time a second: the finest grain).
 SECOND_KIND = "every 1 s"
 ONE_MICROSECOND = timedelta(microseconds=1)
-#: A message sent this long before a Redis restart may still have been waiting in it.
-WAITING_BEFORE_RESTART = timedelta(seconds=10)
+#: A message sent this long before a Redis restart may still have been waiting in it
+#: (the long jobs keep workers busy: a chain's link waited 22 s in a queue under faults).
+WAITING_BEFORE_RESTART = timedelta(seconds=30)
 #: Fire times this close before a deploy may be claimed after it, with the new kwargs.
 DEPLOY_CLAIM_SLACK = timedelta(seconds=5)
+#: Worker names of the worker without the package begin with this.
+FOREIGN_PREFIX = "nopkg"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,6 +80,8 @@ class Expectation:
     skippable: tuple[tuple[datetime, datetime], ...] = ()
     #: The kwargs its runs must carry (set for the code schedule a deploy changes).
     kwargs: dict[str, Any] | None = None
+    #: The queue its runs go to, if not the default one.
+    queue: str | None = None
 
     def fire_times(self, until: datetime) -> list[datetime]:
         """Every fire time from the first up to ``until`` (inclusive) while this
@@ -101,6 +117,15 @@ class WorkerKill:
     killed_at: datetime
     worker: str
     #: Runs the worker held a lease on when it was killed.
+    held: tuple[uuid.UUID, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerPause:
+    worker: str
+    stopped_at: datetime
+    resumed_at: datetime
+    #: Runs it held when it was stopped (received or running).
     held: tuple[uuid.UUID, ...]
 
 
@@ -161,6 +186,14 @@ class RunCounts:
     #: Runs claimed ahead of fire times after the checked window, cancelled by the end
     #: phase's pause before their time (none of them may have run).
     cancelled_by_the_end: int = 0
+    #: Plain runs the worker without the package executed (once: they stay ``queued``).
+    plain_by_foreign: int = 0
+    #: Plain runs on a queue the worker without the package consumes too, whose message
+    #: the broker lost before anyone took it: nothing can tell that no worker took it, so
+    #: the run waits for the broker's visibility timeout (they stay ``queued``).
+    waiting_for_visibility: list[str] = field(default_factory=list)
+    #: Attempts recorded, and retries whose countdown was checked.
+    retries_checked: int = 0
 
 
 @dataclass(kw_only=True)
@@ -198,6 +231,10 @@ class Verdict:
             *(f"expired but ran: {item}" for item in self.late),
         ]
 
+    @property
+    def executed_twice(self) -> int:
+        return len(self.duplicated)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Observations:
@@ -211,6 +248,9 @@ class Observations:
     redis_restarts: Sequence[tuple[datetime, datetime]] = ()
     #: Processes that exited by themselves (workers at a Redis restart: a kombu fault).
     self_exits: Sequence[str] = ()
+    worker_pauses: Sequence[WorkerPause] = ()
+    #: Queues a worker without the package consumes.
+    foreign_queues: frozenset[str] = frozenset()
 
 
 def judge(
@@ -241,9 +281,13 @@ def judge(
     chain_rows = _check_chains(verdict, all_rows, effects, seen)
     # Workers that died: a plain run they held may end lost.
     killed = {kill.worker for kill in seen.kills} | set(seen.self_exits)
-    _check_runs(verdict, rows, effects, expectations, killed, window_end)
+    _check_runs(
+        verdict, rows, effects, expectations, killed, window_end,
+        seen=seen, foreign_runs=_executed_by_foreign(store),
+    )  # fmt: skip
     _check_effects_have_runs(verdict, all_rows, effects)
     _check_never_early(verdict, [*rows, *chain_rows])
+    _check_retry_countdowns(verdict, _attempts(store))
     _check_fencing(verdict, rows, seen.pauses)
     verdict.max_claim_gap, verdict.max_claim_gap_from = _max_claim_gap(
         rows, expectations, window_end
@@ -278,6 +322,45 @@ def _effects(store: Store) -> Counter[str]:
         for task_id, count in rows:
             effects[str(run_id_for(task_id))] += count
     return effects
+
+
+def _executed_by_foreign(store: Store) -> frozenset[str]:
+    """Run IDs with an effect written by the worker without the package."""
+    with store.engine.connect() as conn:
+        task_ids = conn.execute(
+            text("SELECT DISTINCT task_id FROM e2e_effects WHERE worker LIKE :prefix"),
+            {"prefix": f"{FOREIGN_PREFIX}%"},
+        ).scalars()
+        return frozenset(str(run_id_for(task_id)) for task_id in task_ids)
+
+
+def _attempts(store: Store) -> list[Any]:
+    with store.engine.connect() as conn:
+        return list(
+            conn.execute(text("SELECT task_id, retries, countdown, worker, at FROM chaos_attempts"))
+        )
+
+
+def _check_retry_countdowns(verdict: Verdict, attempts: Sequence[Any]) -> None:
+    """No retry starts before the countdown its previous attempt asked for: the first
+    attempt of each retry count, by the database's clock, is at least that far after the
+    first attempt before it (which recorded itself before asking, so this is a bound)."""
+    first: dict[str, dict[int, Any]] = defaultdict(dict)
+    for attempt in sorted(attempts, key=lambda a: a.at):
+        first[attempt.task_id].setdefault(attempt.retries, attempt)
+    for task_id, levels in first.items():
+        for retries, attempt in levels.items():
+            following = levels.get(retries + 1)
+            if following is None or attempt.countdown is None:
+                continue
+            verdict.counts.retries_checked += 1
+            due = attempt.at + timedelta(seconds=attempt.countdown)
+            if following.at < due:
+                verdict.early.append(
+                    f"task {task_id}: retry {retries + 1} started on {following.worker}"
+                    f" {(due - following.at).total_seconds():.3f} s before its countdown"
+                    f" ({attempt.countdown:g} s, asked by {attempt.worker})"
+                )
 
 
 def _check_fire_times(
@@ -344,20 +427,37 @@ def _check_runs(
     expectations: Sequence[Expectation],
     killed: set[str],
     window_end: datetime,
+    *,
+    seen: Observations | None = None,
+    foreign_runs: frozenset[str] = frozenset(),
 ) -> None:
+    seen = seen or Observations()
     expires = {e.name: e.expires for e in expectations if e.expires is not None}
     plain = {e.name for e in expectations if e.plain}
+    shared = {
+        e.name for e in expectations if e.queue is not None and e.queue in seen.foreign_queues
+    }
+    paused = {run for pause in seen.worker_pauses for run in pause.held}
     for row in rows:
         verdict.states[row.state] += 1
         where = f"run {row.id} ({row.schedule_name} at {row.fire_at:%H:%M:%S.%f})"
         count = effects.get(str(row.id), 0)
         if _cancelled_by_the_end(row, window_end):
             verdict.counts.cancelled_by_the_end += 1
-            if count:
+            if count == 1 and str(row.id) in foreign_runs:
+                # The worker without the package ran it before the pause, and recorded
+                # nothing: the pause found it waiting. Once is right.
+                verdict.counts.plain_by_foreign += 1
+            elif count:
                 verdict.duplicated.append(f"{where}: cancelled by a pause, yet it had an effect")
             continue
         if row.schedule_name in plain:
-            _check_plain_run(verdict, row, count, where, killed)
+            _check_plain_run(
+                verdict, row, count, where, killed,
+                paused=row.id in paused,
+                by_foreign=str(row.id) in foreign_runs,
+                message_lost=row.schedule_name in shared and _message_lost(row, seen),
+            )  # fmt: skip
         else:
             _check_run_outcome(verdict, row, count, where)
         if row.retries > 0:
@@ -368,6 +468,18 @@ def _check_runs(
         expiry = expires.get(row.schedule_name)
         if expiry is not None:
             _check_not_started_after_expiry(verdict, row, expiry, where)
+            _check_not_expired_early(verdict, row, expiry, where)
+
+
+def _message_lost(row: Any, seen: Observations) -> bool:
+    """The broker lost the run's message before a worker recorded it: deleted by the
+    message-loss fault, or waiting in Redis when it restarted."""
+    if row.received_at is not None:
+        return False
+    task_id = str(row.id)
+    if any(message.task_id == task_id for message in seen.deleted):
+        return True
+    return _near_a_redis_restart(row.published_at, seen.redis_restarts)
 
 
 def _cancelled_by_the_end(row: Any, window_end: datetime) -> bool:
@@ -395,21 +507,41 @@ def _check_run_outcome(verdict: Verdict, row: Any, count: int, where: str) -> No
         verdict.duplicated.append(f"{where}: an effect committed though it is {row.state}")
 
 
-def _check_plain_run(verdict: Verdict, row: Any, count: int, where: str, killed: set[str]) -> None:
+def _check_plain_run(
+    verdict: Verdict,
+    row: Any,
+    count: int,
+    where: str,
+    killed: set[str],
+    *,
+    paused: bool = False,
+    by_foreign: bool = False,
+    message_lost: bool = False,
+) -> None:
     """A plain task's run: at most one effect, exactly one if it succeeded; ``lost`` only
     if the worker that held it died (killed by the plan, or exited by itself at a Redis
-    restart): its effect may then exist or not."""
+    restart) or was paused past its lease while holding it: its effect may then exist
+    or not. A run the worker without the package executed stays waiting (nothing
+    records it) with its one effect; one whose message the broker lost on that worker's
+    queue waits for the visibility timeout (``RunCounts.waiting_for_visibility``)."""
     verdict.counts.plain += 1
     worker = (row.worker or "").split("@")[0]
+    # States a run keeps when nothing records its end (a retry it asked for counts).
+    waiting = {RunState.PENDING, RunState.QUEUED, RunState.RETRYING}
     if row.received_at is not None and not row.plain:
         verdict.unexpected.append(f"{where}: a worker took it, but it is not recorded plain")
-    if row.state in NON_TERMINAL:
+    done_by_foreign = row.state in waiting and by_foreign
+    if done_by_foreign:
+        verdict.counts.plain_by_foreign += 1
+    elif row.state == RunState.QUEUED and count == 0 and message_lost:
+        verdict.counts.waiting_for_visibility.append(where)
+    elif row.state in NON_TERMINAL:
         verdict.stuck.append(f"{where} (plain) is still {row.state} (attempt {row.attempt})")
     elif row.state == RunState.SUCCEEDED:
         verdict.counts.plain_succeeded += 1
         if count == 0:
             verdict.lost.append(f"{where} (plain) succeeded without its effect")
-    elif row.state == RunState.LOST and worker in killed:
+    elif row.state == RunState.LOST and (worker in killed or paused):
         verdict.counts.plain_interrupted.append(f"{where} on {worker}: {row.error or row.reason}")
     elif row.state != RunState.EXPIRED:
         held_by = f" (its worker {worker or '-'} did not die)"
@@ -418,7 +550,9 @@ def _check_plain_run(verdict: Verdict, row: Any, count: int, where: str, killed:
         )
     if count > 1:
         verdict.duplicated.append(f"{where} (plain): its effect happened {count} times")
-    elif count == 1 and row.state not in {RunState.SUCCEEDED, RunState.LOST}:
+    elif (
+        count == 1 and row.state not in {RunState.SUCCEEDED, RunState.LOST} and not done_by_foreign
+    ):
         verdict.duplicated.append(f"{where} (plain): an effect committed though it is {row.state}")
 
 
@@ -429,6 +563,18 @@ def _check_not_started_after_expiry(verdict: Verdict, row: Any, expires: float, 
     if row.started_at is not None and row.started_at > deadline:
         late = (row.started_at - deadline).total_seconds()
         verdict.late.append(f"{where} started {late:.3f} s after its expiry ({expires:g} s)")
+
+
+def _check_not_expired_early(verdict: Verdict, row: Any, expires: float, where: str) -> None:
+    """A run ends ``expired`` only once its expiry has passed by the database's clock (a
+    worker whose clock is ahead must not discard it earlier)."""
+    deadline = row.fire_at + timedelta(seconds=expires)
+    if row.state == RunState.EXPIRED and row.finished_at is not None and row.finished_at < deadline:
+        early = (deadline - row.finished_at).total_seconds()
+        verdict.lost.append(
+            f"{where} ended expired {early:.3f} s before its expiry ({expires:g} s):"
+            f" {row.reason or row.error}"
+        )
 
 
 def _check_effects_have_runs(verdict: Verdict, rows: list[Any], effects: Counter[str]) -> None:

@@ -8,10 +8,14 @@ carries a number in [0, 1) that picks among the candidates of the moment).
 Faults happen one at a time, each healed before the next: the checks can then
 expect every fire time to run, since no outage outlasts the misfire grace.
 
-Two faults change state rather than cut something off: a broker message loss
+Some faults change state rather than cut something off: a broker message loss
 deletes messages from the workers' queues and from kombu's ``unacked`` hash (a
-Redis that lost keys), and a deploy stops every beat, changes a code schedule
-and starts them again once a few of its fire times have passed.
+Redis that lost keys), a deploy stops every beat, changes a code schedule and
+starts them again once a few of its fire times have passed, and
+``idle_session_timeout`` makes PostgreSQL end every session idle a few seconds
+(no process dies, no server restarts). A worker pause stops a worker (SIGSTOP,
+a VM pause or a long GC) past its receipt lease while it holds runs, then lets
+it go on.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class FaultKind(enum.StrEnum):
     BEAT_POSTGRES_STALL = "beat-PostgreSQL stall"
     BROKER_MESSAGE_LOSS = "broker message loss"
     DEPLOY = "deploy"
+    WORKER_PAUSE = "worker SIGSTOP+SIGCONT"
+    IDLE_SESSION_TIMEOUT = "PostgreSQL idle_session_timeout"
 
 
 #: Relative frequency of each kind once every kind has happened once: process
@@ -49,6 +55,8 @@ WEIGHTS = {
     FaultKind.BEAT_POSTGRES_STALL: 1,
     FaultKind.BROKER_MESSAGE_LOSS: 1,
     FaultKind.DEPLOY: 1,
+    FaultKind.WORKER_PAUSE: 2,
+    FaultKind.IDLE_SESSION_TIMEOUT: 1,
 }
 #: Seconds of calm between two faults (the cluster may still be recovering).
 GAP = (1.0, 4.0)
@@ -57,6 +65,10 @@ AIM_BIAS = 0.6
 #: Seconds every beat stays down in a deploy: past a few fire times of the
 #: deployed schedule (every 2 to 4 s), well within the misfire grace.
 DEPLOY_DOWNTIME = (8.0, 14.0)
+#: The ``idle_session_timeout`` the fault sets, and the seconds it stays set: long
+#: enough that sessions left idle (a beacon, a pooled connection) are ended.
+IDLE_SESSION_TIMEOUT = "6s"
+IDLE_TIMEOUT_WINDOW = (10.0, 14.5)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,7 +81,9 @@ class Fault:
     duration: float
     #: Picks the victim among the candidates when the fault happens, in [0, 1).
     pick: float
-    #: Aim at the interesting victim: the leading beat, or a worker in the middle of a run.
+    #: Aim at the interesting victim: the leading beat, a worker in the middle of a run
+    #: (a paused one: holding a run it received and has not started), or for a server
+    #: restart, a moment when a prefork and a threads worker each run a run.
     aimed: bool
 
 
@@ -82,7 +96,9 @@ def durations(lock_ttl: float, lease_timeout: float) -> dict[FaultKind, tuple[fl
     so some leaders ride them out and some lose the lease. A message loss stops
     the workers for well under their lease (so messages wait in the queue to be
     lost, and no lease expires); a deploy keeps every beat down for a few fire
-    times of the deployed schedule (see ``DEPLOY_DOWNTIME``).
+    times of the deployed schedule (see ``DEPLOY_DOWNTIME``). A worker pause
+    outlasts the worker's lease by 2 to 6 s: the leader acts on the expired lease
+    while the worker still holds its runs.
     """
     return {
         FaultKind.BEAT_KILL: (0.2, 2.0),
@@ -96,6 +112,8 @@ def durations(lock_ttl: float, lease_timeout: float) -> dict[FaultKind, tuple[fl
         FaultKind.BEAT_POSTGRES_STALL: (lock_ttl * 0.5, lock_ttl * 2),
         FaultKind.BROKER_MESSAGE_LOSS: (1.0, lease_timeout * 0.6),
         FaultKind.DEPLOY: DEPLOY_DOWNTIME,
+        FaultKind.WORKER_PAUSE: (lease_timeout + 2.0, lease_timeout + 6.0),
+        FaultKind.IDLE_SESSION_TIMEOUT: IDLE_TIMEOUT_WINDOW,
     }
 
 

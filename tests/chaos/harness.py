@@ -4,13 +4,21 @@ then quiescence and the verdict (``tests.chaos.checks``).
     report = run_chaos(ChaosConfig(seed=7, duration=60))
     print(report.summary())
 
-The cluster: 3 ``celery -A app beat`` and 3 ``celery -A app worker`` processes,
+The cluster: 3 ``celery -A app beat`` and 4 ``celery -A app worker`` processes,
 a private PostgreSQL and Redis (``tests.chaos.servers``), and between each beat
 and each server a proxy (``tests.e2e.proxy.CuttableProxy``) that can cut or
 stall that one link. Workers reach the servers directly: worker faults are
-kills, and the server restarts and broker message losses hit them too. The
-workload is in ``tests.chaos.workload``; every process runs with the broker's
-default visibility timeout (an hour), as in production.
+kills and pauses, and the server restarts, ``idle_session_timeout`` and broker
+message losses hit them too. The workload is in ``tests.chaos.workload``; every
+process runs with the broker's default visibility timeout (an hour), as in
+production.
+
+The fleet is mixed, as real ones are: the workers alternate the prefork and
+threads pools; one beat and one worker run with a wall clock 2 minutes ahead,
+one beat and one worker 2 minutes behind (``tests/chaos/skew``: the servers
+keep the true clock, and every check reads the database's); and one more
+worker runs without this package (``tests.chaos.foreign_worker``), on the plain
+tasks' queue that the package's workers consume too.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,26 +40,32 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg
 from redis import Redis
 from sqlalchemy import text
 
 from beat.api import Schedules
 from beat.errors import HABeatError
 from beat.leader_store import MAX_INTERRUPTIONS
+from beat.lost_messages import CHECK_INTERVAL, CONFIRM_AFTER, UNTAKEN_AFTER
 from beat.run_store import run_id_for
 from beat.store import Store
 from tests.chaos.broker import delete_messages
 from tests.chaos.checks import (
+    FOREIGN_PREFIX,
     DeletedMessage,
     LeaderPause,
     Observations,
     Verdict,
     WorkerKill,
+    WorkerPause,
     judge,
 )
-from tests.chaos.faults import Fault, FaultKind, make_plan
+from tests.chaos.faults import IDLE_SESSION_TIMEOUT, Fault, FaultKind, make_plan
 from tests.chaos.jobs import CODE_SCHEDULES_ENV
+from tests.chaos.plain_jobs import PLAIN_QUEUE
 from tests.chaos.servers import PrivatePostgres, PrivateRedis, find_binaries
+from tests.chaos.skew.sitecustomize import SKEW_ENV
 from tests.chaos.workload import (
     ChainSender,
     CodeSchedule,
@@ -60,15 +75,28 @@ from tests.chaos.workload import (
     sent_chains,
 )
 from tests.conftest import SessionEnv
-from tests.e2e.cluster import Cluster, Process, wait_until
+from tests.e2e.cluster import ROOT, Cluster, Process, wait_until
 from tests.e2e.proxy import CuttableProxy
 
 DATABASE = "habeat"
 KEY_PREFIX = "chaos"
 #: Seconds the processes get to start before the harness gives up.
 STARTUP_TIMEOUT = 90.0
-#: Threads per worker (the e2e cluster's default pool is threads).
+#: Threads per threads worker, processes per prefork worker (each one a full process).
 WORKER_CONCURRENCY = 4
+PREFORK_CONCURRENCY = 2
+#: Queues of the package's workers: the default one and the plain tasks' one, which
+#: the worker without the package consumes too.
+WORKER_QUEUES = f"celery,{PLAIN_QUEUE}"
+#: The start-up shims (each directory holds a ``sitecustomize``), put first on PYTHONPATH.
+SKEW_DIR = Path(__file__).resolve().parent / "skew"
+FOREIGN_DIR = Path(__file__).resolve().parent / "foreign"
+FOREIGN_APP = "tests.chaos.foreign_worker"
+#: Seconds a skewed process's wall clock is off (one ahead, one behind).
+CLOCK_SKEW = 120.0
+#: Seconds an aimed fault waits for its victim (a worker holding a received run, a
+#: prefork and a threads worker each running one) before it takes what there is.
+AIM_WAIT = 8.0
 #: Task modules of every process: the e2e jobs and the chaos workload's own.
 JOB_MODULES = "tests.e2e.jobs,tests.chaos.jobs"
 #: Violations of each kind the summary lists.
@@ -77,6 +105,9 @@ SHOWN_PER_KIND = 8
 NEXT_LINK_GRACE = 15.0
 #: Seconds a beat gets to stop cleanly in a deploy before it is killed.
 BEAT_STOP_TIMEOUT = 20.0
+#: Seconds the end phase waits after the last execution by the worker without the
+#: package: the leader's lost-message recovery would have sent such a run again by then.
+FOREIGN_SETTLE = UNTAKEN_AFTER + CHECK_INTERVAL + CONFIRM_AFTER + 5.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -85,7 +116,13 @@ class ChaosConfig:
     #: Seconds of fault injection (a run covers every fault kind, so it may run a little past).
     duration: float
     beats: int = 3
-    workers: int = 3
+    #: Workers with the package: prefork and threads in turn.
+    workers: int = 4
+    #: Seconds the wall clock of the second beat and the third worker is ahead, and of
+    #: the third beat and the fourth worker behind (0: every clock true).
+    clock_skew: float = CLOCK_SKEW
+    #: One more worker, without the package, on the plain tasks' queue.
+    foreign_worker: bool = True
     #: Short timeouts so that recovery fits a short run; faults are sized from them.
     #: The broker's visibility timeout stays at its default (an hour): recovering
     #: lost messages is the leader's job, not the broker's.
@@ -119,11 +156,40 @@ class ChaosConfig:
         """The command that replays this run's fault plan."""
         sizes = (
             ""
-            if (self.beats, self.workers) == (3, 3)
+            if (self.beats, self.workers) == (3, 4)
             else (f" --beats {self.beats} --workers {self.workers}")
         )
         ahead = "" if self.claim_ahead == 10.0 else f" --claim-ahead {self.claim_ahead:g}"
-        return f"scripts/chaos.sh --seed {self.seed} --duration {self.duration:g}{sizes}{ahead}"
+        skew = "" if self.clock_skew == CLOCK_SKEW else f" --clock-skew {self.clock_skew:g}"
+        foreign = "" if self.foreign_worker else " --without-foreign-worker"
+        return (
+            f"scripts/chaos.sh --seed {self.seed} --duration {self.duration:g}"
+            f"{sizes}{ahead}{skew}{foreign}"
+        )
+
+    def beat_skews(self) -> list[float]:
+        """Each beat's clock skew: the second one ahead, the third behind."""
+        return [_skew_of(index, self.clock_skew) for index in range(self.beats)]
+
+    def fleet(self) -> list[WorkerSlot]:
+        """The worker slots: prefork and threads in turn (the third one, prefork, ahead;
+        the fourth, threads, behind), then the worker without the package (threads)."""
+        slots = [
+            WorkerSlot(
+                index=index,
+                pool="prefork" if index % 2 == 0 else "threads",
+                skew=_skew_of(index - 1, self.clock_skew),
+            )
+            for index in range(self.workers)
+        ]
+        if self.foreign_worker:
+            slots.append(WorkerSlot(index=self.workers, foreign=True))
+        return slots
+
+
+def _skew_of(index: int, skew: float) -> float:
+    """Index 1 ahead by ``skew``, index 2 behind by it, the others true."""
+    return {1: skew, 2: -skew}.get(index, 0.0)
 
 
 @dataclass(kw_only=True)
@@ -141,6 +207,14 @@ class InjectionLog:
     #: Worker kills the plan asked for but the harness left out: every busy worker
     #: held a run that plan kills had already interrupted ``max_attempts - 1`` times.
     kills_spared: int = 0
+    worker_pauses: list[WorkerPause] = field(default_factory=list)
+    #: Server restarts and the pools of the workers running a run when they began.
+    restarts: list[tuple[FaultKind, frozenset[str]]] = field(default_factory=list)
+    #: Lines where the worker without the package got a task it does not know (the
+    #: harness routed something it cannot run to its queue).
+    foreign_refusals: list[str] = field(default_factory=list)
+    #: (kind, began, ended) of every fault injected, by the harness's (true) clock.
+    timeline: list[tuple[FaultKind, datetime, datetime]] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -155,6 +229,8 @@ class ChaosReport:
     total_seconds: float
     #: The end of every process's log, kept when the run found a violation.
     logs_tail: str = ""
+    #: Violations by the fault kinds their run lived through (see ``by_fault``).
+    by_fault: dict[str, Counter[str]] = field(default_factory=dict)
 
     @property
     def violations(self) -> list[str]:
@@ -165,6 +241,7 @@ class ChaosReport:
         return [
             *self.verdict.violations,
             *(f"{name} exited by itself" for name in beat_exits),
+            *(f"harness: {line}" for line in self.log.foreign_refusals),
         ]
 
     def summary(self) -> str:
@@ -188,6 +265,8 @@ class BeatSlot:
     redis_proxy: CuttableProxy
     postgres_proxy: CuttableProxy
     process: Process | None = None
+    #: Seconds its wall clock is off.
+    skew: float = 0.0
 
 
 @dataclass(kw_only=True)
@@ -195,11 +274,23 @@ class WorkerSlot:
     index: int
     generation: int = 0
     process: Process | None = None
+    pool: str = "threads"
+    #: Seconds its wall clock is off.
+    skew: float = 0.0
+    #: Runs without this package (``tests.chaos.foreign_worker``).
+    foreign: bool = False
 
     @property
     def name(self) -> str:
         # A new name per incarnation: a run's `worker` column then tells them apart.
-        return f"w{self.index}g{self.generation}"
+        return f"{FOREIGN_PREFIX if self.foreign else 'w'}{self.index}g{self.generation}"
+
+
+def skewed_env(skew: float) -> dict[str, str]:
+    """The environment that puts a process's wall clock ``skew`` seconds off."""
+    if not skew:
+        return {}
+    return {"PYTHONPATH": f"{SKEW_DIR}{os.pathsep}{ROOT}", SKEW_ENV: f"{skew:g}"}
 
 
 class ChaosCluster:
@@ -217,10 +308,11 @@ class ChaosCluster:
                 name=f"beat{index}",
                 redis_proxy=CuttableProxy("127.0.0.1", redis.port),
                 postgres_proxy=CuttableProxy("127.0.0.1", postgres.port),
+                skew=skew,
             )
-            for index in range(config.beats)
+            for index, skew in enumerate(config.beat_skews())
         ]
-        self.workers = [WorkerSlot(index=index) for index in range(config.workers)]
+        self.workers = config.fleet()
 
     def start_beat(self, slot: BeatSlot) -> None:
         redis_url = f"redis://127.0.0.1:{slot.redis_proxy.port}/0"
@@ -231,12 +323,40 @@ class ChaosCluster:
             REDIS_URL=redis_url,
             CELERY_BROKER_URL=redis_url,
             HABEAT_IMPORTS=JOB_MODULES,
+            **skewed_env(slot.skew),
         )
 
     def start_worker(self, slot: WorkerSlot) -> None:
-        slot.process = self.cluster.worker(
-            slot.name, concurrency=WORKER_CONCURRENCY, HABEAT_IMPORTS=JOB_MODULES
-        )
+        if slot.foreign:
+            slot.process = self._start_foreign(slot)
+            return
+        concurrency = PREFORK_CONCURRENCY if slot.pool == "prefork" else WORKER_CONCURRENCY
+        slot.process = self.cluster.start(
+            slot.name,
+            "worker", "-l", "info", "-P", slot.pool, "-c", str(concurrency),
+            "-n", f"{slot.name}@%h", "-Q", WORKER_QUEUES, "--without-gossip", "--without-mingle",
+            HABEAT_IMPORTS=JOB_MODULES,
+            **skewed_env(slot.skew),
+        )  # fmt: skip
+
+    def _start_foreign(self, slot: WorkerSlot) -> Process:
+        """The worker without the package: its own app, the plain queue only, in an
+        environment where ``import beat`` fails (``tests/chaos/foreign``)."""
+        cluster = self.cluster
+        log = cluster.workdir / f"{slot.name}.log"
+        env = cluster.process_env() | {"PYTHONPATH": f"{FOREIGN_DIR}{os.pathsep}{ROOT}"}
+        with log.open("ab") as handle:
+            popen = subprocess.Popen(
+                [
+                    sys.executable, "-m", "celery", "-A", FOREIGN_APP, "worker", "-l", "info",
+                    "-P", slot.pool, "-c", str(WORKER_CONCURRENCY), "-n", f"{slot.name}@%h",
+                    "-Q", PLAIN_QUEUE, "--without-gossip", "--without-mingle",
+                ],
+                cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        process = Process(name=slot.name, popen=popen, log=log)
+        cluster.processes.append(process)
+        return process
 
     def start_all(self) -> None:
         for beat in self.beats:
@@ -364,14 +484,18 @@ class Injector:
             FaultKind.BEAT_POSTGRES_STALL: lambda f: self._link_fault(f, "postgres", "stall"),
             FaultKind.BROKER_MESSAGE_LOSS: self._lose_messages,
             FaultKind.DEPLOY: self._deploy,
+            FaultKind.WORKER_PAUSE: self._pause_worker,
+            FaultKind.IDLE_SESSION_TIMEOUT: self._idle_session_timeout,
         }
 
     def run(self, plan: list[Fault]) -> None:
         started = time.monotonic()
         for fault in plan:
             self.calm(until=started + fault.at)
+            began = now_utc()
             if self._actions[fault.kind](fault):
                 self.log.injected[fault.kind] += 1
+                self.log.timeline.append((fault.kind, began, now_utc()))
             else:
                 self.log.missed[fault.kind] += 1
 
@@ -401,10 +525,16 @@ class Injector:
         self.chaos.start_beat(slot)
         return True
 
+    def _package_workers(self) -> list[WorkerSlot]:
+        """The workers the plan kills and pauses: not the one without the package (it
+        records nothing, so a message it held when killed waits for the broker's
+        visibility timeout, an hour: a loss no short run can tell from a bug)."""
+        return [slot for slot in self.chaos.workers if not slot.foreign]
+
     def _kill_worker(self, fault: Fault) -> bool:
         held = self._runs_held_by_workers()
         candidates = killable_workers(
-            self.chaos.workers,
+            self._package_workers(),
             held,
             self.interrupted,
             # Attempts interrupted by a worker's death do not use up a run's
@@ -432,15 +562,94 @@ class Injector:
         self.chaos.start_worker(slot)
         return True
 
-    def _runs_held_by_workers(self) -> dict[str, tuple[uuid.UUID, ...]]:
-        """Running runs by worker name (the part of the hostname before the '@')."""
+    def _runs_held_by_workers(
+        self, *, received_only: bool = False
+    ) -> dict[str, tuple[uuid.UUID, ...]]:
+        """Runs a worker holds (running, or a retry waiting for its countdown) by worker
+        name (the part of the hostname before the '@'); with ``received_only``, the runs
+        it received and has not started (prefetched, or a retry held for its countdown)."""
+        where = (
+            "state IN ('queued', 'running', 'retrying') AND received_at IS NOT NULL"
+            " AND started_at IS NULL"
+            if received_only
+            else "state IN ('running', 'retrying')"
+        )
         held: dict[str, list[uuid.UUID]] = {}
         with self.store.engine.connect() as conn:
             for run_id, worker in conn.execute(
-                text("SELECT id, worker FROM beat_runs WHERE state = 'running'")
+                text(f"SELECT id, worker FROM beat_runs WHERE {where} AND worker IS NOT NULL")
             ):
                 held.setdefault((worker or "").split("@")[0], []).append(run_id)
         return {name: tuple(runs) for name, runs in held.items()}
+
+    def _busy_pools(self) -> frozenset[str]:
+        """The pools of the workers running a run right now (started, not finished)."""
+        with self.store.engine.connect() as conn:
+            workers = conn.execute(
+                text(
+                    "SELECT DISTINCT worker FROM beat_runs"
+                    " WHERE state = 'running' AND started_at IS NOT NULL"
+                )
+            ).scalars()
+            names = {(worker or "").split("@")[0] for worker in workers}
+        return frozenset(slot.pool for slot in self.chaos.workers if slot.name in names)
+
+    def _wait_for(self, found: Callable[[], object], *, aimed: bool) -> None:
+        """An aimed fault waits up to ``AIM_WAIT`` for its moment (``found()`` true)."""
+        deadline = time.monotonic() + (AIM_WAIT if aimed else 0.0)
+        while not found() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def _pause_worker(self, fault: Fault) -> bool:
+        """SIGSTOP a worker past its receipt lease while it holds runs, then SIGCONT.
+
+        Aimed: one holding a run it received and has not started (a prefetched one,
+        or a retry held for its countdown), which the leader sends again once the
+        lease expires while the stopped worker still holds its copy."""
+        workers = [slot for slot in self._package_workers() if slot.process is not None]
+        self._wait_for(lambda: self._runs_held_by_workers(received_only=True), aimed=fault.aimed)
+        received = self._runs_held_by_workers(received_only=True)
+        running = self._runs_held_by_workers()
+        preferred = [slot for slot in workers if received.get(slot.name)] or [
+            slot for slot in workers if running.get(slot.name)
+        ]
+        candidates = preferred or workers
+        slot = candidates[int(fault.pick * len(candidates))]
+        assert slot.process is not None
+        held = (*received.get(slot.name, ()), *running.get(slot.name, ()))
+        say(
+            f"SIGSTOP worker {slot.name} ({slot.pool}) holding {len(held)} runs"
+            f" ({len(received.get(slot.name, ()))} not started) for {fault.duration:.1f}s"
+        )
+        stopped_at = now_utc()
+        slot.process.signal(signal.SIGSTOP)
+        time.sleep(fault.duration)
+        slot.process.signal(signal.SIGCONT)
+        self.log.worker_pauses.append(
+            WorkerPause(worker=slot.name, stopped_at=stopped_at, resumed_at=now_utc(), held=held)
+        )
+        return True
+
+    def _idle_session_timeout(self, fault: Fault) -> bool:
+        """Set ``idle_session_timeout`` on the server for the fault's duration, then reset
+        it: every session idle that long is ended by the server, no process dies."""
+        say(f"PostgreSQL idle_session_timeout = {IDLE_SESSION_TIMEOUT} for {fault.duration:.1f}s")
+        self._set_idle_session_timeout(IDLE_SESSION_TIMEOUT)
+        try:
+            time.sleep(fault.duration)
+        finally:
+            self._set_idle_session_timeout(None)
+        return True
+
+    def _set_idle_session_timeout(self, value: str | None) -> None:
+        statement = (
+            "ALTER SYSTEM RESET idle_session_timeout"
+            if value is None
+            else f"ALTER SYSTEM SET idle_session_timeout = '{value}'"
+        )
+        with psycopg.connect(self.chaos.postgres.admin_dsn, autocommit=True) as conn:
+            conn.execute(statement)
+            conn.execute("SELECT pg_reload_conf()")
 
     def _pause_leader(self, fault: Fault) -> bool:
         term = self._wait_for_leader(timeout=10.0)
@@ -546,7 +755,17 @@ class Injector:
         say(f"deploy: v{self.code_schedule.version} synced at {schedule.updated_at:%H:%M:%S.%f}")
         return True
 
+    def _mid_run(self, fault: Fault) -> None:
+        """Aimed: wait for a prefork and a threads worker each to be running a run, so
+        the restart lands in the middle of runs on both pools; log what was running."""
+        both = {"prefork", "threads"}
+        self._wait_for(lambda: both <= self._busy_pools(), aimed=fault.aimed)
+        pools = self._busy_pools()
+        self.log.restarts.append((fault.kind, pools))
+        say(f"{fault.kind} with runs running on: {', '.join(sorted(pools)) or 'no worker'}")
+
     def _restart_redis(self, fault: Fault) -> bool:
+        self._mid_run(fault)
         say(f"Redis down for {fault.duration:.1f}s (its queue and lease are lost)")
         down_at = now_utc()
         self.chaos.redis.stop()
@@ -556,6 +775,7 @@ class Injector:
         return True
 
     def _restart_postgres(self, fault: Fault) -> bool:
+        self._mid_run(fault)
         say(f"PostgreSQL crash (immediate stop), down for {fault.duration:.1f}s")
         self.chaos.postgres.stop("immediate")
         time.sleep(fault.duration)
@@ -602,6 +822,18 @@ def killable_workers(
     return busy if aimed and busy else spared
 
 
+def foreign_refusals(chaos: ChaosCluster) -> list[str]:
+    """The worker without the package must only get tasks it knows: any it refused
+    would make a run wait for the visibility timeout through the harness's fault."""
+    lines = []
+    for slot in chaos.workers:
+        if slot.foreign and slot.process is not None:
+            for log in chaos.cluster.workdir.glob(f"{FOREIGN_PREFIX}{slot.index}g*.log"):
+                output = log.read_text(errors="replace")
+                lines += [line for line in output.splitlines() if "unregistered task" in line]
+    return lines
+
+
 # -- the end phase ------------------------------------------------------------------------
 
 
@@ -619,13 +851,30 @@ def quiesce(store: Store, names: list[str], config: ChaosConfig) -> tuple[dateti
         schedules.pause(name)
     started = time.monotonic()
     with contextlib.suppress(AssertionError):
-        wait_until(lambda: _settled(store), config.quiescence_timeout, 0.5)
+        wait_until(lambda: _settled(store, config), config.quiescence_timeout, 0.5)
     return window_end, time.monotonic() - started
 
 
-def _settled(store: Store) -> bool:
-    """No run unfinished, and no chain waiting for a worker to send its next link."""
-    return _unfinished(store) == 0 and _chains_between_links(store) == 0
+def _settled(store: Store, config: ChaosConfig) -> bool:
+    """No run unfinished, no chain waiting for a worker to send its next link, and no
+    run the worker without the package executed recently enough to be sent again."""
+    return (
+        _unfinished(store) == 0
+        and _chains_between_links(store) == 0
+        and (not config.foreign_worker or _since_last_foreign_execution(store) > FOREIGN_SETTLE)
+    )
+
+
+def _since_last_foreign_execution(store: Store) -> float:
+    with store.engine.connect() as conn:
+        seconds: float | None = conn.execute(
+            text(
+                "SELECT extract(epoch FROM now() - max(at)) FROM e2e_effects"
+                " WHERE worker LIKE :prefix"
+            ),
+            {"prefix": f"{FOREIGN_PREFIX}%"},
+        ).scalar_one()
+    return float("inf") if seconds is None else float(seconds)
 
 
 def _chains_between_links(store: Store) -> int:
@@ -661,12 +910,17 @@ def _due_before(store: Store, moment: datetime) -> int:
 
 
 def _unfinished(store: Store) -> int:
+    """Runs not finished, but those the worker without the package executed: nothing
+    records their end (they stay waiting, with their effect)."""
     with store.engine.connect() as conn:
         count: int = conn.execute(
             text(
-                "SELECT count(*) FROM beat_runs"
+                "SELECT count(*) FROM beat_runs AS r"
                 " WHERE state IN ('pending', 'queued', 'running', 'retrying')"
-            )
+                " AND NOT (state IN ('pending', 'queued', 'retrying') AND EXISTS"
+                " (SELECT FROM e2e_effects WHERE task_id = r.id::text AND worker LIKE :prefix))"
+            ),
+            {"prefix": f"{FOREIGN_PREFIX}%"},
         ).scalar_one()
         return count
 
@@ -780,8 +1034,12 @@ def _run(
         deleted=log.deleted,
         redis_restarts=log.redis_restarts,
         self_exits=log.self_exits,
+        worker_pauses=log.worker_pauses,
+        foreign_queues=frozenset({PLAIN_QUEUE} if config.foreign_worker else ()),
     )
     verdict = judge(store, expectations, window_end=window_end, seen=seen)
+    log.foreign_refusals = foreign_refusals(chaos)
+    lives = run_lives(store, verdict.violations)
     report = ChaosReport(
         config=config,
         plan=plan,
@@ -791,10 +1049,87 @@ def _run(
         injection_seconds=injection_seconds,
         quiescence_seconds=quiescence,
         total_seconds=time.monotonic() - started,
+        by_fault=by_fault(verdict.violations, lives, log.timeline),
     )
     if report.violations:
         report.logs_tail = chaos.cluster.logs()
     return report
+
+
+# -- violations by fault kind -------------------------------------------------------------
+
+#: The run or task a violation names.
+_SUBJECT = re.compile(r"\b(?:run|task|link) ([0-9A-Za-z-]{8,})")
+#: A fault's effects outlast it (a recovery, a lease running out): seconds added to it.
+AFTERMATH = timedelta(seconds=10)
+#: Columns of the table: a violation's kind (the word before its colon) -> column.
+COLUMNS = {
+    "lost": "lost",
+    "duplicated": "executed twice",
+    "stuck": "stuck",
+    "early": "early",
+    "expired but ran": "early",
+    "unexpected": "unexpected",
+}
+NO_FAULT = "(no fault while it lived)"
+NOT_PLACED = "(no run to place in time)"
+
+
+def run_lives(store: Store, violations: list[str]) -> dict[str, tuple[datetime, datetime]]:
+    """From its fire (or claim) time to its end (or now), for each run a violation names."""
+    ids = {run_id_for(match.group(1)) for v in violations if (match := _SUBJECT.search(v))}
+    if not ids:
+        return {}
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT id, coalesce(fire_at, claimed_at), coalesce(finished_at, now())"
+                " FROM beat_runs WHERE id = ANY(:ids)"
+            ),
+            {"ids": list(ids)},
+        )
+        return {str(run_id): (began, ended) for run_id, began, ended in rows}
+
+
+def by_fault(
+    violations: list[str],
+    lives: Mapping[str, tuple[datetime, datetime]],
+    timeline: list[tuple[FaultKind, datetime, datetime]],
+) -> dict[str, Counter[str]]:
+    """Each violation counted under every fault kind its run lived through (a fault
+    from its start to ``AFTERMATH`` after its end), or under ``NO_FAULT``: what a kind
+    of fault costs, and what the fleet's shape (a skewed clock, a worker without the
+    package) costs with no fault at all."""
+    table: dict[str, Counter[str]] = {}
+    for violation in violations:
+        column = COLUMNS.get(violation.split(":")[0], "other")
+        match = _SUBJECT.search(violation)
+        life = lives.get(str(run_id_for(match.group(1)))) if match else None
+        if life is None:
+            rows = [NOT_PLACED]
+        else:
+            start, end = life
+            kinds = {
+                k for k, began, ended in timeline if began <= end and start <= ended + AFTERMATH
+            }
+            rows = sorted(kinds) or [NO_FAULT]
+        for row in rows:
+            table.setdefault(row, Counter())[column] += 1
+    return table
+
+
+def format_by_fault(table: dict[str, Counter[str]]) -> list[str]:
+    """The table of violations by fault kind (columns in ``COLUMNS`` order)."""
+    columns = list(dict.fromkeys(COLUMNS.values()))
+    width = max(len(row) for row in table)
+    lines = [
+        "violations by the faults their run lived through (a run may count under several):",
+        f"  {'':{width}}  " + "  ".join(columns),
+    ]
+    for row, counts in table.items():
+        cells = "  ".join(f"{counts[column]:>{len(column)}}" for column in columns)
+        lines.append(f"  {row:{width}}  {cells}")
+    return lines
 
 
 # -- the summary ----------------------------------------------------------------------------
@@ -807,9 +1142,10 @@ def format_summary(report: ChaosReport) -> str:
     rows = [
         *((f"fault: {kind}", f"{log.injected[kind]}" + _missed(log, kind)) for kind in FaultKind),
         ("faults injected", str(sum(log.injected.values()))),
+        ("fleet", _fleet(report)),
         ("runs expected / seen", f"{verdict.expected} / {verdict.seen}"),
         ("lost", str(len(verdict.lost))),
-        ("duplicated", str(len(verdict.duplicated))),
+        ("executed twice (duplicated)", str(verdict.executed_twice)),
         ("stuck", str(len(verdict.stuck))),
         ("unexpected", str(len(verdict.unexpected))),
         ("early (published/received/started)", str(len(verdict.early))),
@@ -844,10 +1180,12 @@ def format_summary(report: ChaosReport) -> str:
     width = max(len(name) for name, _ in rows)
     lines = [
         f"chaos run: seed {config.seed}, duration {config.duration:g} s,"
-        f" {config.beats} beats + {config.workers} workers",
+        f" {config.beats} beats + {len(config.fleet())} workers",
         *(f"  {name.ljust(width)}  {value}" for name, value in rows),
     ]
     violations = report.violations
+    if report.by_fault:
+        lines.extend(format_by_fault(report.by_fault))
     if violations:
         lines.append(
             f"FAILED: {len(violations)} violations (the first {SHOWN_PER_KIND} of each kind):"
@@ -909,7 +1247,44 @@ def _workload_rows(report: ChaosReport) -> list[tuple[str, str]]:
             "worker kills spared",
             f"{log.kills_spared} (one run interrupted MAX_INTERRUPTIONS times)",
         ),
+        (
+            "worker without the package",
+            f"{counts.plain_by_foreign} plain runs executed by it (once);"
+            f" {len(counts.waiting_for_visibility)} plain runs whose message the broker lost"
+            " wait for the visibility timeout",
+        ),
+        ("retries checked against their countdown", str(counts.retries_checked)),
+        ("server restarts mid-run", _restarts(log)),
+        (
+            "worker pauses past the lease",
+            f"{len(log.worker_pauses)}, holding {sum(len(p.held) for p in log.worker_pauses)} runs",
+        ),
     ]
+
+
+def _fleet(report: ChaosReport) -> str:
+    config = report.config
+
+    def clock(skew: float) -> str:
+        return f" {skew:+g} s" if skew else ""
+
+    beats = ", ".join(f"beat{clock(skew)}" for skew in config.beat_skews())
+    workers = ", ".join(
+        "without the package" if slot.foreign else f"{slot.pool}{clock(slot.skew)}"
+        for slot in config.fleet()
+    )
+    return f"{beats}; {workers}"
+
+
+def _restarts(log: InjectionLog) -> str:
+    """Per server: restarts, and how many began with runs running on both pools / one."""
+    parts = []
+    for kind in (FaultKind.POSTGRES_RESTART, FaultKind.REDIS_RESTART):
+        pools = [busy for restart, busy in log.restarts if restart == kind]
+        both = sum(1 for busy in pools if {"prefork", "threads"} <= busy)
+        some = sum(1 for busy in pools if busy)
+        parts.append(f"{kind}: {len(pools)}, {some} mid-run ({both} on prefork and threads)")
+    return "; ".join(parts)
 
 
 def _missed(log: InjectionLog, kind: FaultKind) -> str:

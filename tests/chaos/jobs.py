@@ -1,12 +1,14 @@
 """Jobs of the chaos workload beyond ``tests.e2e.jobs``, and its code schedules.
 
-- ``chaos.plain``: an ordinary Celery task (no idempotent base), as most real
-  projects have. It writes its effect itself, in its own transaction: nothing
-  makes it commit with the run's record, so the checks see what really ran. It
-  retries when its database is unreachable (a PostgreSQL restart).
+- ``chaos.plain`` and ``chaos.plain_retrying``: ordinary Celery tasks (no
+  idempotent base), as most real projects have, defined in
+  ``tests.chaos.plain_jobs`` so that a worker without this package runs them too.
+  They write their effect themselves, in their own transaction: nothing makes it
+  commit with the run's record, so the checks see what really ran.
 - ``chaos.retrying``: fails a given number of times, then records its effect
   through ``self.db``; half the runs retry through ``autoretry_for``, half
-  through ``self.retry(countdown=...)``.
+  through ``self.retry(countdown=...)``; each attempt is recorded as it starts
+  (``chaos_attempts``), so the checks see a retry that started before its time.
 - ``chaos.versioned``: the job of the code schedule a deploy changes; its
   effect names the version of the definition that ran it.
 
@@ -19,38 +21,23 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from app import celery_app
 from beat import IdempotentTask
+from tests.chaos.plain_jobs import record_attempt
+from tests.chaos.plain_jobs import register as register_plain_jobs
 from tests.e2e.jobs import _record_effect
 
 #: Environment variable naming the JSON file of the code schedules.
 CODE_SCHEDULES_ENV = "CHAOS_CODE_SCHEDULES"
-#: Seconds before an explicit ``self.retry`` runs again.
+#: Seconds before an explicit ``self.retry`` runs again, and before an autoretry does.
 RETRY_COUNTDOWN = 0.5
+AUTORETRY_DELAY = 1
 
 
-@celery_app.task(
-    name="chaos.plain",
-    bind=True,
-    # As a real project would: its database restarting is worth a retry, not a failure.
-    autoretry_for=(psycopg.OperationalError,),
-    retry_backoff=False,
-    default_retry_delay=1,
-    max_retries=10,
-)
-def plain(self: Any, label: str, seconds: float) -> str:
-    """Works for ``seconds``, then commits its effect in a transaction of its own."""
-    time.sleep(seconds)
-    task_id: str = self.request.id
-    with psycopg.connect(os.environ["E2E_EFFECTS_DSN"]) as conn:  # commits on exit
-        conn.execute("INSERT INTO e2e_effects (task_id, label) VALUES (%s, %s)", (task_id, label))
-    return task_id
+register_plain_jobs(celery_app)
 
 
 @celery_app.task(
@@ -59,14 +46,16 @@ def plain(self: Any, label: str, seconds: float) -> str:
     base=IdempotentTask,
     autoretry_for=(RuntimeError,),
     retry_backoff=False,
-    default_retry_delay=1,
+    default_retry_delay=AUTORETRY_DELAY,
     max_retries=3,
 )
 def retrying(self: IdempotentTask, label: str, failures: int, explicit: bool) -> str:
     """Fails ``failures`` times (``self.retry`` if ``explicit``, else autoretry), then
     records its effect."""
     retries = self.request.retries or 0
-    if retries < failures:
+    failing = retries < failures
+    record_attempt(self, (RETRY_COUNTDOWN if explicit else AUTORETRY_DELAY) if failing else None)
+    if failing:
         if explicit:
             raise self.retry(countdown=RETRY_COUNTDOWN)
         raise RuntimeError(f"failure {retries + 1} of {failures}")

@@ -1,16 +1,22 @@
 """Fault injection in the normal test run: short chaos runs on fixed seeds.
 
-Each run starts 3 beats and 3 workers on private PostgreSQL and Redis servers,
-injects every fault kind at least once (kills, a leader paused past its lease,
-server restarts, cut and stalled links, broker message loss, a deploy), then
-checks from PostgreSQL that every fire time ran exactly once, every effect
-exists once and no run is stuck. The long version is ``scripts/chaos.sh``
-(10 minutes by default, random seed).
+Each run starts a mixed fleet on private PostgreSQL and Redis servers (3 beats,
+4 prefork and threads workers, one worker without the package on the plain
+tasks' queue, one beat and one worker 2 minutes ahead and one of each behind),
+injects every fault kind at least once (kills, a leader and a worker paused past
+their lease, server restarts mid-run, ``idle_session_timeout``, cut and stalled
+links, broker message loss, a deploy), then checks from PostgreSQL that every
+fire time ran exactly once, every effect exists once (wherever it ran) and no run
+is stuck or early. The long version is ``scripts/chaos.sh`` (10 minutes by
+default, random seed; ``--runs N`` for a number of runs).
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -30,19 +36,31 @@ from beat.models import RunState, Schedule
 from tests.chaos import servers
 from tests.chaos.broker import delete_messages
 from tests.chaos.checks import (
+    FOREIGN_PREFIX,
     DeletedMessage,
     Expectation,
     Observations,
     SentChain,
     Verdict,
     _check_chains,
+    _check_not_expired_early,
     _check_not_started_after_expiry,
     _check_plain_run,
     _check_recorded_state,
+    _check_retry_countdowns,
     _check_runs,
 )
 from tests.chaos.faults import FaultKind, durations, make_plan
-from tests.chaos.harness import ChaosConfig, WorkerSlot, killable_workers, run_chaos
+from tests.chaos.harness import (
+    NO_FAULT,
+    NOT_PLACED,
+    ChaosConfig,
+    WorkerSlot,
+    by_fault,
+    format_by_fault,
+    killable_workers,
+    run_chaos,
+)
 from tests.chaos.servers import MissingBinaries, find_binaries
 from tests.chaos.workload import CodeSchedule, expectation_of
 from tests.conftest import IN_CI, SessionEnv
@@ -50,8 +68,9 @@ from tests.e2e.proxy import CuttableProxy
 
 pytestmark = pytest.mark.chaos
 
-#: (seed, seconds of faults) of the runs CI makes: about a minute each, all fault kinds
-#: (the first of each kind alone takes about a minute of the plan, a deploy included).
+#: (seed, seconds of faults) of the runs CI makes: every fault kind once (the first of
+#: each kind alone takes about 90 s of the plan, a deploy included), then the end phase
+#: (at least 50 s: a run the worker without the package executed could be sent again).
 CI_RUNS = [(20261202, 30.0)]
 
 #: Runs that once failed, kept to re-run the same fault plan: (seed, seconds, what it caught).
@@ -87,7 +106,7 @@ def run_and_check(seed: int, duration: float) -> None:
     assert set(report.log.injected) == set(FaultKind), "every fault kind was injected"
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)
 @pytest.mark.parametrize(("seed", "duration"), CI_RUNS)
 def test_a_short_chaos_run_keeps_every_guarantee(
     servers_installed: None, seed: int, duration: float
@@ -95,7 +114,7 @@ def test_a_short_chaos_run_keeps_every_guarantee(
     run_and_check(seed, duration)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)
 @pytest.mark.parametrize(
     ("seed", "duration"), [(seed, duration) for seed, duration, _ in REGRESSION_RUNS]
 )
@@ -273,6 +292,15 @@ def test_only_a_run_the_end_phase_paused_before_its_time_may_end_cancelled(
     _check_runs(verdict, [row], effects_of, [], set(), window_end)
     found = {name for name in ("lost", "duplicated", "stuck") if getattr(verdict, name)}
     assert found == ({violation} if violation else set())
+    # The worker without the package ran it before the pause (nothing recorded it): once
+    # is right, twice is not.
+    verdict = Verdict()
+    _check_runs(
+        verdict, [row], effects_of, [], set(), window_end, foreign_runs=frozenset({str(row.id)})
+    )
+    if after_the_window and effects:
+        assert not verdict.duplicated
+        assert verdict.counts.plain_by_foreign == 1
 
 
 def test_a_run_started_after_its_expiry_is_a_violation() -> None:
@@ -439,3 +467,182 @@ def test_a_fire_time_not_run_must_say_why_and_only_where_allowed() -> None:
     _check_recorded_state(verdict, expectation, start, _run_row(state=RunState.EXPIRED), "e")
     assert [item.split(":")[0] for item in verdict.unexpected] == ["b", "c", "e"]
     assert verdict.counts.deploy_skipped == 1
+
+
+# -- the mixed fleet: skewed clocks, a worker without the package ----------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAOS_DIR = Path(__file__).resolve().parent
+
+
+def _python(code: str, shim: str, **env: str) -> str:
+    """Run ``code`` in a new interpreter with the shim directory ``shim`` first on PYTHONPATH."""
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=os.environ | {"PYTHONPATH": f"{CHAOS_DIR / shim}{os.pathsep}{ROOT}"} | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return result.stdout
+
+
+def test_a_skewed_process_sees_its_wall_clock_off_and_sleeps_on_time() -> None:
+    code = """
+import datetime, logging, time
+from datetime import UTC, datetime as dt
+skews = [
+    time.time() - time.clock_gettime(time.CLOCK_REALTIME),
+    time.time_ns() / 1e9 - time.clock_gettime(time.CLOCK_REALTIME),
+    dt.now(UTC).timestamp() - time.clock_gettime(time.CLOCK_REALTIME),
+    dt.utcnow().replace(tzinfo=UTC).timestamp() - time.clock_gettime(time.CLOCK_REALTIME),
+    time.mktime(time.localtime()) + 0.5 - time.clock_gettime(time.CLOCK_REALTIME),  # whole s
+]
+started = time.monotonic(); time.sleep(0.2); slept = time.monotonic() - started
+real = datetime.datetime.fromtimestamp(0, UTC)  # made by C code: the true class
+record = logging.makeLogRecord({"msg": "x"})
+logging.Formatter("%(asctime)s").format(record)  # converter = time.localtime, unbound
+print(*(round(skew) for skew in skews), round(slept, 1), isinstance(real, dt))
+"""
+    assert _python(code, "skew", CHAOS_CLOCK_SKEW="-120").split() == [
+        "-120", "-120", "-120", "-120", "-120", "0.2", "True",
+    ]  # fmt: skip
+    assert _python(code, "skew", CHAOS_CLOCK_SKEW="").split()[:5] == ["0"] * 5
+
+
+def test_the_worker_without_the_package_cannot_import_it_and_knows_the_plain_tasks() -> None:
+    code = """
+import importlib.metadata
+try:
+    import beat
+except ImportError:
+    print("no beat")
+commands = importlib.metadata.entry_points(group="celery.commands")
+print("schedules" in [point.name for point in commands])
+import os
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:1/0")
+from tests.chaos.foreign_worker import app
+print(sorted(name for name in app.tasks if name.startswith("chaos.")))
+"""
+    out = _python(code, "foreign").splitlines()
+    assert out == ["no beat", "False", "['chaos.plain', 'chaos.plain_retrying']"]
+    # The same environment without the shim has the package: the shim does the work.
+    assert (
+        "schedules"
+        in subprocess.run(
+            [sys.executable, "-m", "celery", "--help"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+
+
+def test_the_fleet_mixes_pools_skewed_clocks_and_a_worker_without_the_package() -> None:
+    config = ChaosConfig(seed=1, duration=10)
+    fleet = config.fleet()
+    assert [(slot.pool, slot.skew, slot.foreign) for slot in fleet] == [
+        ("prefork", 0.0, False),
+        ("threads", 0.0, False),
+        ("prefork", 120.0, False),
+        ("threads", -120.0, False),
+        ("threads", 0.0, True),
+    ]
+    assert fleet[-1].name.startswith(FOREIGN_PREFIX)
+    assert config.beat_skews() == [0.0, 120.0, -120.0]
+    uniform = ChaosConfig(seed=1, duration=10, clock_skew=0, foreign_worker=False)
+    assert all(not slot.skew and not slot.foreign for slot in uniform.fleet())
+    assert uniform.reproduce().endswith("--clock-skew 0 --without-foreign-worker")
+
+
+@pytest.mark.parametrize(
+    ("state", "effects", "by_foreign", "message_lost", "violation"),
+    [
+        (RunState.QUEUED, 1, True, False, set()),  # the worker without the package ran it
+        (RunState.QUEUED, 2, True, False, {"duplicated"}),  # ... and someone ran it again
+        (RunState.SUCCEEDED, 2, True, False, {"duplicated"}),  # sent again, run by a worker
+        (RunState.QUEUED, 0, False, True, set()),  # its message was lost: visibility timeout
+        (RunState.QUEUED, 0, False, False, {"stuck"}),
+        # sent again after it ran, and a worker with the package runs it a second time
+        (RunState.RUNNING, 1, True, False, {"stuck", "duplicated"}),
+    ],
+)
+def test_a_plain_run_on_the_shared_queue_counts_every_execution(
+    state: RunState, effects: int, by_foreign: bool, message_lost: bool, violation: set[str]
+) -> None:
+    verdict = Verdict()
+    row = _run_row(state=state, worker=None, received_at=None, started_at=None)
+    _check_plain_run(
+        verdict, row, effects, "run", set(), by_foreign=by_foreign, message_lost=message_lost
+    )
+    found = {name for name in ("lost", "duplicated", "stuck") if getattr(verdict, name)}
+    assert found == violation
+
+
+def test_a_plain_run_held_by_a_paused_worker_may_end_lost() -> None:
+    verdict = Verdict()
+    row = _run_row(state=RunState.LOST, worker="w1g0@host")
+    _check_plain_run(verdict, row, 1, "run", set(), paused=True)
+    assert not verdict.violations
+    _check_plain_run(verdict, row, 1, "run", set(), paused=False)
+    assert [item.split(":")[0] for item in verdict.violations] == ["lost"]
+
+
+def test_a_run_that_ends_expired_before_its_expiry_is_a_violation() -> None:
+    """A worker whose clock is ahead discards a run by its own clock."""
+    fire_at = _run_row().fire_at
+    verdict = Verdict()
+    on_time = _run_row(state=RunState.EXPIRED, finished_at=fire_at + timedelta(seconds=3.1))
+    _check_not_expired_early(verdict, on_time, 3.0, "on time")
+    assert verdict.lost == []
+    early = _run_row(state=RunState.EXPIRED, finished_at=fire_at + timedelta(seconds=0.01))
+    _check_not_expired_early(verdict, early, 3.0, "early")
+    assert [item.split(" ")[0] for item in verdict.lost] == ["early"]
+
+
+def test_a_retry_started_before_its_countdown_is_early() -> None:
+    start = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+    def attempt(task: str, retries: int, at: float, countdown: float | None) -> SimpleNamespace:
+        return SimpleNamespace(
+            task_id=task, retries=retries, countdown=countdown, worker="w0g0@host",
+            at=start + timedelta(seconds=at),
+        )  # fmt: skip
+
+    attempts = [
+        attempt("on-time", 0, 0, 10.0), attempt("on-time", 1, 10.2, None),
+        attempt("early", 0, 0, 10.0), attempt("early", 1, 8.0, 10.0),
+        attempt("early", 2, 18.5, None),
+        # a redelivered first attempt: the retry is measured from the first one
+        attempt("again", 0, 0, 10.0), attempt("again", 0, 6, 10.0), attempt("again", 1, 10.5, None),
+    ]  # fmt: skip
+    verdict = Verdict()
+    _check_retry_countdowns(verdict, attempts)
+    assert [item.split(":")[0] for item in verdict.early] == ["task early"]
+    assert verdict.counts.retries_checked == 4
+
+
+def test_violations_are_counted_under_the_faults_their_run_lived_through() -> None:
+    start = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+    def at(seconds: float) -> datetime:
+        return start + timedelta(seconds=seconds)
+
+    during, after, alone = (str(uuid.uuid4()) for _ in range(3))
+    lives = {during: (at(5), at(6)), after: (at(25), at(26)), alone: (at(100), at(101))}
+    timeline = [
+        (FaultKind.POSTGRES_RESTART, at(4), at(7)),
+        (FaultKind.WORKER_PAUSE, at(10), at(20)),  # its aftermath reaches 30 s
+    ]
+    violations = [
+        f"duplicated: run {during} (plain-0 at 12:00:05): its effect happened 2 times",
+        f"early: task {after}: retry 1 started on w0g0@h 3.000 s before its countdown",
+        f"stuck: run {alone} (plain-1 at 12:01:40) (plain) is still queued (attempt 0)",
+        "lost: plain-0 at 12:00:09.000000: no run",
+    ]
+    table = by_fault(violations, lives, timeline)
+    assert table == {
+        FaultKind.POSTGRES_RESTART: Counter({"executed twice": 1}),
+        FaultKind.WORKER_PAUSE: Counter({"early": 1}),
+        NO_FAULT: Counter({"stuck": 1}),
+        NOT_PLACED: Counter({"lost": 1}),
+    }
+    assert "executed twice" in format_by_fault(table)[1]

@@ -3,9 +3,12 @@ deploy changes, and the ad hoc chains it sends while faults happen.
 
 Schedules created at runtime: 1-second intervals (quick job), 1-minute crons
 and one-offs every few seconds (slow job, so that worker kills catch runs
-mid-job), plain Celery tasks, tasks that retry, and a schedule whose runs
-expire. The code schedule lives in a JSON file that ``tests.chaos.jobs`` reads
-when a beat starts; a deploy rewrites it while every beat is down.
+mid-job), plain Celery tasks (on the plain queue, which the worker without the
+package consumes too), tasks that retry (idempotent ones after 0.5 or 1 s, plain
+ones after ``PLAIN_RETRY_COUNTDOWN``), schedules whose runs expire (an idempotent
+and a plain task), and long jobs (idempotent and plain, 20 s) for faults to land
+in. The code schedule lives in a JSON file that ``tests.chaos.jobs`` reads when a
+beat starts; a deploy rewrites it while every beat is down.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from beat.models import Schedule
 from beat.store import Store
 from beat.timing import next_fire_after, parse_zone
 from tests.chaos.checks import ONE_MICROSECOND, SECOND_KIND, Expectation, SentChain
+from tests.chaos.plain_jobs import PLAIN_QUEUE, PLAIN_RETRY_COUNTDOWN
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,11 +49,37 @@ class WorkloadShape:
     plain_job_seconds: float = 1.0
     #: Tasks that fail once or twice, then succeed, every 3 s.
     retrying_schedules: int = 2
-    #: A slow job every 2 s whose runs expire this long after their fire time.
+    #: Plain tasks that ask for a retry once or twice (after ``PLAIN_RETRY_COUNTDOWN``),
+    #: then succeed, every 4 s.
+    plain_retrying_schedules: int = 1
+    #: A slow job every 2 s whose runs expire this long after their fire time, and a
+    #: plain one.
     expiring_schedules: int = 1
+    plain_expiring_schedules: int = 1
     expires_seconds: float = 3.0
+    #: Long jobs (an idempotent and a plain one) every ``long_job_every`` s: a server
+    #: restart, an ``idle_session_timeout`` or a pause lands in the middle of them, where a
+    #: living worker's run must not be taken for a dead one's.
+    long_schedules: int = 1
+    long_job_seconds: float = 20.0
+    long_job_every: float = 10.0
     #: Seconds between two ad hoc chains sent by the harness (0: none).
     chain_every: float = 3.0
+
+    def runs_per_second(self) -> float:
+        """Fire times this workload makes per second (the runs the summary counts as
+        expected; the chains' links come on top), for a target number of runs."""
+        per_second = (
+            self.second_schedules
+            + self.minute_crons / 60
+            + 1 / self.one_off_every
+            + (self.plain_schedules + self.expiring_schedules + self.plain_expiring_schedules) / 2
+            + self.retrying_schedules / 3
+            + self.plain_retrying_schedules / 4
+            + 2 * self.long_schedules / self.long_job_every
+            + 1 / 3  # the code schedule a deploy changes: every 2 to 4 s
+        )
+        return per_second
 
 
 def create_workload(store: Store, shape: WorkloadShape, until: datetime) -> list[Expectation]:
@@ -59,11 +89,12 @@ def create_workload(store: Store, shape: WorkloadShape, until: datetime) -> list
     expectations = []
     for kind, name, task, fields in _definitions(shape, anchor, until):
         schedule = schedules.create(name, task, allow_unregistered=True, **fields)
-        expectations.append(expectation_of(kind, schedule, plain=kind == PLAIN_KIND))
+        expectations.append(expectation_of(kind, schedule, plain=kind in PLAIN_KINDS))
     return expectations
 
 
 PLAIN_KIND = "plain"
+PLAIN_KINDS = frozenset({PLAIN_KIND, "plain retrying", "plain expires", "plain long"})
 
 
 def _definitions(
@@ -77,9 +108,33 @@ def _definitions(
     for index in range(shape.minute_crons):
         every_minute = {"cron": "* * * * *", "args": [f"m{index}", slow]}
         yield "cron 1 min", f"every-minute-{index}", "e2e.slow", every_minute
+    on_the_plain_queue = {"queue": PLAIN_QUEUE}
     for index in range(shape.plain_schedules):
-        plain = {"every": 2, "start_at": anchor, "args": [f"p{index}", shape.plain_job_seconds]}
+        plain = {
+            "every": 2,
+            "start_at": anchor,
+            "args": [f"p{index}", shape.plain_job_seconds],
+            "options": on_the_plain_queue,
+        }
         yield PLAIN_KIND, f"plain-{index}", "chaos.plain", plain
+    for index in range(shape.plain_retrying_schedules):
+        plain_retrying = {
+            "every": 4,
+            "start_at": anchor,
+            "args": [f"pr{index}", 1 + index % 2, PLAIN_RETRY_COUNTDOWN],
+            "options": on_the_plain_queue,
+        }
+        yield "plain retrying", f"plain-retrying-{index}", "chaos.plain_retrying", plain_retrying
+    for index in range(shape.plain_expiring_schedules):
+        # On the default queue: a worker without the package discards an expired
+        # message without a trace, and the run would wait for the visibility timeout.
+        plain_expiring = {
+            "every": 2,
+            "start_at": anchor,
+            "args": [f"px{index}", shape.plain_job_seconds / 2],
+            "options": {"expires": shape.expires_seconds},
+        }
+        yield "plain expires", f"plain-expiring-{index}", "chaos.plain", plain_expiring
     for index in range(shape.retrying_schedules):
         # Fails once or twice, through autoretry_for or self.retry in turn.
         failures, explicit = 1 + index % 2, index % 2 == 1
@@ -93,6 +148,13 @@ def _definitions(
             "options": {"expires": shape.expires_seconds},
         }
         yield "expires", f"expiring-{index}", "e2e.slow", expiring
+    for index in range(shape.long_schedules):
+        every, seconds = shape.long_job_every, shape.long_job_seconds
+        long = {"every": every, "start_at": anchor, "args": [f"l{index}", seconds]}
+        yield "long", f"long-{index}", "e2e.slow", long
+        # On the default queue: the workers with the package run it (they record it).
+        plain_long = {"every": every, "start_at": anchor, "args": [f"pl{index}", seconds]}
+        yield "plain long", f"plain-long-{index}", "chaos.plain", plain_long
     at, index = anchor + timedelta(seconds=shape.one_off_every), 0
     while at < until:
         yield "one-off", f"once-{index:04d}", "e2e.slow", {"at": at, "args": [f"o{index}", slow]}
@@ -111,7 +173,8 @@ def expectation_of(
     time); with ``with_kwargs``, its runs must carry the schedule's kwargs."""
     first = first_fire or schedule.next_fire_at
     assert first is not None, f"{schedule.name} has no next fire time"
-    expires = schedule.definition.options.get("expires")
+    options = schedule.definition.options
+    expires = options.get("expires")
     return Expectation(
         name=schedule.name,
         kind=kind,
@@ -121,6 +184,7 @@ def expectation_of(
         plain=plain,
         expires=None if expires is None else float(expires),
         kwargs=dict(schedule.definition.kwargs) if with_kwargs else None,
+        queue=options.get("queue"),
     )
 
 
@@ -250,12 +314,17 @@ def _replace_expectation(
 
 
 def create_tables(store: Store) -> None:
-    """The jobs' effects (``e2e_effects``, one row per execution) and the harness's
-    record of the chains it sent (``chaos_chains``), for the checks."""
+    """The jobs' effects (``e2e_effects``, one row per execution, with the worker that
+    ran it if the job names it), the attempts of the retrying jobs (``chaos_attempts``,
+    see ``tests.chaos.plain_jobs``) and the harness's record of the chains it sent
+    (``chaos_chains``), for the checks."""
     with store.engine.begin() as conn:
         for statement in (
             "CREATE TABLE IF NOT EXISTS e2e_effects"
-            " (task_id text NOT NULL, label text, at timestamptz DEFAULT now())",
+            " (task_id text NOT NULL, label text, at timestamptz DEFAULT now(), worker text)",
+            "CREATE TABLE IF NOT EXISTS chaos_attempts (task_id text NOT NULL,"
+            " retries int NOT NULL, countdown float, worker text,"
+            " at timestamptz NOT NULL DEFAULT clock_timestamp())",
             "CREATE TABLE IF NOT EXISTS chaos_chains (chain_id text NOT NULL,"
             " position int NOT NULL, task_id text NOT NULL, state text NOT NULL,"
             " sent_at timestamptz DEFAULT now(), PRIMARY KEY (chain_id, position))",

@@ -1,0 +1,54 @@
+"""The Celery app of the mixed fleet's worker without this package:
+``celery -A tests.chaos.foreign_worker worker -Q plain``, started with
+``tests/chaos/foreign`` first on ``PYTHONPATH`` (``import beat`` fails there).
+
+It is configured as an existing project would configure a worker for the same
+broker (JSON, late acks, one message prefetched per process), and knows only the
+plain tasks (``tests.chaos.plain_jobs``), under the names beat publishes: it
+consumes only the plain queue, since an idempotent task needs the package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from celery import Celery
+
+from tests.chaos.plain_jobs import register
+
+
+def _package_absent() -> bool:
+    try:
+        importlib.import_module("beat")
+    except ImportError:
+        return True
+    return False
+
+
+if not _package_absent():  # the harness started it in the wrong environment
+    raise SystemExit("the worker without the package can import beat: fix its PYTHONPATH")
+
+
+def _transport_options() -> dict[str, object]:
+    options: dict[str, object] = {"unacked_restore_interval": 10, "unacked_restore_throttle": 1}
+    prefix = os.environ.get("HABEAT_BROKER_KEY_PREFIX", "")
+    if prefix:
+        options["global_keyprefix"] = prefix
+    return options
+
+
+app = Celery("foreign")
+app.conf.update(
+    broker_url=os.environ["CELERY_BROKER_URL"],
+    broker_transport_options=_transport_options(),
+    broker_connection_retry_on_startup=True,
+    task_serializer="json",
+    accept_content=["json"],
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    timezone="UTC",
+    enable_utc=True,
+)
+register(app)
