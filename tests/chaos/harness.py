@@ -15,7 +15,7 @@ production.
 
 The fleet is mixed, as real ones are: the workers alternate the prefork and
 threads pools; one beat and one worker run with a wall clock 2 minutes ahead,
-one beat and one worker 2 minutes behind (``tests/chaos/skew``: the servers
+one beat and one worker 2 minutes behind (``tests/clock_skew``: the servers
 keep the true clock, and every check reads the database's); and one more
 worker runs without this package (``tests.chaos.foreign_worker``), on the plain
 tasks' queue that the package's workers consume too.
@@ -65,7 +65,6 @@ from tests.chaos.faults import IDLE_SESSION_TIMEOUT, Fault, FaultKind, make_plan
 from tests.chaos.jobs import CODE_SCHEDULES_ENV
 from tests.chaos.plain_jobs import PLAIN_QUEUE
 from tests.chaos.servers import PrivatePostgres, PrivateRedis, find_binaries
-from tests.chaos.skew.sitecustomize import SKEW_ENV
 from tests.chaos.workload import (
     ChainSender,
     CodeSchedule,
@@ -74,6 +73,7 @@ from tests.chaos.workload import (
     create_workload,
     sent_chains,
 )
+from tests.clock_skew import skew_overrides
 from tests.conftest import SessionEnv
 from tests.e2e.cluster import ROOT, Cluster, Process, wait_until
 from tests.e2e.proxy import CuttableProxy
@@ -89,7 +89,6 @@ PREFORK_CONCURRENCY = 2
 #: the worker without the package consumes too.
 WORKER_QUEUES = f"celery,{PLAIN_QUEUE}"
 #: The start-up shims (each directory holds a ``sitecustomize``), put first on PYTHONPATH.
-SKEW_DIR = Path(__file__).resolve().parent / "skew"
 FOREIGN_DIR = Path(__file__).resolve().parent / "foreign"
 FOREIGN_APP = "tests.chaos.foreign_worker"
 #: Seconds a skewed process's wall clock is off (one ahead, one behind).
@@ -290,7 +289,7 @@ def skewed_env(skew: float) -> dict[str, str]:
     """The environment that puts a process's wall clock ``skew`` seconds off."""
     if not skew:
         return {}
-    return {"PYTHONPATH": f"{SKEW_DIR}{os.pathsep}{ROOT}", SKEW_ENV: f"{skew:g}"}
+    return skew_overrides(skew, str(ROOT))
 
 
 class ChaosCluster:

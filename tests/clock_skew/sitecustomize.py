@@ -1,77 +1,100 @@
-"""Shift this process's wall clock by ``HABEAT_TEST_CLOCK_SKEW`` seconds (see
-``tests.clock_skew``). Loaded by Python's ``site`` at start-up, before anything else
-reads the clock, when this directory is on ``PYTHONPATH``.
+"""A wall clock off by ``HABEAT_TEST_CLOCK_SKEW`` seconds, for one test process
+(see ``tests.clock_skew``).
 
-``datetime.datetime`` becomes a subclass whose ``now``, ``utcnow`` and ``today`` are
-shifted; ``isinstance`` and ``issubclass`` treat it as the real class both ways (as
-freezegun does), so values made by C code (a database driver) still pass type checks.
+Put this directory first on ``PYTHONPATH``: ``site`` imports this module before
+anything else, so Celery, kombu and this package read the shifted clock through
+``time.time``, ``time.time_ns``, ``datetime.datetime.now``/``utcnow``/``today``
+and ``datetime.date.today``, whether they import the module or the name. The
+monotonic clock and ``time.sleep`` are left alone (libfaketime 0.9.10 breaks
+Python 3.11's ``time.sleep`` when it leaves them alone), and so are the servers:
+PostgreSQL and Redis keep the true clock, as a host's skew leaves them.
 """
 
 from __future__ import annotations
 
-import datetime as _datetime_module
+import datetime as _datetime
 import os
-import time as _time_module
+import time as _time
 from typing import Any
 
-_SKEW = float(os.environ.get("HABEAT_TEST_CLOCK_SKEW") or 0.0)
-
-
-def _posing_as(real: type) -> type:
-    """A metaclass for a subclass of ``real`` that ``isinstance`` and ``issubclass``
-    take for ``real`` itself."""
-
-    class PosingAs(type):
-        def __instancecheck__(cls, obj: object) -> bool:
-            return isinstance(obj, real)
-
-        def __subclasscheck__(cls, other: type) -> bool:
-            return issubclass(other, real)
-
-    return PosingAs
+SKEW_ENV = "HABEAT_TEST_CLOCK_SKEW"
 
 
 def _install(skew: float) -> None:
-    real_time = _time_module.time
-    real_time_ns = _time_module.time_ns
-    real_datetime = _datetime_module.datetime
-    real_date = _datetime_module.date
-    shift = _datetime_module.timedelta(seconds=skew)
-    skew_ns = int(skew * 1_000_000_000)
+    true_time, true_time_ns = _time.time, _time.time_ns
+    true_localtime, true_gmtime = _time.localtime, _time.gmtime
+    skew_ns = round(skew * 1e9)
 
     def time() -> float:
-        return real_time() + skew
+        return true_time() + skew
 
     def time_ns() -> int:
-        return real_time_ns() + skew_ns
+        return true_time_ns() + skew_ns
 
-    class datetime(real_datetime, metaclass=_posing_as(real_datetime)):  # the module's name
-        __slots__ = ()  # the real class's size: C extensions check it
+    def localtime(seconds: float | None = None) -> _time.struct_time:
+        return true_localtime(time() if seconds is None else seconds)
 
-        @classmethod
-        def now(cls, tz: Any = None) -> Any:
-            return real_datetime.now(tz) + shift
+    def gmtime(seconds: float | None = None) -> _time.struct_time:
+        return true_gmtime(time() if seconds is None else seconds)
 
-        @classmethod
-        def utcnow(cls) -> Any:
-            return real_datetime.utcnow() + shift
+    true_strftime, true_ctime, true_asctime = _time.strftime, _time.ctime, _time.asctime
 
-        @classmethod
-        def today(cls) -> Any:
-            return real_datetime.today() + shift
+    def strftime(form: str, moment: Any = None) -> str:
+        return true_strftime(form, localtime() if moment is None else moment)
 
-    class date(real_date, metaclass=_posing_as(real_date)):  # the module's name
+    def ctime(seconds: float | None = None) -> str:
+        return true_ctime(time() if seconds is None else seconds)
+
+    def asctime(moment: Any = None) -> str:
+        return true_asctime(localtime() if moment is None else moment)
+
+    for name, shifted in {
+        "time": time, "time_ns": time_ns, "localtime": localtime, "gmtime": gmtime,
+        "strftime": strftime, "ctime": ctime, "asctime": asctime,
+    }.items():  # fmt: skip
+        # Callable staticmethods, as the true builtins behave: a class that keeps one as
+        # an attribute (logging.Formatter.converter = time.localtime) must not bind it.
+        setattr(_time, name, staticmethod(shifted))
+
+    true_date, true_datetime = _datetime.date, _datetime.datetime
+
+    class _Real(type):
+        # Instances made by C code (psycopg, the datetime arithmetic) are the true
+        # classes: isinstance and issubclass must accept them as the shifted ones.
+        def __instancecheck__(cls, instance: object) -> bool:
+            return isinstance(instance, cls.__mro__[1])
+
+        def __subclasscheck__(cls, subclass: type) -> bool:
+            return issubclass(subclass, cls.__mro__[1])
+
+    # No __dict__ (empty slots): C extensions that check these types' size at import
+    # (Cython's type import) find the size of the true classes.
+    class date(true_date, metaclass=_Real):  # type: ignore[misc]
         __slots__ = ()
 
         @classmethod
-        def today(cls) -> Any:
-            return (real_datetime.now() + shift).date()
+        def today(cls) -> _datetime.date:
+            return true_date.fromtimestamp(time())
 
-    _time_module.time = time
-    _time_module.time_ns = time_ns
-    _datetime_module.datetime = datetime  # type: ignore[misc]
-    _datetime_module.date = date  # type: ignore[misc]
+    class datetime(true_datetime, metaclass=_Real):  # type: ignore[misc]
+        __slots__ = ()
+
+        @classmethod
+        def now(cls, tz: _datetime.tzinfo | None = None) -> _datetime.datetime:
+            return true_datetime.fromtimestamp(time(), tz)
+
+        @classmethod
+        def utcnow(cls) -> _datetime.datetime:
+            return true_datetime.fromtimestamp(time(), _datetime.UTC).replace(tzinfo=None)
+
+        @classmethod
+        def today(cls) -> _datetime.datetime:
+            return true_datetime.fromtimestamp(time())
+
+    _datetime.date = date  # type: ignore[misc]
+    _datetime.datetime = datetime  # type: ignore[misc]
 
 
-if _SKEW:
-    _install(_SKEW)
+_skew = float(os.environ.get(SKEW_ENV) or 0)
+if _skew:
+    _install(_skew)
