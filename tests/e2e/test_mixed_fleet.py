@@ -21,6 +21,7 @@ import pytest
 from app.factory import create_app
 from beat import lost_messages, metrics
 from beat.api import Schedules
+from beat.leader_store import MAX_SENDS
 from beat.models import RunState
 from beat.scheduler import HAScheduler
 from beat.store import Store
@@ -38,7 +39,7 @@ def foreign_env(cluster: Cluster) -> dict[str, str]:
     return cluster.process_env() | {"PYTHONPATH": str(FOREIGN)}
 
 
-def start_foreign_worker(cluster: Cluster, name: str) -> Process:
+def start_foreign_worker(cluster: Cluster, name: str, **env: str) -> Process:
     """A `celery worker` of ``plain_app`` in an environment without this package."""
     return cluster.start(
         name,
@@ -46,6 +47,7 @@ def start_foreign_worker(cluster: Cluster, name: str) -> Process:
         program=FOREIGN_CELERY,
         cwd=FOREIGN,
         PYTHONPATH=str(FOREIGN),
+        **env,
     )
 
 
@@ -149,3 +151,32 @@ def test_a_plain_task_taken_by_a_worker_without_the_package_runs_once_per_fire_t
     assert (
         metrics.REGISTRY.get_sample_value("habeat_unrecorded_consumers", {"queue": "celery"}) == 1.0
     )
+
+
+def test_copies_of_a_run_taken_by_a_consumer_the_control_cannot_see_are_bounded(
+    cluster: Cluster, store: Store, fast_recovery: None, leader: HAScheduler
+) -> None:
+    """issue 38, finding 1, the bound: the only consumer is a worker without this package
+    whose remote control is off, so no check can see it. Each copy of the run is taken
+    and run, the broker holds none, and recovery sends it again; but a run's message is
+    sent at most MAX_SENDS times: the run then ends ``lost`` with the reason, and is not
+    sent again for ever."""
+    foreign = start_foreign_worker(cluster, "invisible", FOREIGN_REMOTE_CONTROL="0")
+    wait_until(lambda: "ready." in foreign.output(), timeout=60, interval=0.2)
+    Schedules(store).create(
+        "plain-once", "e2e.plain_record", at=store.now(), args=["once"], allow_unregistered=True
+    )
+
+    wait_until(
+        lambda: [row.state for row in run_rows(store)] == [RunState.LOST.value],
+        timeout=90,
+        interval=0.5,
+    )
+    time.sleep(10)  # long enough for several more looks: nothing more is sent
+    [row] = run_rows(store)
+    assert row.state == RunState.LOST.value
+    assert row.error == (
+        f"its message was sent {MAX_SENDS} times and no worker recorded it: a consumer"
+        " that does not record runs may have taken it"
+    )
+    assert cluster.effects() == {str(row.id): MAX_SENDS}

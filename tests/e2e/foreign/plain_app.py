@@ -15,6 +15,8 @@ app.conf.update(
     broker_transport_options={"global_keyprefix": os.environ["HABEAT_BROKER_KEY_PREFIX"]},
     accept_content=["json"],
     broker_connection_retry_on_startup=True,
+    # FOREIGN_REMOTE_CONTROL=0: a consumer that Celery's remote control cannot see.
+    worker_enable_remote_control=os.environ.get("FOREIGN_REMOTE_CONTROL", "1") == "1",
 )
 
 
