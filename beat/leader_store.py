@@ -806,12 +806,14 @@ class LeaderStore(StoreConnection):
         found: Sequence[tuple[str, str]],
         *,
         forget_after: float,
+        answered: bool = True,
         idle_timeout: float = 10.0,
     ) -> list[UnrecordedConsumer]:
         """Record what a check of the consumers found, as leader ``epoch`` (fenced):
         ``found`` (queue, consumer) pairs are seen now; a pair recorded before and not
-        found is gone since now; a pair last seen more than ``forget_after`` seconds ago
-        is deleted. Returns the pairs new or back since the last check (to say so once)."""
+        found is gone since now (unless nobody ``answered`` the check); a pair last seen
+        more than ``forget_after`` seconds ago is deleted. Returns the pairs new or back
+        since the last check (to say so once)."""
         table = unrecorded_consumers
         pairs = set(found)
         with self._transaction() as conn:
@@ -826,7 +828,8 @@ class LeaderStore(StoreConnection):
                 (row.queue, row.consumer): row.gone_at is None
                 for row in conn.execute(select(table.c.queue, table.c.consumer, table.c.gone_at))
             }
-            for queue, consumer in known.keys() - pairs:
+            # A check nobody answered tells nothing of the consumers it did not name.
+            for queue, consumer in known.keys() - pairs if answered else ():
                 conn.execute(
                     update(table)
                     .where(table.c.queue == queue, table.c.consumer == consumer)

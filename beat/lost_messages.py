@@ -31,11 +31,12 @@ twice the visibility timeout after its consumer was last seen, not dropped at th
 first check it misses: a worker busy with a long task (``-P solo``) or slow to
 answer may still hold a message it took, and a worker that stopped may have run
 one; by then the reaper's rule has taken over any run published while it
-consumed. No reply at all while some workers record runs (the control disabled,
-the broker slow) is recorded as queue ``*``: no run published before the workers
-answer again is sent again. No reply and no worker recording runs means nothing
-is known to consume: recovery goes on (a message lost while no worker runs is
-sent again), and the bound below holds for a consumer that never answers.
+consumed. No reply at all while some workers record runs (the broker restarting,
+the control disabled) tells nothing: it is recorded as queue ``*`` and said, and no
+run is sent again until a check is answered. No reply and no worker recording runs
+means nothing is known to consume: recovery goes on (a message lost while no
+worker runs is sent again), and the bound below holds for a consumer that never
+answers.
 
 The check runs on a thread of its own (its replies take
 ``CONSUMERS_REPLY_TIMEOUT``; the leader's loop does not wait for them) every
@@ -165,8 +166,8 @@ def unrecorded_pairs(consumers: Consumers, recording: Collection[str]) -> list[t
     """The (queue, consumer) pairs of the consumers that do not record runs: the nodes
     that are not among ``recording`` (the node names of ``beat_workers``), with each
     queue they consume. When no worker answered: ``(ALL_QUEUES, "")`` if some record
-    runs (they should have answered: the control is disabled, or the broker slow), else
-    nothing (no worker is known to consume at all)."""
+    runs (they should have answered: the broker is restarting, or the control is
+    disabled), else nothing (no worker is known to consume at all)."""
     if consumers is None:
         return [(ALL_QUEUES, "")] if recording else []
     return sorted(
@@ -184,20 +185,14 @@ def may_send_again(
 ) -> bool:
     """Whether a run of ``queue`` published at ``published_at`` may be sent again because
     its message is missing, given what the checks ``found``: no consumer that does not
-    record runs was seen on that queue lately (a row is kept for twice the visibility
-    timeout after its last sighting: a consumer busy with a long task, or stopped, may
-    not answer, and may have taken the message all the same), and the workers were not
-    silent since the run was published."""
+    record runs was seen on that queue lately. A row is kept for twice the visibility
+    timeout after its last sighting, and counts whether or not the latest check saw it:
+    a consumer busy with a long task (``-P solo``), slow to answer or stopped may have
+    taken the message all the same. A run whose publication was not recorded is not
+    sent again (nothing says how old it is)."""
     if published_at is None:
         return False
-    return not any(
-        consumer.queue == queue
-        or (
-            consumer.queue == ALL_QUEUES
-            and (consumer.gone_at is None or consumer.gone_at > published_at)
-        )
-        for consumer in found
-    )
+    return not any(consumer.queue == queue for consumer in found)
 
 
 def _start_thread(check: Callable[[], None]) -> None:
@@ -321,9 +316,13 @@ class LostMessages:
             epoch,
             found,
             forget_after=2 * config.visibility_timeout,
+            answered=consumers is not None,
             idle_timeout=idle_timeout,
         )
-        self._view_started = started
+        # Workers that record runs did not answer (the broker restarting, the control off):
+        # this check tells nothing about the consumers, and decides no copy.
+        if consumers is not None or not recording:
+            self._view_started = started
         _report_consumers(found, new, 2 * config.visibility_timeout)
 
     def _recoverable_queues(
@@ -394,10 +393,9 @@ def _report_consumers(
     for consumer in new:
         if consumer.queue == ALL_QUEUES:
             logger.warning(
-                "no worker answered Celery's remote control (inspect active_queues): a"
-                " consumer that does not record runs may take from any queue; lost-message"
-                " recovery sends nothing again and falls back to the visibility timeout"
-                " (%.0f s)",
+                "no worker answered Celery's remote control (inspect active_queues) though"
+                " some record runs: lost-message recovery sends nothing again until they"
+                " answer (meanwhile the visibility timeout, %.0f s, applies)",
                 fallback,
                 extra={"queue": consumer.queue},
             )

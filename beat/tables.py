@@ -285,8 +285,8 @@ workers = Table(
 #: as the leader found them from Celery's remote control (``beat.lost_messages``): while
 #: a row of a queue is kept (twice the visibility timeout after it was last seen),
 #: lost-message recovery sends no run of that queue again. Queue ``*`` with an empty
-#: consumer: no worker answered the control although some record runs; runs published
-#: before it was ``gone_at`` are not sent again.
+#: consumer: no worker answered the control although some record runs (no run is sent
+#: again until they answer).
 #: The queue of a finding about every queue (``beat_unrecorded_consumers``).
 ALL_QUEUES = "*"
 

@@ -262,6 +262,11 @@ def test_the_consumers_found_are_kept_with_their_times_and_said_once(store: Stor
     assert gone.first_seen_at == new.first_seen_at
     [back] = store.record_consumers(1, [pair], forget_after=3600)
     assert back.gone_at is None, "back: said again"
+    [silent] = store.record_consumers(1, [("*", "")], forget_after=3600, answered=False)
+    assert (silent.queue, silent.gone_at) == ("*", None)
+    assert [entry.gone_at for entry in store.unrecorded_consumers()] == [None, None], (
+        "a check nobody answered says nothing of the consumer it did not name"
+    )
 
     time.sleep(0.01)
     assert store.record_consumers(1, [], forget_after=0) == []
