@@ -128,8 +128,8 @@ LEADER_RELEASED_CHANNEL = "beat_leader_released"
 #: (a job that kills the whole worker process every time must not loop for ever).
 MAX_INTERRUPTIONS = 10
 #: A run's message is sent at most this many times while no worker records it (its
-#: publication, and the copies sent because the broker seemed to have lost it: by the
-#: lost-message recovery, or past the visibility timeout); then the run ends ``lost``.
+#: publication, and the copies lost-message recovery sent because the broker no longer
+#: held it); then the run ends ``lost`` (``requeue_missing``).
 MAX_SENDS = 3
 
 
@@ -688,7 +688,7 @@ class LeaderStore(StoreConnection):
                 runs.c.published_at
                 < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_queued_after),
             )
-            .values(**_sent_again_or_lost(MAX_SENDS), epoch=epoch, claimed_at=func.now())
+            .values(state=RunState.PENDING.value, epoch=epoch, claimed_at=func.now())
             .returning(*runs.c)
         )
         # A worker took the message but died before starting it (a reserved message, a

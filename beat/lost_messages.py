@@ -50,10 +50,12 @@ What the control cannot show: a consumer that is not a Celery worker, or one
 started and stopped between two checks. On Redis a queue's consumers cannot be
 counted (``BRPOP`` leaves no trace); on RabbitMQ the broker's content cannot be
 read, and this recovery does nothing there. For those, **copies are bounded**:
-a run whose message was sent ``beat.leader_store.MAX_SENDS`` times in all (its publication and
-the copies of this recovery and of the reaper's visibility-timeout rule,
-``beat_runs.recovery_sends``) and that no worker recorded ends ``lost``, with the
-reason, instead of being sent again.
+a run whose message was sent ``beat.leader_store.MAX_SENDS`` times in all (its
+publication and the copies of this recovery, ``beat_runs.recovery_sends``) and
+that no worker recorded ends ``lost``, with the reason, instead of being sent
+again. (The reaper's visibility-timeout rule is not bounded: it sends again a run
+left ``queued`` for twice the visibility timeout, without looking for its message,
+and a copy in a long backlog is not a lost run.)
 
 A message can also be stranded in kombu's unacknowledged hash: a worker took it
 and was killed before its ``task_received`` handler (``beat.run_tracking``)

@@ -271,29 +271,3 @@ def test_the_consumers_found_are_kept_with_their_times_and_said_once(store: Stor
     time.sleep(0.01)
     assert store.record_consumers(1, [], forget_after=0) == []
     assert store.unrecorded_consumers() == []
-
-
-def test_the_copies_the_visibility_timeout_rule_sends_count_toward_the_bound(
-    app: Celery, store: Store
-) -> None:
-    """issue 38, finding 1, the bound: where lost-message recovery falls back to the
-    reaper's visibility-timeout rule (a queue with a consumer that records nothing),
-    that rule's copies are bounded too: the run is sent again past the timeout, and
-    ends ``lost`` with the reason once its message was sent MAX_SENDS times."""
-    run = published_run(app, store, seconds_ago=7200)
-    sent_again = store.reclaim(1, stale_queued_after=3600, limit=10)
-    assert [again.id for again in sent_again.runs] == [run.id]
-    assert run_rows(store)[0].recovery_sends == 1
-
-    with store.engine.begin() as conn:
-        conn.execute(
-            text("UPDATE beat_runs SET state = 'queued', recovery_sends = :sent"),
-            {"sent": MAX_SENDS - 1},
-        )
-    published_ago(store, 7200)
-    given_up = store.reclaim(1, stale_queued_after=3600, limit=10)
-
-    assert (given_up.runs, [lost.id for lost in given_up.lost]) == ([], [run.id])
-    [row] = run_rows(store)
-    assert row.state == RunState.LOST.value
-    assert row.error.startswith(f"its message was sent {MAX_SENDS} times and no worker")
