@@ -102,7 +102,9 @@ def held_task_ids(
     ``delivered_since`` (seconds since the epoch): a delivery older than this
     does not count (its ``unacked_index`` score is earlier): the message is held
     only by the unacked hash, for a consumer that may be dead, until kombu
-    restores it after the visibility timeout. An ID is then held if its message
+    restores it after the visibility timeout. The scores are the consuming
+    workers' wall clocks: the caller allows for their skew (``beat.lost_messages``
+    compares them with the database's clock, with a margin). An ID is then held if its message
     waits in a queue or one of its deliveries (several under one task ID, once a
     run was published again) is that recent. An entry without a score (none
     that kombu writes) counts as recent. None (the default): every delivery

@@ -8,7 +8,7 @@ Plain values, computed here and rendered elsewhere (:mod:`beat.rendering`):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -16,9 +16,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from beat.db import first_line
 from beat.errors import HABeatError, LeaseUnavailable
-from beat.leader_store import LeaderInfo
+from beat.leader_store import LeaderInfo, UnrecordedConsumer
 from beat.lease_status import LeaseStatus
 from beat.store import Store
+from beat.tables import ALL_QUEUES
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,7 +90,8 @@ def health_checks(store: Store, read_lease: Callable[[], LeaseStatus]) -> Health
     does not answer); a check whose service does not answer leaves those that
     depend on it not checked."""
     checks = _service_checks(store, read_lease)
-    return Health(checks=[*checks, _quarantine_check(store, checks)])
+    checks = [*checks, _quarantine_check(store, checks)]
+    return Health(checks=[*checks, *_consumers_check(store, checks)])
 
 
 def _service_checks(store: Store, read_lease: Callable[[], LeaseStatus]) -> list[Check]:
@@ -147,6 +149,42 @@ def _quarantine_check(store: Store, checks: list[Check]) -> Check:
         ok=False,
         detail=f"{len(found)} quarantined, not firing: {listed}:"
         " fix each, then `celery -A app schedules resume NAME`",
+    )
+
+
+def _consumers_check(store: Store, checks: list[Check]) -> list[Check]:
+    """A failing ``consumers`` line while the leader finds that some consumer of a queue
+    does not record runs (``beat.lost_messages``); no line otherwise, or when the schema
+    cannot be read."""
+    if not all(check.ok for check in checks if check.name in ("postgres", "schema")):
+        return []
+    try:
+        found = [entry for entry in store.unrecorded_consumers() if entry.gone_at is None]
+    except (HABeatError, SQLAlchemyError):
+        return []
+    if not found:
+        return []
+    return [Check(name="consumers", ok=False, detail=consumers_text(found))]
+
+
+def consumers_text(found: Sequence[UnrecordedConsumer]) -> str:
+    """What the leader found about consumers that do not record runs, and what to do."""
+    listed = "; ".join(_consumer_text(entry) for entry in found)
+    return (
+        f"{listed}: lost-message recovery for these queues falls back to the visibility"
+        " timeout (a run taken there is not sent again, a message really lost waits for"
+        " it); install celery-habeat in those workers (beat.run_tracking in their imports)"
+        " or keep them off beat's queues"
+    )
+
+
+def _consumer_text(entry: UnrecordedConsumer) -> str:
+    seen = f"{entry.seen_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+    if entry.queue == ALL_QUEUES:
+        return f"no worker answered Celery's remote control (last asked {seen})"
+    return (
+        f"queue {entry.queue} is consumed by {entry.consumer}, which does not record runs"
+        f" (seen {seen})"
     )
 
 

@@ -118,6 +118,7 @@ from beat.tables import (
     leader,
     runs,
     schedules,
+    unrecorded_consumers,
     workers,
 )
 from beat.timing import Trigger
@@ -129,6 +130,10 @@ LEADER_RELEASED_CHANNEL = "beat_leader_released"
 #: Attempts ended by their worker's death that a run may have before it is given up
 #: (a job that kills the whole worker process every time must not loop for ever).
 MAX_INTERRUPTIONS = 10
+#: A run's message is sent at most this many times while no worker records it (its
+#: publication, and the copies lost-message recovery sent because the broker no longer
+#: held it); then the run ends ``lost`` (``requeue_missing``).
+MAX_SENDS = 3
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -183,6 +188,21 @@ class Unconfirmed:
     runs: list[RunToPublish]
     #: Database time of the query.
     now: datetime
+    #: When each run was published (database time; None if not recorded).
+    published_at: dict[uuid.UUID, datetime | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UnrecordedConsumer:
+    """A consumer of ``queue`` that does not record runs, as the leader found it
+    (``beat_unrecorded_consumers``); queue ``*``: no worker answered the control."""
+
+    queue: str
+    consumer: str
+    first_seen_at: datetime
+    seen_at: datetime
+    #: The first check that no longer found it; None while it is found.
+    gone_at: datetime | None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -770,28 +790,104 @@ class LeaderStore(StoreConnection):
         with self._transaction() as conn:
             rows = list(conn.execute(query))
             now = rows[0].now if rows else conn.execute(select(func.now())).scalar_one()
-        return Unconfirmed(runs=[_run_from_row(row) for row in rows], now=now)
+        return Unconfirmed(
+            runs=[_run_from_row(row) for row in rows],
+            now=now,
+            published_at={row.id: row.published_at for row in rows},
+        )
 
     def requeue_missing(
-        self, epoch: int, run_ids: Sequence[uuid.UUID], *, idle_timeout: float = 10.0
-    ) -> list[RunToPublish]:
+        self,
+        epoch: int,
+        run_ids: Sequence[uuid.UUID],
+        *,
+        max_sends: int = MAX_SENDS,
+        idle_timeout: float = 10.0,
+    ) -> Reclaim:
         """Put runs whose message the broker lost back in the outbox, as leader ``epoch``
-        (fenced), unless a worker took them meanwhile; returns those to publish again."""
+        (fenced), unless a worker took them meanwhile: the runs to publish again. A run
+        whose message was sent ``max_sends`` times already (its first publication and
+        the copies sent by this recovery, ``recovery_sends``) ends ``lost`` instead: a
+        consumer that records nothing may have taken every copy."""
         if not run_ids:
-            return []
+            return Reclaim(runs=[], lost=[])
         statement = (
             update(runs)
             .where(
                 runs.c.id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))),
                 runs.c.state.in_([RunState.QUEUED.value, RunState.RETRYING.value]),
             )
-            .values(state=RunState.PENDING.value, epoch=epoch, claimed_at=func.now())
+            .values(**_sent_again_or_lost(max_sends), epoch=epoch, claimed_at=func.now())
             .returning(*runs.c)
         )
         with self._transaction() as conn:
             self._fence(conn, epoch, idle_timeout)
             rows = list(conn.execute(statement, {"ids": list(run_ids)}))
-        return [_run_from_row(row) for row in rows]
+        return Reclaim(
+            runs=[_run_from_row(row) for row in rows if row.state == RunState.PENDING.value],
+            lost=[
+                LostRun(id=row.id, schedule_name=row.schedule_name, error=row.error)
+                for row in rows
+                if row.state == RunState.LOST.value
+            ],
+        )
+
+    def record_consumers(
+        self,
+        epoch: int,
+        found: Sequence[tuple[str, str]],
+        *,
+        forget_after: float,
+        answered: bool = True,
+        idle_timeout: float = 10.0,
+    ) -> list[UnrecordedConsumer]:
+        """Record what a check of the consumers found, as leader ``epoch`` (fenced):
+        ``found`` (queue, consumer) pairs are seen now; a pair recorded before and not
+        found is gone since now (unless nobody ``answered`` the check); a pair last seen
+        more than ``forget_after`` seconds ago is deleted. Returns the pairs new or back
+        since the last check (to say so once)."""
+        table = unrecorded_consumers
+        pairs = set(found)
+        with self._transaction() as conn:
+            self._fence(conn, epoch, idle_timeout)
+            conn.execute(
+                delete(table).where(
+                    table.c.seen_at
+                    < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, forget_after)
+                )
+            )
+            known = {
+                (row.queue, row.consumer): row.gone_at is None
+                for row in conn.execute(select(table.c.queue, table.c.consumer, table.c.gone_at))
+            }
+            # A check nobody answered tells nothing of the consumers it did not name.
+            for queue, consumer in known.keys() - pairs if answered else ():
+                conn.execute(
+                    update(table)
+                    .where(table.c.queue == queue, table.c.consumer == consumer)
+                    .where(table.c.gone_at.is_(None))
+                    .values(gone_at=func.now())
+                )
+            rows = [
+                conn.execute(
+                    pg_insert(table)
+                    .values(queue=queue, consumer=consumer)
+                    .on_conflict_do_update(
+                        index_elements=[table.c.queue, table.c.consumer],
+                        set_={"seen_at": func.now(), "gone_at": None},
+                    )
+                    .returning(*table.c)
+                ).one()
+                for queue, consumer in sorted(pairs)
+            ]
+        return [_consumer_from_row(row) for row in rows if not known.get((row.queue, row.consumer))]
+
+    def unrecorded_consumers(self) -> list[UnrecordedConsumer]:
+        """The consumers that do not record runs, as the leader last found them, by queue."""
+        table = unrecorded_consumers
+        query = select(table).order_by(table.c.queue, table.c.consumer)
+        with self._transaction() as conn:
+            return [_consumer_from_row(row) for row in conn.execute(query)]
 
     def expire_runs(
         self, epoch: int, run_ids: Sequence[uuid.UUID], *, idle_timeout: float = 10.0
@@ -1129,6 +1225,35 @@ def _due(rows: Iterable[Row[Any]]) -> list[Row[Any]]:
     """The rows put back in the outbox that are due now; the outbox sends the others
     when their ``not_before`` comes."""
     return [row for row in rows if row.not_before is None or row.not_before <= row.now]
+
+
+def _sent_again_or_lost(max_sends: int) -> dict[str, Any]:
+    """The values of a run whose message is presumed lost, no worker having recorded it:
+    back to the outbox, or ``lost`` once its message was sent ``max_sends`` times (its
+    publication and the copies sent since, counted in ``recovery_sends``)."""
+    sent = 1 + runs.c.recovery_sends
+    at_bound = sent >= max_sends
+    given_up = func.concat(
+        "its message was sent ",
+        sent,
+        " times and no worker recorded it: a consumer that does not record runs may have taken it",
+    )
+    return {
+        "state": case((at_bound, RunState.LOST.value), else_=RunState.PENDING.value),
+        "error": case((at_bound, given_up), else_=runs.c.error),
+        "finished_at": case((at_bound, func.now()), else_=runs.c.finished_at),
+        "recovery_sends": runs.c.recovery_sends + case((at_bound, 0), else_=1),
+    }
+
+
+def _consumer_from_row(row: Row[Any]) -> UnrecordedConsumer:
+    return UnrecordedConsumer(
+        queue=row.queue,
+        consumer=row.consumer,
+        first_seen_at=row.first_seen_at,
+        seen_at=row.seen_at,
+        gone_at=row.gone_at,
+    )
 
 
 def _worker_died(lease_seconds: float) -> Any:

@@ -132,6 +132,21 @@ RUNS_LOST = Counter(
     "Runs marked lost by the reaper: their workers kept dying until attempts ran out.",
     registry=REGISTRY,
 )
+RUNS_GIVEN_UP = Counter(
+    "habeat_runs_given_up_total",
+    "Runs marked lost by lost-message recovery: their message was sent its bound of times"
+    " and no worker recorded it (a consumer that does not record runs may have taken it).",
+    registry=REGISTRY,
+)
+UNRECORDED_CONSUMERS = Gauge(
+    "habeat_unrecorded_consumers",
+    "Consumers of a queue that do not record runs (not in beat_workers), as the leader last"
+    " found them with Celery's remote control; queue * counts 1 when no worker answered."
+    " Lost-message recovery falls back to the visibility timeout for these queues.",
+    ["queue"],
+    multiprocess_mode="max",
+    registry=REGISTRY,
+)
 RUNS_SKIPPED = Counter(
     "habeat_runs_skipped_total",
     "Fire times recorded as skipped, by policy: misfire or overlap.",

@@ -168,6 +168,9 @@ runs = Table(
     #: When the retry a worker asked for is due (``retrying``): past it, the leader
     #: looks for its message.
     Column("retry_due_at", TZ),
+    #: Times lost-message recovery sent the run again because no worker recorded it
+    #: and its message was not found (``beat.lost_messages``): bounded.
+    Column("recovery_sends", Integer, nullable=False, server_default=text("0")),
     UniqueConstraint("schedule_id", "fire_at", name="uq_beat_runs_schedule_fire_at"),
     CheckConstraint(_in("state", RunState), name="ck_beat_runs_state"),
 )
@@ -295,4 +298,26 @@ beacons = Table(
     #: The ``run_id`` of the Redis server its connection was opened on.
     Column("redis_server", Text, nullable=False),
     Column("recorded_at", TZ, nullable=False, server_default=text("now()")),
+)
+
+#: Consumers of beat's queues that do not record runs (a worker without this package),
+#: as the leader found them from Celery's remote control (``beat.lost_messages``): while
+#: a row of a queue is kept (twice the visibility timeout after it was last seen),
+#: lost-message recovery sends no run of that queue again. Queue ``*`` with an empty
+#: consumer: no worker answered the control although some record runs (no run is sent
+#: again until they answer).
+#: The queue of a finding about every queue (``beat_unrecorded_consumers``).
+ALL_QUEUES = "*"
+
+unrecorded_consumers = Table(
+    "beat_unrecorded_consumers",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    #: The consumer's Celery node name (``celery@host``).
+    Column("consumer", Text, primary_key=True),
+    Column("first_seen_at", TZ, nullable=False, server_default=text("now()")),
+    #: The last check that found it (database time).
+    Column("seen_at", TZ, nullable=False, server_default=text("now()")),
+    #: The first check that no longer found it; NULL while it is found.
+    Column("gone_at", TZ),
 )

@@ -126,7 +126,10 @@ def store(test_env: SessionEnv) -> Iterator[Store]:
     """A store on an empty schema (tables truncated before each test)."""
     store = Store.connect(test_env.database_url, leader_name=test_env.key_prefix)
     with store.engine.begin() as conn:
-        tables = "beat_runs, beat_schedules, beat_leader, beat_run_minutes, beat_run_summary"
+        tables = (
+            "beat_runs, beat_schedules, beat_leader, beat_run_minutes, beat_run_summary,"
+            " beat_unrecorded_consumers"
+        )
         conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY"))
     yield store
     store.dispose()

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import tornado.web
+from sqlalchemy.exc import SQLAlchemyError
 
 from beat import rendering, timing
 from beat.api import ScheduleFilter, Schedules
@@ -30,7 +31,9 @@ from beat.errors import (
     ScheduleNotFound,
     StoreError,
 )
+from beat.leader_store import UnrecordedConsumer
 from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState
+from beat.tables import ALL_QUEUES
 from beat.ui import charts, forms, wording
 from beat.ui.security import REALM, authorised, is_local_host_header
 
@@ -380,7 +383,25 @@ class ClusterPage(BaseHandler):
     async def get(self) -> None:
         overview = await self.call(self.schedules.cluster_overview)
         health = await self.call(self.schedules.health)
-        self.render("cluster.html", section="cluster", overview=overview, health=health)
+        consumers = await self.call(unrecorded_consumers, self.schedules)
+        self.render(
+            "cluster.html",
+            section="cluster",
+            overview=overview,
+            health=health,
+            consumers=consumers,
+            all_queues=ALL_QUEUES,
+        )
+
+
+def unrecorded_consumers(schedules: Schedules) -> list[UnrecordedConsumer]:
+    """The consumers of beat's queues that do not record runs, as the leader found them
+    (``beat.lost_messages``); none when they cannot be read (the overview names the
+    database's problem)."""
+    try:
+        return schedules.store.unrecorded_consumers()
+    except (HABeatError, SQLAlchemyError):
+        return []
 
 
 class PlotsPage(BaseHandler):

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,12 +67,20 @@ class Cluster:
         env.pop("CELERY_CONFIG_MODULE", None)
         return env
 
-    def start(self, name: str, *args: str, **env: str) -> Process:
+    def start(
+        self,
+        name: str,
+        *args: str,
+        program: Sequence[str] = CELERY,
+        cwd: Path = ROOT,
+        **env: str,
+    ) -> Process:
+        """``program`` (``celery -A app``) with ``args``, in ``cwd``, its output in a log."""
         log = self.workdir / f"{name}.log"
         handle = log.open("ab")  # a restarted process appends to its log
         popen = subprocess.Popen(
-            [*CELERY, *args],
-            cwd=ROOT,
+            [*program, *args],
+            cwd=cwd,
             env=self.process_env() | env,
             stdout=handle,
             stderr=subprocess.STDOUT,

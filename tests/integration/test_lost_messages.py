@@ -1,6 +1,7 @@
 """The leader's search for lost messages (``beat.lost_messages``) against real Redis and
 PostgreSQL: runs published as the leader publishes them, messages taken with kombu's
-own channel, the leader's looks driven by a fake clock."""
+own channel, the leader's looks driven by a fake clock, the workers' replies to Celery's
+remote control given by the test (one worker, which records runs)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ from celery import Celery
 from sqlalchemy import text
 
 from app.factory import create_app
-from beat import dispatch
+from beat import dispatch, lost_messages
 from beat.api import Schedules
-from beat.lost_messages import CHECK_INTERVAL, UNTAKEN_AFTER, LostMessages
+from beat.leader_store import MAX_SENDS
+from beat.lost_messages import (
+    CHECK_INTERVAL,
+    DELIVERY_CLOCK_MARGIN,
+    UNRECORDED_AFTER,
+    UNTAKEN_AFTER,
+    LostMessages,
+)
 from beat.models import RunState, RunToPublish
 from beat.run_store import RunStore
 from beat.store import Store
@@ -33,6 +41,19 @@ def app(test_env: SessionEnv, redis_client: redis.Redis) -> Iterator[Celery]:
     app = create_app(test_env.settings())
     yield app
     app.close()
+
+
+RECORDING_WORKER = "worker1@host"
+
+
+@pytest.fixture(autouse=True)
+def recording_fleet(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One worker consumes ``celery`` and records runs (it is in ``beat_workers``); the
+    leader's checks of the consumers run at once rather than on a thread."""
+    RunStore(store.engine).worker_seen(RECORDING_WORKER, pid=1, booted_at=datetime.now(UTC))
+    replies = {RECORDING_WORKER: ["celery"]}
+    monkeypatch.setattr(lost_messages, "active_queues", lambda *_, **__: replies, raising=False)
+    monkeypatch.setattr(lost_messages, "_start_thread", lambda check: check(), raising=False)
 
 
 class FakeClock:
@@ -55,12 +76,17 @@ def published_run(app: Celery, store: Store, *, seconds_ago: float) -> RunToPubl
     [run] = store.claim_due(1, batch=10, plan=planner).runs
     assert dispatch.publish_runs(app, [run]).published == [run.id]
     assert store.mark_published([run.id]) == 1
+    published_ago(store, seconds_ago)
+    return run
+
+
+def published_ago(store: Store, seconds: float) -> None:
+    """Move the runs' publication ``seconds`` into the past."""
     with store.engine.begin() as conn:
         conn.execute(
             text("UPDATE beat_runs SET published_at = now() - make_interval(secs => :ago)"),
-            {"ago": seconds_ago},
+            {"ago": seconds},
         )
-    return run
 
 
 def taken_by_a_worker_that_dies(
@@ -93,12 +119,20 @@ def taken_by_a_worker_that_dies(
 
 
 def two_looks(lost: LostMessages, clock: FakeClock, store: Store) -> list[RunToPublish]:
-    """Two looks of the leader, as far apart as its check interval."""
-    first = lost.look(store, 1, limit=100, idle_timeout=10)
-    clock.now += CHECK_INTERVAL
-    assert lost.due()
-    second = lost.look(store, 1, limit=100, idle_timeout=10)
-    return [*first.republish, *second.republish]
+    """The leader's looks, as far apart as its check interval, until a message missing in
+    the first is confirmed: three, the consumers checked after it was first missed."""
+    republished: list[RunToPublish] = []
+    for _ in range(3):
+        republished += lost.look(store, 1, limit=100, idle_timeout=10).republish
+        clock.now += CHECK_INTERVAL
+        assert lost.due()
+    return republished
+
+
+def sends_nothing_again(app: Celery, store: Store) -> bool:
+    """The leader's looks until a missing message is confirmed send nothing again."""
+    clock = FakeClock()
+    return two_looks(LostMessages(app, clock=clock), clock, store) == []
 
 
 def test_finding_chaos_seed_1_a_message_taken_by_a_worker_killed_before_its_receipt_is_sent_again(
@@ -109,10 +143,9 @@ def test_finding_chaos_seed_1_a_message_taken_by_a_worker_killed_before_its_rece
     handler recorded the receipt: no receipt lease for the reaper, and the message sat in
     kombu's unacked hash, which the leader counted as held by the broker, so it never sent
     it again; kombu restores it only after the visibility timeout (an hour)."""
-    run = published_run(app, store, seconds_ago=UNTAKEN_AFTER + 30)
-    task_id = taken_by_a_worker_that_dies(
-        app, test_env, redis_client, delivered_ago=UNTAKEN_AFTER + 30
-    )
+    stranded_for = UNRECORDED_AFTER + DELIVERY_CLOCK_MARGIN + 30
+    run = published_run(app, store, seconds_ago=stranded_for)
+    task_id = taken_by_a_worker_that_dies(app, test_env, redis_client, delivered_ago=stranded_for)
     assert task_id == run.celery_task_id
     clock = FakeClock()
 
@@ -131,9 +164,7 @@ def test_a_delivery_whose_receipt_may_still_be_written_is_left_alone(
     ago: its receipt is on its way, the message is held."""
     run = published_run(app, store, seconds_ago=600)
     taken_by_a_worker_that_dies(app, test_env, redis_client, delivered_ago=1)
-    clock = FakeClock()
-
-    assert two_looks(LostMessages(app, clock=clock), clock, store) == []
+    assert sends_nothing_again(app, store)
     [row] = run_rows(store)
     assert (row.id, row.state) == (run.id, RunState.QUEUED.value)
 
@@ -146,9 +177,7 @@ def test_an_old_delivery_does_not_hide_a_copy_waiting_in_the_queue(
     run = published_run(app, store, seconds_ago=600)
     taken_by_a_worker_that_dies(app, test_env, redis_client, delivered_ago=600)
     assert dispatch.publish_runs(app, [run]).published == [run.id]
-    clock = FakeClock()
-
-    assert two_looks(LostMessages(app, clock=clock), clock, store) == []
+    assert sends_nothing_again(app, store)
 
 
 def test_a_run_whose_receipt_was_recorded_is_left_to_the_reaper(
@@ -161,6 +190,84 @@ def test_a_run_whose_receipt_was_recorded_is_left_to_the_reaper(
     assert RunStore(store.engine).note_received(
         run.id, owner="w:1:received", worker="w", lease_seconds=30
     )
-    clock = FakeClock()
+    assert sends_nothing_again(app, store)
 
-    assert two_looks(LostMessages(app, clock=clock), clock, store) == []
+
+def test_a_fresh_delivery_scored_by_a_worker_whose_clock_is_behind_is_held(
+    app: Celery, test_env: SessionEnv, store: Store, redis_client: redis.Redis
+) -> None:
+    """issue 38, the stranded-delivery age check: a worker whose clock is 2 minutes
+    behind took a message a moment ago; kombu scored the delivery with that clock, 2
+    minutes in the past. The age is decided by the database's clock, the score read
+    with a margin: the delivery is held, the run is not sent again."""
+    run = published_run(app, store, seconds_ago=600)
+    taken_by_a_worker_that_dies(app, test_env, redis_client, delivered_ago=120)
+    assert sends_nothing_again(app, store)
+    [row] = run_rows(store)
+    assert (row.id, row.state) == (run.id, RunState.QUEUED.value)
+
+
+def taken_by_a_consumer_that_records_nothing(app: Celery) -> bool:
+    """A consumer the remote control does not show (a plain kombu consumer) takes the
+    oldest message of ``celery`` and acknowledges it; False if there was none."""
+    with app.connection_for_write() as connection:
+        message = connection.default_channel.basic_get("celery", no_ack=True)
+    return message is not None
+
+
+def test_a_run_sent_again_while_nobody_records_it_ends_lost_at_the_bound(
+    app: Celery, store: Store
+) -> None:
+    """issue 38, finding 1, the bound: a consumer that the checks cannot see takes every
+    copy of a run and records nothing. Each copy is missing from the broker, so the
+    run is sent again, but a run's message is sent at most MAX_SENDS times: then it ends
+    ``lost`` with the reason, not sent again for ever."""
+    run = published_run(app, store, seconds_ago=UNTAKEN_AFTER + 1)
+    clock = FakeClock()
+    lost = LostMessages(app, clock=clock)
+    sends = 1
+    for _ in range(2 * MAX_SENDS):
+        assert taken_by_a_consumer_that_records_nothing(app)
+        again = two_looks(lost, clock, store)
+        if not again:
+            break
+        assert dispatch.publish_runs(app, again).published == [run.id]
+        assert store.mark_published([run.id]) == 1
+        sends += 1
+        published_ago(store, UNTAKEN_AFTER + 1)
+
+    assert sends == MAX_SENDS
+    [row] = run_rows(store)
+    assert row.state == RunState.LOST.value
+    assert row.error == (
+        f"its message was sent {MAX_SENDS} times and no worker recorded it: a consumer"
+        " that does not record runs may have taken it"
+    )
+    assert row.finished_at is not None
+
+
+def test_the_consumers_found_are_kept_with_their_times_and_said_once(store: Store) -> None:
+    """What the leader's checks found about consumers that do not record runs: new or
+    back pairs are returned (to be said once), a pair not found is gone since that
+    check, and a pair last seen longer ago than ``forget_after`` is deleted."""
+    assert store.take_leadership(1, "leader")
+    pair = ("celery", "celery@old-image")
+
+    [new] = store.record_consumers(1, [pair], forget_after=3600)
+    assert (new.queue, new.consumer, new.gone_at) == (*pair, None)
+    assert store.record_consumers(1, [pair], forget_after=3600) == [], "said once"
+    assert store.record_consumers(1, [], forget_after=3600) == []
+    [gone] = store.unrecorded_consumers()
+    assert gone.gone_at is not None
+    assert gone.first_seen_at == new.first_seen_at
+    [back] = store.record_consumers(1, [pair], forget_after=3600)
+    assert back.gone_at is None, "back: said again"
+    [silent] = store.record_consumers(1, [("*", "")], forget_after=3600, answered=False)
+    assert (silent.queue, silent.gone_at) == ("*", None)
+    assert [entry.gone_at for entry in store.unrecorded_consumers()] == [None, None], (
+        "a check nobody answered says nothing of the consumer it did not name"
+    )
+
+    time.sleep(0.01)
+    assert store.record_consumers(1, [], forget_after=0) == []
+    assert store.unrecorded_consumers() == []

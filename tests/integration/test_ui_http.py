@@ -390,3 +390,19 @@ def test_postgres_unreachable_is_a_503_that_says_so_on_pages_and_api(app: Celery
             assert "is unreachable" in api.json()["error"]
     finally:
         closed.dispose()
+
+
+def test_the_cluster_page_lists_the_consumers_that_do_not_record_runs(
+    serve: Callable[..., UI], store: Store
+) -> None:
+    """issue 38, finding 1: what the leader found about a worker without this package on
+    beat's queue is on the cluster page, in its table and in the health table."""
+    assert store.take_leadership(1, "leader")
+    store.record_consumers(1, [("celery", "celery@old-image")], forget_after=3600)
+    page = serve().request("/cluster")
+    assert page.status == 200
+    table = page.body[page.body.index('id="unrecorded-consumers"') :]
+    assert "celery@old-image" in table[: table.index("</table>")]
+    assert "consuming" in table[: table.index("</table>")]
+    health = page.body[page.body.index('id="health"') :]
+    assert "queue celery is consumed by celery@old-image" in health[: health.index("</table>")]
