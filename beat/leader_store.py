@@ -1146,7 +1146,9 @@ def _worker_died(lease_seconds: float) -> Any:
     after the run's lease expired, or just before. Dead, it was last seen about
     when the run's last heartbeat was, a whole lease before the expiry. Half a
     lease tells the two apart. A worker started again since the run started is
-    another process: the one that ran it died. A worker with no row (it does not
+    another process: the one that ran it died (both instants by the database's
+    clock: a worker records its start as PostgreSQL's time less its uptime,
+    ``beat.run_tracking.WorkerHeartbeat``). A worker with no row (it does not
     import ``beat.run_tracking``) cannot be judged: the attempt counts."""
     half_lease = func.make_interval(0, 0, 0, 0, 0, 0, lease_seconds / 2)
     return (

@@ -504,8 +504,8 @@ class RunStore(StoreConnection):
     def worker_seen(
         self, name: str, *, pid: int, booted_at: datetime, session: Session | None = None
     ) -> None:
-        """The worker ``name`` (its process ``pid``, started at ``booted_at``, keeping
-        the beacon ``session``) is alive."""
+        """The worker ``name`` (its process ``pid``, started at ``booted_at`` by the
+        database's clock, keeping the beacon ``session``) is alive."""
         statement = pg_insert(workers).values(
             name=name,
             pid=pid,

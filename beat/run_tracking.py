@@ -205,7 +205,9 @@ class WorkerHeartbeat:
         self.hostname = hostname
         self.owner = f"{hostname}:{os.getpid()}:received"
         self.lease_seconds = lease_seconds
-        self.booted_at = datetime.now(UTC)
+        self._started = time.monotonic()
+        #: When this process started, by the database's clock (read at its first renewal).
+        self.booted_at: datetime | None = None
         self._taken: dict[uuid.UUID, tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -225,19 +227,36 @@ class WorkerHeartbeat:
 
     def _beat(self) -> None:
         while True:
-            held = self._still_held()
-            try:
-                # The leases first: opening a lost half of the beacon again may take time.
-                self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
-                self.store.worker_seen(
-                    self.hostname,
-                    pid=os.getpid(),
-                    booted_at=self.booted_at,
-                    session=self.beacon(),
-                )
-            except HABeatError as exc:
-                logger.warning("could not renew this worker's leases (%d runs): %s", len(held), exc)
+            self.renew()
             time.sleep(self.lease_seconds / 3)
+
+    def renew(self) -> None:
+        """Renew the receipt leases of the runs still in hand, and this worker's presence."""
+        held = self._still_held()
+        try:
+            # The leases first: opening a lost half of the beacon again may take time.
+            self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
+            self.store.worker_seen(
+                self.hostname,
+                pid=os.getpid(),
+                booted_at=self._boot_time(),
+                session=self.beacon(),
+            )
+        except HABeatError as exc:
+            logger.warning("could not renew this worker's leases (%d runs): %s", len(held), exc)
+
+    def _boot_time(self) -> datetime:
+        """When this process started, by the database's clock: PostgreSQL's time less
+        the monotonic seconds since, read once and kept, so every renewal of this
+        process records the same instant. The reaper compares it with the start of a run
+        (``_worker_died`` in ``beat.leader_store``) to tell a restarted worker from the
+        same one: a wall clock set wrong would make either read as the other. The time
+        the query takes counts as elapsed: the instant is early by at most that."""
+        if self.booted_at is None:
+            database_now = self.store.database_now()
+            elapsed = time.monotonic() - self._started
+            self.booted_at = database_now - timedelta(seconds=elapsed)
+        return self.booted_at
 
     def _still_held(self) -> list[uuid.UUID]:
         from celery.worker import state
