@@ -109,6 +109,28 @@ def plain_retry_later(self: Any, label: str, countdown: float) -> str:
     return self.request.id
 
 
+def _retry_on(task: Any, label: str, countdown: float, queue: str) -> str:
+    """Record this attempt's start (the database's clock, labelled with its retry count,
+    in a transaction of its own: a retrying attempt's session is rolled back), and ask
+    for one retry ``countdown`` s later, sent to ``queue``."""
+    _record_plain_effect(task.request.id, f"{label}:{task.request.retries}")
+    if task.request.retries < 1:
+        raise task.retry(countdown=countdown, queue=queue)
+    return str(task.request.id)
+
+
+@celery_app.task(name="e2e.plain_retry_on", bind=True, max_retries=3)
+def plain_retry_on(self: Any, label: str, countdown: float, queue: str) -> str:
+    """A plain task whose retry, ``countdown`` s later, is taken from ``queue``."""
+    return _retry_on(self, label, countdown, queue)
+
+
+@celery_app.task(name="e2e.retry_on", bind=True, base=IdempotentTask, max_retries=3)
+def retry_on(self: IdempotentTask, label: str, countdown: float, queue: str) -> str:
+    """The same on the idempotent base."""
+    return _retry_on(self, label, countdown, queue)
+
+
 @celery_app.task(name="e2e.crash", bind=True, base=IdempotentTask)
 def crash(self: IdempotentTask, label: str) -> None:
     """Kills the process that runs it, as a job that exhausts its memory would."""

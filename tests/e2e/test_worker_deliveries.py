@@ -214,3 +214,44 @@ def test_a_worker_whose_clock_is_behind_does_not_start_a_plain_run_past_its_expi
     assert run.state == RunState.EXPIRED.value
     assert run.started_at is None
     assert str(run.id) not in cluster.effects()
+
+
+@pytest.mark.parametrize("task", ["e2e.plain_retry_on", "e2e.retry_on"])
+def test_a_retry_asked_for_by_a_worker_whose_clock_is_behind_waits_its_countdown_elsewhere(
+    cluster: Cluster, store: Store, task: str
+) -> None:
+    """issue 38, finding 1 (retry due times): a worker whose wall clock is 2 minutes
+    behind runs a beat run that asks for a retry 10 s later (Celery puts the ETA in the
+    message by that worker's clock); the retry is taken by a worker whose clock is right,
+    and does not start before the first attempt's start + 10 s by the database's clock.
+    Plain and idempotent tasks alike."""
+    countdown = 10
+    cluster.settings = FAST
+    cluster.beat("beat0")
+    behind = cluster.worker("worker0", 2, "threads", ("-Q", "behind"), **skewed(-SKEW))
+    in_step = cluster.worker("worker1", 2, "threads", ("-Q", "in-step"))
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    ready(behind)
+    ready(in_step)
+    Schedules(store).create(
+        "retried",
+        task,
+        at=datetime.now(UTC),
+        args=["attempt", countdown, "in-step"],
+        options={"queue": "behind"},
+        allow_unregistered=True,
+    )
+    wait_until(lambda: state_of(store, "retried") in FINAL, timeout=60, interval=0.2)
+    run = one_run(store, "retried")
+    times = effect_times(store, str(run.id))
+    print(f"run {run.state} on {run.worker}, retry due {run.retry_due_at}, attempts {times}")
+    assert run.state == RunState.SUCCEEDED.value
+    assert (run.worker or "").startswith("worker1"), "the retry ran on the worker in step"
+    assert times["attempt:1"] - times["attempt:0"] >= timedelta(seconds=countdown), (
+        "the retry started before its countdown ended by the database's clock"
+    )
+    # The due time a plain retry's receipt records (the leader would send the retry
+    # again then, were its worker to die) is that instant too.
+    assert run.retry_due_at - times["attempt:0"] >= timedelta(seconds=countdown), (
+        "the run records its retry as due before its countdown ended"
+    )
