@@ -131,6 +131,18 @@ def retry_on(self: IdempotentTask, label: str, countdown: float, queue: str) -> 
     return _retry_on(self, label, countdown, queue)
 
 
+@celery_app.task(name="e2e.plain_retry_then_die", bind=True, max_retries=3)
+def plain_retry_then_die(self: Any, label: str, countdown: float, queue: str) -> str:
+    """A plain task that asks for one retry ``countdown`` s later, sent to ``queue``, and
+    kills its worker before the attempt's outcome is recorded: only the worker that
+    receives the retry can record when it is due."""
+    _record_plain_effect(self.request.id, f"{label}:{self.request.retries}")
+    if self.request.retries < 1:
+        self.retry(countdown=countdown, queue=queue, throw=False)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return str(self.request.id)
+
+
 @celery_app.task(name="e2e.crash", bind=True, base=IdempotentTask)
 def crash(self: IdempotentTask, label: str) -> None:
     """Kills the process that runs it, as a job that exhausts its memory would."""
