@@ -129,6 +129,10 @@ class Leader(Protocol):
 
     @property
     def epoch(self) -> int | None: ...
+    @property
+    def database(self) -> DatabaseClock | None:
+        """PostgreSQL's clock as the takeover of this term read it."""
+
     def lead(self) -> int | None: ...
     def made_progress(self) -> None: ...
     def confirm_for_send(self) -> None: ...
@@ -241,7 +245,8 @@ class LeaderLoop:
         self.sends: Sends = sends or OverlappedSend()
         #: A burst's batch claimed while the send before it failed: sent next pass.
         self._carried: list[RunToPublish] = []
-        #: The database's clock as the last claim read it: messages' expiry counts on it.
+        #: The database's clock as the last claim read it (before this term's first
+        #: claim, as the takeover did): messages' expiry and lateness count on it.
         self.database: DatabaseClock | None = None
 
     def run_once(self) -> None:
@@ -264,6 +269,8 @@ class LeaderLoop:
         if epoch is None:
             self.stand_by()
             return
+        if self.database is None:  # no claim yet in this term: the takeover's reading
+            self.database = self.leadership.database
         if self._carried:
             carried, self._carried = self._carried, []
             self._publish(carried, source=CLAIM)
@@ -308,6 +315,7 @@ class LeaderLoop:
         """Not leading: hold nothing in memory, wait for the next attempt."""
         self.sends.finish_quietly()
         self._carried = []  # the next leader publishes them from its outbox, at once
+        self.database = None  # a term of its own reads the database's clock afresh
         self.drop_armed()
         self.lost_messages.forget()
         self._in_burst = False
@@ -578,12 +586,16 @@ class LeaderLoop:
             margin = deadline - started - result.built_in
             self.report.built_ahead(len(runs), result.built_in, margin)
         self.store.mark_published(result.published)
-        self.report.published(runs, result.published, source)
+        self.report.published(runs, result.published, source, self._database_now())
         if result.rejected:
             self._reject(result.rejected)
         if result.error is not None:
             self.report.publish_failed()
             raise result.error
+
+    def _database_now(self) -> datetime | None:
+        """The database's time now, by the last reading of it; None without one."""
+        return None if self.database is None else self.database.now_at(self.clock())
 
     def _reject(self, rejected: list[UnpublishableRun]) -> None:
         """Fail the runs whose message cannot be built and quarantine their schedules,

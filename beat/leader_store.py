@@ -308,9 +308,11 @@ class LeaderStore(StoreConnection):
         *,
         session: Session | None = None,
         lock_timeout: float = 2.0,
-    ) -> bool:
+    ) -> datetime | None:
         """Record ``epoch`` as the newest, with the ``session`` its holder keeps for its
-        term (``beat.liveness``); False if an equal or newer epoch is recorded.
+        term (``beat.liveness``), and return PostgreSQL's clock as the statement that
+        recorded it read it (the new leader's first reading of the database's time,
+        before its first claim); None if an equal or newer epoch is recorded.
 
         Waits for claims in flight (they hold the row in share mode), at most
         ``lock_timeout`` seconds, so a stalled old leader cannot block a takeover
@@ -333,12 +335,17 @@ class LeaderStore(StoreConnection):
                 set_={**values, "acquired_at": func.now()},
                 where=leader.c.epoch < epoch,
             )
-            .returning(leader.c.epoch)
+            # Read once the row is ours (not now(): the transaction may have waited).
+            .returning(leader.c.epoch, func.clock_timestamp())
         )
         try:
             with self._transaction() as conn:
                 conn.execute(text(f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'"))
-                return conn.execute(statement).scalar_one_or_none() == epoch
+                row = conn.execute(statement).one_or_none()
+                if row is None or row[0] != epoch:
+                    return None
+                taken_at: datetime = row[1]
+                return taken_at
         except StoreUnavailable as exc:
             if isinstance(exc.__cause__, DBAPIError) and isinstance(
                 exc.__cause__.orig, psycopg.errors.LockNotAvailable
@@ -346,7 +353,7 @@ class LeaderStore(StoreConnection):
                 logger.warning(
                     "takeover waited %.1fs for a claim in flight; will retry", lock_timeout
                 )
-                return False
+                return None
             raise
 
     def leader_without_session(self) -> tuple[str, RedisHalf] | None:
@@ -1264,7 +1271,9 @@ def _worker_died(lease_seconds: float) -> Any:
     after the run's lease expired, or just before. Dead, it was last seen about
     when the run's last heartbeat was, a whole lease before the expiry. Half a
     lease tells the two apart. A worker started again since the run started is
-    another process: the one that ran it died. A worker with no row (it does not
+    another process: the one that ran it died (both instants by the database's
+    clock: a worker records its start as PostgreSQL's time less its uptime,
+    ``beat.run_tracking.WorkerHeartbeat``). A worker with no row (it does not
     import ``beat.run_tracking``) cannot be judged: the attempt counts."""
     half_lease = func.make_interval(0, 0, 0, 0, 0, 0, lease_seconds / 2)
     return (

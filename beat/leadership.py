@@ -4,7 +4,10 @@ health watchdog that lets the lease go when this process cannot do the work.
 - **Take**: a standby takes the lease when it is free (``beat.leader``) and
   gets a new epoch; it leads once PostgreSQL's leader row records that epoch
   (if the row already holds a newer one, Redis lost its counter: the epoch is
-  raised above it once). Every write of the leader is fenced by that row.
+  raised above it once). Every write of the leader is fenced by that row. The
+  statement that records the epoch also reads PostgreSQL's clock: until its
+  first claim, the new leader times what it sends (the outbox and the reaper's
+  runs it inherits) by that reading (``database``), never by its host's clock.
 - **Keep**: the lease is renewed from a thread of its own while the watchdog
   says the loop makes progress; a loop that fails or hangs for longer than its
   longest step lets the lease go, so a standby that can reach PostgreSQL leads.
@@ -26,8 +29,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Protocol
 
+from beat.armed import DatabaseClock
 from beat.errors import HABeatError, LeaseUnavailable, StaleEpoch
 from beat.leader import DRIFT_MARGIN
 from beat.liveness import Session
@@ -54,7 +59,7 @@ class LeaderRow(Protocol):
     def current_epoch(self) -> int: ...
     def take_leadership(
         self, epoch: int, holder: str, *, session: Session | None = ...
-    ) -> bool: ...
+    ) -> datetime | None: ...
     def notify_leader_released(self) -> None: ...
 
 
@@ -125,6 +130,8 @@ class Leadership:
         self._presence = presence or _NoPresence()
         self._epoch: int | None = None
         self._progress = clock()
+        #: PostgreSQL's clock as the takeover of this term read it (None before one).
+        self.database: DatabaseClock | None = None
 
     @property
     def epoch(self) -> int | None:
@@ -183,12 +190,20 @@ class Leadership:
         """Record our epoch (and the session we keep for the term) in PostgreSQL; if a
         newer epoch is there (Redis lost its counter), raise ours above it once."""
         holder = self._lease.holder
-        if self._row.take_leadership(epoch, holder, session=session):
+        if self._took(epoch, holder, session):
             return epoch
         bumped = self._lease.bump_epoch(self._row.current_epoch())
-        if bumped is not None and self._row.take_leadership(bumped, holder, session=session):
+        if bumped is not None and self._took(bumped, holder, session):
             return bumped
         return None
+
+    def _took(self, epoch: int, holder: str, session: Session | None) -> bool:
+        """Record ``epoch``; if it was, keep the database's clock the statement read."""
+        taken_at = self._row.take_leadership(epoch, holder, session=session)
+        if taken_at is None:
+            return False
+        self.database = DatabaseClock(now=taken_at, clock=self._clock())
+        return True
 
     def made_progress(self) -> None:
         """The loop did a leader's work (a fenced claim committed, a wait ended)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from beat import metrics
@@ -199,19 +199,25 @@ class Reporter:
     # -- publish --------------------------------------------------------------------
 
     def published(
-        self, runs: Sequence[RunToPublish], published: Sequence[Any], source: str
+        self,
+        runs: Sequence[RunToPublish],
+        published: Sequence[Any],
+        source: str,
+        database_now: datetime | None = None,
     ) -> None:
+        """Runs were published when the database's clock showed ``database_now``: their
+        lateness counts by it (a host's wall clock may be off by minutes), and is not
+        measured without it."""
         metrics.RUNS_PUBLISHED.inc(len(published))
         done = set(published)
-        now = datetime.now(UTC)
         for run in runs:
             if run.id not in done:
                 continue
             if source == OUTBOX and run.not_before is None:
                 metrics.OUTBOX_REPUBLISHED.inc()  # a jittered run's time came: not a repair
-            if source != RECLAIM and run.fire_at is not None:
+            if source != RECLAIM and run.fire_at is not None and database_now is not None:
                 due = max(run.fire_at, run.not_before or run.fire_at)
-                metrics.RUN_LATENESS.observe(max(0.0, (now - due).total_seconds()))
+                metrics.RUN_LATENESS.observe(max(0.0, (database_now - due).total_seconds()))
 
     def built_ahead(self, runs: int, seconds: float, margin: float) -> None:
         """The messages of ``runs`` armed runs were built in ``seconds``, ``margin``

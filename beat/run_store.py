@@ -426,17 +426,20 @@ class RunStore(StoreConnection):
         lease_seconds: float,
         retries: int,
         expires: datetime | None = None,
+        retry_due_at: datetime | None = None,
         retry_due_in: float | None = None,
     ) -> Started | Refused:
         """A worker took the message of a plain run: hold it (under ``owner``'s lease,
         renewed by ``heartbeat_received``) if it may start, else refuse the delivery;
         past ``expires`` by the database's clock, the run ends ``expired`` (refused).
 
-        The message of a retry waits here for its countdown, ``retry_due_in`` seconds
-        (measured on the worker's clock from the ETA the retrying worker set): the run
-        keeps that due time, so that if this worker dies, the retry is not sent again
-        before it. (The retry may arrive before the attempt that asked for it has
-        recorded its outcome, and then only the receipt knows the due time.)"""
+        The message of a retry waits here for its countdown, until ``retry_due_at`` (the
+        instant by the database's clock the retrying worker put in the message) or,
+        without it, ``retry_due_in`` seconds (measured on this worker's clock from the
+        ETA): the run keeps that due time, so that if this worker dies, the retry is
+        not sent again before it. (The retry may arrive before the attempt that asked
+        for it has recorded its outcome, and then only the receipt knows the due
+        time.)"""
         values: dict[str, Any] = {
             "state": RunState.RUNNING.value,
             "plain": True,
@@ -446,7 +449,9 @@ class RunStore(StoreConnection):
             "lease_owner": owner,
             "lease_expires_at": _lease_until(lease_seconds),
         }
-        if retry_due_in is not None:
+        if retry_due_at is not None:
+            values["retry_due_at"] = func.greatest(runs.c.retry_due_at, retry_due_at)
+        elif retry_due_in is not None:
             values["retry_due_at"] = func.greatest(
                 runs.c.retry_due_at, _lease_until(max(0.0, retry_due_in))
             )
@@ -504,8 +509,8 @@ class RunStore(StoreConnection):
     def worker_seen(
         self, name: str, *, pid: int, booted_at: datetime, session: Session | None = None
     ) -> None:
-        """The worker ``name`` (its process ``pid``, started at ``booted_at``, keeping
-        the beacon ``session``) is alive."""
+        """The worker ``name`` (its process ``pid``, started at ``booted_at`` by the
+        database's clock, keeping the beacon ``session``) is alive."""
         statement = pg_insert(workers).values(
             name=name,
             pid=pid,

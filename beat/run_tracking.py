@@ -36,7 +36,7 @@ lists it); no task has to change. It covers what the idempotent base
   nothing. Celery, though, discards a message whose ``expires`` passed by the
   worker's clock before any handler of ours sees it (in its strategy, and again
   when an ETA comes). So, before Celery reads a message of beat's, the consumer
-  step ``ExpiryOnTheDatabaseClock`` moves the ``expires`` header onto this
+  step ``TimesOnTheDatabaseClock`` moves the ``expires`` header onto this
   worker's clock: the instant plus how far this clock reads ahead of
   PostgreSQL's (``WorkerClock``: the server's ``clock_timestamp()`` against the
   midpoint of the local clock around the round trip, plus half that round trip,
@@ -49,10 +49,21 @@ lists it); no task has to change. It covers what the idempotent base
   expired, the run ends ``expired``; not, it goes back to the leader's outbox to
   be sent again (not before a retry is due), and Celery's memory of the ID as
   revoked is cleared so this worker takes the next delivery.
-- **Retries' due times**: a plain retry's message received for its countdown
-  records when the retry is due (``retry_due_at``, the database's now plus the
-  countdown left), so that if the worker holding it dies the leader sends it
-  again at that time, not before.
+- **Retries' due times, by the database's clock**: Celery writes a retry's ETA
+  (``self.retry(countdown=...)``, ``autoretry_for``'s back-off) by the clock of the
+  worker that asks for it, and the worker that receives it waits for it by its own:
+  two clocks apart by two minutes would start the retry two minutes early (or
+  late). So a worker that publishes a message of beat's run with an ETA also puts
+  the due instant by the database's clock in it (``DUE_HEADER``: the ETA less how
+  far its clock reads ahead of PostgreSQL's at least, ``before_task_publish``), and
+  the receiving worker's consumer step moves the ``eta`` onto its own clock from
+  that instant (plus how far its clock reads ahead at most), as it moves
+  ``expires``: the retry never starts before it is due by the database's clock. A
+  plain retry's message received for its countdown records that instant
+  (``retry_due_at``), so that if the worker holding it dies the leader sends it
+  again at that time, not before. A message without the instant (the sender could
+  not reach PostgreSQL, or does not run this package) waits for its ETA as Celery
+  wrote it.
 
 Only runs beat published are recorded (their messages carry beat's headers);
 other tasks are left to Celery.
@@ -72,10 +83,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
-from celery import bootsteps
+from celery import bootsteps, current_app
 from celery.app.trace import fast_trace_task, trace_task_ret
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 from celery.signals import (
+    before_task_publish,
     task_postrun,
     task_received,
     task_revoked,
@@ -118,6 +130,10 @@ RECEIPT_GRACE = 5.0
 #: The header that keeps a run's expiry instant (the database's clock) once ``expires``
 #: is moved onto a worker's clock for Celery's own check.
 EXPIRES_HEADER = "habeat_expires"
+#: The header that carries a message's due instant by the database's clock, with the
+#: ``eta`` it stands for (a retry copies its parent's headers: an instant whose ``eta``
+#: is not the message's is an earlier one's).
+DUE_HEADER = "habeat_due"
 #: The key of a request's headers that holds the attempt its receipt took (plain runs).
 RECEIPT_KEY = "habeat_receipt_attempt"
 #: Seconds Celery's own expiry check is put after the database's (besides the
@@ -164,7 +180,21 @@ def seconds_until(when: Any) -> float:
 def run_expiry(fields: Mapping[str, Any]) -> datetime | None:
     """When the run of a delivery (its headers, or a task's request) expires, by the
     database's clock: the instant beat put in the message; None if it has none."""
-    when = fields.get(EXPIRES_HEADER) or fields.get("expires")
+    return _instant(fields.get(EXPIRES_HEADER) or fields.get("expires"))
+
+
+def retry_due(fields: Mapping[str, Any]) -> datetime | None:
+    """When a delivery with an ``eta`` (a retry) is due by the database's clock, as the
+    worker that sent it put it in ``DUE_HEADER``; None if it has no ``eta``, or no
+    instant for that ``eta``."""
+    carried, eta = fields.get(DUE_HEADER), fields.get("eta")
+    if not eta or not isinstance(carried, Mapping) or carried.get("eta") != eta:
+        return None
+    return _instant(carried.get("due"))
+
+
+def _instant(when: Any) -> datetime | None:
+    """An instant written in a message (ISO 8601), aware; None if it is not one."""
     if isinstance(when, str):
         try:
             when = datetime.fromisoformat(when)
@@ -205,7 +235,9 @@ class WorkerHeartbeat:
         self.hostname = hostname
         self.owner = f"{hostname}:{os.getpid()}:received"
         self.lease_seconds = lease_seconds
-        self.booted_at = datetime.now(UTC)
+        self._started = time.monotonic()
+        #: When this process started, by the database's clock (read at its first renewal).
+        self.booted_at: datetime | None = None
         self._taken: dict[uuid.UUID, tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -225,19 +257,36 @@ class WorkerHeartbeat:
 
     def _beat(self) -> None:
         while True:
-            held = self._still_held()
-            try:
-                # The leases first: opening a lost half of the beacon again may take time.
-                self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
-                self.store.worker_seen(
-                    self.hostname,
-                    pid=os.getpid(),
-                    booted_at=self.booted_at,
-                    session=self.beacon(),
-                )
-            except HABeatError as exc:
-                logger.warning("could not renew this worker's leases (%d runs): %s", len(held), exc)
+            self.renew()
             time.sleep(self.lease_seconds / 3)
+
+    def renew(self) -> None:
+        """Renew the receipt leases of the runs still in hand, and this worker's presence."""
+        held = self._still_held()
+        try:
+            # The leases first: opening a lost half of the beacon again may take time.
+            self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
+            self.store.worker_seen(
+                self.hostname,
+                pid=os.getpid(),
+                booted_at=self._boot_time(),
+                session=self.beacon(),
+            )
+        except HABeatError as exc:
+            logger.warning("could not renew this worker's leases (%d runs): %s", len(held), exc)
+
+    def _boot_time(self) -> datetime:
+        """When this process started, by the database's clock: PostgreSQL's time less
+        the monotonic seconds since, read once and kept, so every renewal of this
+        process records the same instant. The reaper compares it with the start of a run
+        (``_worker_died`` in ``beat.leader_store``) to tell a restarted worker from the
+        same one: a wall clock set wrong would make either read as the other. The time
+        the query takes counts as elapsed: the instant is early by at most that."""
+        if self.booted_at is None:
+            database_now = self.store.database_now()
+            elapsed = time.monotonic() - self._started
+            self.booted_at = database_now - timedelta(seconds=elapsed)
+        return self.booted_at
 
     def _still_held(self) -> list[uuid.UUID]:
         from celery.worker import state
@@ -287,17 +336,29 @@ class WorkerClock:
 
     def __init__(self, store: RunStore) -> None:
         self.store = store
-        self._ahead: float | None = None
+        #: (at least, at most) seconds ahead, as last measured.
+        self._bounds: tuple[float, float] | None = None
         self._measured = -CLOCK_MAX_AGE
         self._lock = threading.Lock()
 
     def ahead(self) -> float | None:
         """Seconds this clock reads ahead of the database's at most (negative: behind),
-        measured again when older than ``CLOCK_MAX_AGE``; None if it never could be."""
+        measured again when older than ``CLOCK_MAX_AGE``; None if it never could be.
+        An instant of the database's plus this is never early on this clock."""
+        bounds = self._fresh_bounds()
+        return None if bounds is None else bounds[1]
+
+    def ahead_at_least(self) -> float | None:
+        """Seconds this clock reads ahead of the database's at least (as ``ahead``). An
+        instant of this clock less this is never early on the database's."""
+        bounds = self._fresh_bounds()
+        return None if bounds is None else bounds[0]
+
+    def _fresh_bounds(self) -> tuple[float, float] | None:
         with self._lock:
             if time.monotonic() - self._measured >= CLOCK_MAX_AGE:
                 self._measure()
-            return self._ahead
+            return self._bounds
 
     def _measure(self) -> None:
         try:
@@ -307,7 +368,8 @@ class WorkerClock:
         except HABeatError as exc:
             logger.warning("could not measure this worker's clock against PostgreSQL: %s", exc)
             return
-        self._ahead = (before + after) / 2 - server + (after - before) / 2
+        midpoint, half_trip = (before + after) / 2 - server, (after - before) / 2
+        self._bounds = (midpoint - half_trip, midpoint + half_trip)
         self._measured = time.monotonic()
 
 
@@ -323,26 +385,58 @@ def _clock_of(config: BeatConfig) -> WorkerClock:
         return clock
 
 
-def retime_expiry(headers: dict[str, Any], clock: WorkerClock) -> None:
-    """Move the ``expires`` of a message beat published onto this worker's clock, for
-    Celery's own check; the instant itself stays in ``EXPIRES_HEADER``."""
+def retime(headers: dict[str, Any], clock: WorkerClock) -> None:
+    """Move the times of a message beat published onto this worker's clock, for
+    Celery's own checks: its ``expires`` (the instant itself stays in
+    ``EXPIRES_HEADER``) and the ``eta`` of a retry (from the instant in ``DUE_HEADER``,
+    which then names the new ``eta``)."""
     if headers.get(ATTEMPT_HEADER) is None:
         return
-    instant = run_expiry(headers)
-    if instant is None:
+    instant, due = run_expiry(headers), retry_due(headers)
+    if instant is None and due is None:
         return
     ahead = clock.ahead()
-    if ahead is None:  # Celery checks the instant as it is; a discard is settled by the database
+    if ahead is None:  # Celery checks them as they are; a discard is settled by the database
         return
-    headers[EXPIRES_HEADER] = instant.isoformat()
-    headers["expires"] = (instant + timedelta(seconds=ahead + EXPIRY_MARGIN)).isoformat()
+    if instant is not None:
+        headers[EXPIRES_HEADER] = instant.isoformat()
+        headers["expires"] = (instant + timedelta(seconds=ahead + EXPIRY_MARGIN)).isoformat()
+    if due is not None:
+        headers["eta"] = (due + timedelta(seconds=ahead)).isoformat()
+        headers[DUE_HEADER] = {"eta": headers["eta"], "due": due.isoformat()}
 
 
-class ExpiryOnTheDatabaseClock(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Consumer bootstep: each message's ``expires`` is moved onto this worker's clock
-    before Celery checks it (see the module docstring)."""
+def carry_due_instant(headers: dict[str, Any], clock: WorkerClock) -> None:
+    """A message of beat's run that this worker sends with an ``eta`` (a retry, written
+    by this worker's clock) carries its due instant by the database's clock too, for
+    the worker that receives it (``retime``); without a measure of this clock it
+    carries none, and waits for its ``eta`` as written."""
+    if headers.get(ATTEMPT_HEADER) is None:
+        return
+    headers.pop(DUE_HEADER, None)  # an earlier retry's, copied with the parent's headers
+    eta = _instant(headers.get("eta"))
+    if eta is None:
+        return
+    least = clock.ahead_at_least()
+    if least is not None:
+        due = eta - timedelta(seconds=least)
+        headers[DUE_HEADER] = {"eta": headers["eta"], "due": due.isoformat()}
 
-    label = "expiry on the database's clock"
+
+def _due_on_the_database_clock(headers: Any = None, **_: Any) -> None:
+    """``before_task_publish``, in whatever process publishes (a pool process retrying)."""
+    if not isinstance(headers, dict) or headers.get(ATTEMPT_HEADER) is None:
+        return
+    app = current_app._get_current_object()
+    if uses_this_scheduler(app.conf):
+        carry_due_instant(headers, _clock_of(BeatConfig.from_celery_conf(app.conf)))
+
+
+class TimesOnTheDatabaseClock(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Consumer bootstep: each message's ``expires`` and ``eta`` are moved onto this
+    worker's clock before Celery reads them (see the module docstring)."""
+
+    label = "times on the database's clock"
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def __init__(self, c: Any, **kwargs: Any) -> None:
@@ -355,7 +449,7 @@ class ExpiryOnTheDatabaseClock(bootsteps.StartStopStep):  # type: ignore[misc]
 
             def retimed(message: Any) -> Any:
                 if isinstance(message.headers, dict):
-                    retime_expiry(message.headers, clock)
+                    retime(message.headers, clock)
                 return on_task_received(message)
 
             return retimed
@@ -366,7 +460,7 @@ class ExpiryOnTheDatabaseClock(bootsteps.StartStopStep):  # type: ignore[misc]
 def _add_consumer_step(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is not None and uses_this_scheduler(app.conf):
-        app.steps["consumer"].add(ExpiryOnTheDatabaseClock)
+        app.steps["consumer"].add(TimesOnTheDatabaseClock)
 
 
 # -- receipt (the worker's main process) ------------------------------------------------
@@ -385,6 +479,7 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
     leases = _leases_of(config, request.hostname or "worker")
     run_id = run_id_for(request.id)
     expires = run_expiry(context)
+    due = retry_due(context)
     try:
         if is_guarded(request.task):
             if expires is not None and leases.store.expire_if_past(run_id, expires):
@@ -407,7 +502,9 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
             lease_seconds=config.lease_timeout,
             retries=int(context.get("retries") or 0),
             expires=expires,
-            retry_due_in=seconds_until(request.eta) if request.eta else None,
+            retry_due_at=due,
+            # Without the instant, the ETA as this worker's clock reads it.
+            retry_due_in=seconds_until(request.eta) if request.eta and due is None else None,
         )
     except HABeatError as exc:
         if is_guarded(request.task):
@@ -706,6 +803,9 @@ def install() -> None:
     task_revoked.connect(_record_expiry, weak=False, dispatch_uid="habeat.record_expiry")
     worker_ready.connect(_worker_ready, weak=False, dispatch_uid="habeat.worker_ready")
     worker_init.connect(_add_consumer_step, weak=False, dispatch_uid="habeat.expiry_step")
+    before_task_publish.connect(
+        _due_on_the_database_clock, weak=False, dispatch_uid="habeat.due_on_the_database_clock"
+    )
 
 
 install()

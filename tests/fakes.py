@@ -645,14 +645,14 @@ class FakeClaimStore:
         *,
         session: Session | None = None,
         lock_timeout: float = 2.0,
-    ) -> bool:
+    ) -> datetime | None:
         """As ``LeaderStore.take_leadership``; the session is not kept: in memory no
         process dies, so crash detection has nothing to judge."""
         self._enter("take_leadership")
         if self.leader is not None and self.leader.epoch >= epoch:
-            return False
+            return None
         self.leader = LeaderRowState(epoch=epoch, holder=holder, acquired_at=self.clock.now())
-        return True
+        return self.clock.now()
 
     def notify_leader_released(self) -> None:
         self._enter("notify_leader_released")

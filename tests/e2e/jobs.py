@@ -109,6 +109,40 @@ def plain_retry_later(self: Any, label: str, countdown: float) -> str:
     return self.request.id
 
 
+def _retry_on(task: Any, label: str, countdown: float, queue: str) -> str:
+    """Record this attempt's start (the database's clock, labelled with its retry count,
+    in a transaction of its own: a retrying attempt's session is rolled back), and ask
+    for one retry ``countdown`` s later, sent to ``queue``."""
+    _record_plain_effect(task.request.id, f"{label}:{task.request.retries}")
+    if task.request.retries < 1:
+        raise task.retry(countdown=countdown, queue=queue)
+    return str(task.request.id)
+
+
+@celery_app.task(name="e2e.plain_retry_on", bind=True, max_retries=3)
+def plain_retry_on(self: Any, label: str, countdown: float, queue: str) -> str:
+    """A plain task whose retry, ``countdown`` s later, is taken from ``queue``."""
+    return _retry_on(self, label, countdown, queue)
+
+
+@celery_app.task(name="e2e.retry_on", bind=True, base=IdempotentTask, max_retries=3)
+def retry_on(self: IdempotentTask, label: str, countdown: float, queue: str) -> str:
+    """The same on the idempotent base."""
+    return _retry_on(self, label, countdown, queue)
+
+
+@celery_app.task(name="e2e.plain_retry_then_die", bind=True, max_retries=3)
+def plain_retry_then_die(self: Any, label: str, countdown: float, queue: str) -> str:
+    """A plain task that asks for one retry ``countdown`` s later, sent to ``queue``, and
+    kills its worker before the attempt's outcome is recorded: only the worker that
+    receives the retry can record when it is due."""
+    _record_plain_effect(self.request.id, f"{label}:{self.request.retries}")
+    if self.request.retries < 1:
+        self.retry(countdown=countdown, queue=queue, throw=False)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return str(self.request.id)
+
+
 @celery_app.task(name="e2e.crash", bind=True, base=IdempotentTask)
 def crash(self: IdempotentTask, label: str) -> None:
     """Kills the process that runs it, as a job that exhausts its memory would."""

@@ -214,3 +214,82 @@ def test_a_worker_whose_clock_is_behind_does_not_start_a_plain_run_past_its_expi
     assert run.state == RunState.EXPIRED.value
     assert run.started_at is None
     assert str(run.id) not in cluster.effects()
+
+
+def retry_sent_from_behind(cluster: Cluster, store: Store, task: str, countdown: float) -> Process:
+    """A beat run of ``task`` (a job that asks for one retry ``countdown`` s later, sent to
+    the queue ``in-step``) taken from the queue ``behind`` by a worker whose wall clock is
+    2 minutes behind (returned); the queue ``in-step`` is consumed by a worker in step."""
+    cluster.settings = FAST
+    cluster.beat("beat0")
+    behind = cluster.worker("worker0", 2, "threads", ("-Q", "behind"), **skewed(-SKEW))
+    in_step = cluster.worker("worker1", 2, "threads", ("-Q", "in-step"))
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    ready(behind)
+    ready(in_step)
+    Schedules(store).create(
+        "retried",
+        task,
+        at=datetime.now(UTC),
+        args=["attempt", countdown, "in-step"],
+        options={"queue": "behind"},
+        allow_unregistered=True,
+    )
+    return behind
+
+
+@pytest.mark.parametrize("task", ["e2e.plain_retry_on", "e2e.retry_on"])
+def test_a_retry_asked_for_by_a_worker_whose_clock_is_behind_waits_its_countdown_elsewhere(
+    cluster: Cluster, store: Store, task: str
+) -> None:
+    """issue 38, finding 1 (retry due times): a worker whose wall clock is 2 minutes
+    behind runs a beat run that asks for a retry 10 s later (Celery puts the ETA in the
+    message by that worker's clock); the retry is taken by a worker whose clock is right,
+    and does not start before the first attempt's start + 10 s by the database's clock.
+    Plain and idempotent tasks alike."""
+    countdown = 10
+    retry_sent_from_behind(cluster, store, task, countdown)
+    wait_until(lambda: state_of(store, "retried") in FINAL, timeout=60, interval=0.2)
+    run = one_run(store, "retried")
+    times = effect_times(store, str(run.id))
+    print(f"run {run.state} on {run.worker}, retry due {run.retry_due_at}, attempts {times}")
+    assert run.state == RunState.SUCCEEDED.value
+    assert (run.worker or "").startswith("worker1"), "the retry ran on the worker in step"
+    assert times["attempt:1"] - times["attempt:0"] >= timedelta(seconds=countdown), (
+        "the retry started before its countdown ended by the database's clock"
+    )
+    # The due time a plain retry's receipt records (the leader would send the retry
+    # again then, were its worker to die) is that instant too.
+    assert run.retry_due_at - times["attempt:0"] >= timedelta(seconds=countdown), (
+        "the run records its retry as due before its countdown ended"
+    )
+
+
+def test_a_plain_retry_is_recorded_due_by_the_database_s_clock_where_it_is_received(
+    cluster: Cluster, store: Store
+) -> None:
+    """issue 38, finding 1 (the receipt's record): a worker whose wall clock is 2 minutes
+    behind asks for a plain run's retry 10 s later and dies before its attempt's outcome
+    is recorded; the worker in step that receives the retry records when it is due
+    (``retry_due_at``, when the leader would send it again were this worker to die too)
+    as the instant the sender carried, not as its own reading of an ETA that reads 2
+    minutes past; and starts it then."""
+    countdown = 10
+    behind = retry_sent_from_behind(cluster, store, "e2e.plain_retry_then_die", countdown)
+
+    def received_elsewhere() -> bool:
+        run = one_run(store, "retried")
+        return run is not None and run.retries == 1 and (run.worker or "").startswith("worker1")
+
+    wait_until(received_elsewhere, timeout=30, interval=0.1)
+    run = one_run(store, "retried")
+    first = effect_times(store, str(run.id))["attempt:0"]
+    print(f"retry received by {run.worker}, due {run.retry_due_at}, first attempt {first}")
+    assert not behind.alive()
+    assert run.retry_due_at - first >= timedelta(seconds=countdown), (
+        "the receipt recorded the retry as due before its countdown ends"
+    )
+    wait_until(lambda: state_of(store, "retried") in FINAL, timeout=60, interval=0.2)
+    times = effect_times(store, str(run.id))
+    assert one_run(store, "retried").state == RunState.SUCCEEDED.value
+    assert times["attempt:1"] - times["attempt:0"] >= timedelta(seconds=countdown)

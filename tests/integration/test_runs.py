@@ -13,10 +13,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from beat import run_tracking
 from beat.api import Schedules
 from beat.errors import StaleEpoch
 from beat.models import RunState
 from beat.run_store import Refused, RunStore, Started
+from beat.run_tracking import WorkerHeartbeat
 from beat.store import Store
 from tests.integration.helpers import run_rows
 
@@ -240,6 +242,60 @@ def test_a_worker_started_again_after_its_run_started_counts_as_interrupted(
     reclaim = store.reclaim(1, stale_queued_after=3600, limit=100, lease_seconds=30)
 
     assert [run.id for run in reclaim.runs] == [run_id]
+
+
+def skew_worker_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """The worker code of this process (``beat.run_tracking``) reads a wall clock
+    ``seconds`` off (ahead if positive), as on a host whose clock is set wrong."""
+    shift = timedelta(seconds=seconds)
+
+    class Skewed(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return datetime.now(tz) + shift
+
+    monkeypatch.setattr(run_tracking, "datetime", Skewed)
+
+
+@pytest.mark.parametrize(
+    ("skew", "restarted"), [(-120.0, True), (120.0, False)], ids=["behind", "ahead"]
+)
+def test_the_reaper_tells_a_restarted_worker_from_a_living_one_whatever_its_clock(
+    run_store: RunStore,
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    skew: float,
+    restarted: bool,
+) -> None:
+    """issue 38, finding 2: a worker records when its process started (``beat_workers``),
+    and the reaper compares that with when the run started (the database's clock) to
+    tell a restarted worker (the run was interrupted: its attempt does not count) from
+    the same process (the run itself died under it: it does). A worker restarted with
+    its clock 2 minutes behind reads as restarted; a worker whose clock is 2 minutes
+    ahead that lives on reads as the same process."""
+    assert store.take_leadership(1, "leader")
+    run_id = uuid.uuid4()
+    if restarted:
+        WorkerHeartbeat(run_store, "w@h", lease_seconds=30).renew()
+        assert isinstance(start(run_store, run_id, "w@h", max_attempts=1), Started)
+        time.sleep(0.1)  # the process dies with its run and is started again
+        skew_worker_clock(monkeypatch, skew)
+        WorkerHeartbeat(run_store, "w@h", lease_seconds=30).renew()
+    else:
+        skew_worker_clock(monkeypatch, skew)
+        living = WorkerHeartbeat(run_store, "w@h", lease_seconds=30)
+        living.renew()
+        assert isinstance(start(run_store, run_id, "w@h", max_attempts=1), Started)
+        living.renew()
+    expire_leases(store)
+
+    reclaim = store.reclaim(1, stale_queued_after=3600, limit=100, lease_seconds=30)
+
+    if restarted:
+        assert [run.id for run in reclaim.runs] == [run_id], "an interruption: sent again"
+        assert [row.interruptions for row in run_rows(store)] == [1]
+    else:
+        assert [lost.id for lost in reclaim.lost] == [run_id], "its one attempt was used"
 
 
 def test_finding_2c_a_retry_delivered_before_its_attempt_ended_is_taken(

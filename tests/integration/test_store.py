@@ -119,7 +119,7 @@ def test_takeover_waits_for_a_claim_in_flight_then_fences_the_old_leader(store: 
     make_due(store, seconds_ago=3)
     assert store.take_leadership(1, "old")
     in_claim, takeover_done = threading.Event(), threading.Event()
-    takeover_result: list[bool] = []
+    takeover_result: list[datetime | None] = []
 
     def slow_planner(due: DueSchedule, now: datetime, until: datetime) -> FirePlan:
         in_claim.set()
@@ -137,7 +137,11 @@ def test_takeover_waits_for_a_claim_in_flight_then_fences_the_old_leader(store: 
     thread.join()
 
     assert claim.runs, "the claim in flight completes"
-    assert takeover_result == [True]
+    (taken_at,) = takeover_result
+    assert taken_at is not None, "the takeover recorded its epoch"
+    assert taken_at - claim.now >= timedelta(seconds=0.5), (
+        "the database's clock it returns is read once the claim let the row go"
+    )
     with pytest.raises(StaleEpoch):
         store.claim_due(1, batch=100, plan=planner)
 
@@ -238,7 +242,7 @@ def test_a_leader_paused_inside_its_reaper_is_cut_off_by_postgres(
     def take_over() -> None:
         paused.wait()
         started = time.monotonic()
-        taken.append(store.take_leadership(2, "new", lock_timeout=10))
+        taken.append(store.take_leadership(2, "new", lock_timeout=10) is not None)
         waited.append(time.monotonic() - started)
 
     taken: list[bool] = []

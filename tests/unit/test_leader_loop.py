@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from beat import metrics, reporting
 from beat.armed import DatabaseClock
 from beat.errors import StoreUnavailable
 from beat.leader_loop import BURST_MAINTENANCE_INTERVAL, LEASE_EXPIRY_MARGIN, SUMMARY_INTERVAL
@@ -155,6 +156,60 @@ def test_the_leader_times_its_messages_expiry_by_the_database_s_clock_of_its_cla
     for reading in given:
         assert reading is not None
         assert reading.now_at(w.clock()) == w.clock.now(), "the database's time now"
+
+
+def test_the_first_sends_after_a_takeover_are_timed_by_the_database_s_clock_it_read() -> None:
+    """issue 38, finding 3 (the leader's first reading): a leader that takes over sends
+    the outbox it inherits before its first claim; those messages are timed by
+    PostgreSQL's now as the takeover read it (``beat.armed.DatabaseClock``), not left
+    without one (no time to live, a task's own ``expires`` from the host's clock)."""
+    w = world(outbox_grace=0.5)
+    w.store.add_schedule("due", every=600, in_seconds=-0.1)
+    a = w.start("a")
+    a.publisher.fail_next(1)  # the broker fails: the run stays in the outbox
+    a.run_pass()
+    assert only_run(w, "due").state is RunState.PENDING
+    a.crash()
+    b = w.start("b")
+
+    w.run_for(8)
+
+    (sent,) = w.sent
+    assert sent.sender == "b"
+    (claim_of_a,) = a.claims
+    (reading,) = b.publisher.databases[:1]
+    assert reading is not None, "the outbox was sent without the database's clock"
+    assert reading != DatabaseClock(now=claim_of_a.now, clock=claim_of_a.clock)
+    assert reading.now_at(sent.clock) == sent.at, "the database's time at the send"
+
+
+def test_publish_lateness_is_measured_by_the_database_s_clock_not_the_host_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """issue 38, finding 3 (lateness): on a beat host whose wall clock is 2 minutes
+    ahead, a run sent half a second after its fire time reads half a second late in the
+    lateness metric, not 120 s: it is measured by the database's clock of the loop."""
+    w = world()
+    host_ahead = timedelta(seconds=120)
+
+    class HostClock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return w.clock.now() + host_ahead
+
+    monkeypatch.setattr(reporting, "datetime", HostClock)
+    w.store.add_schedule("due", every=600, in_seconds=-0.5)
+    before = lateness_sum()
+
+    leader(w)
+
+    assert len(w.sent) == 1
+    assert lateness_sum() - before == pytest.approx(0.5, abs=0.01)
+
+
+def lateness_sum() -> float:
+    value = metrics.REGISTRY.get_sample_value("habeat_run_lateness_seconds_sum")
+    return value or 0.0
 
 
 def test_the_leaders_own_outbox_leaves_its_armed_runs_alone() -> None:
