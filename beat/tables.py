@@ -271,7 +271,8 @@ workers = Table(
     # A worker's Celery node name (``worker1@host``): ``beat_runs.worker``.
     Column("name", Text, primary_key=True),
     Column("pid", Integer, nullable=False),
-    #: When the worker process that renews this row started.
+    #: When the worker process that renews this row started, by the database's clock
+    #: (PostgreSQL's time less the process's monotonic uptime: a host clock decides nothing).
     Column("booted_at", TZ, nullable=False),
     #: Renewed by the worker's main process every third of the lease timeout.
     Column("seen_at", TZ, nullable=False),
