@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -129,13 +130,42 @@ def held_task_ids(
     Raises the broker's connection errors (kombu's ``OperationalError`` or
     redis-py's errors): the caller then knows nothing and should act on nothing.
     """
+    holdings = broker_holdings(app, queues, task_ids, page_size=page_size)
+    if holdings is None:
+        return None
+    return holdings.waiting | {
+        task_id
+        for task_id, score in holdings.delivered.items()
+        if delivered_since is None or score is None or score >= delivered_since
+    }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Holdings:
+    """Where the broker holds the messages of some task IDs (``broker_holdings``)."""
+
+    #: IDs with a message waiting in one of the queues.
+    waiting: set[str]
+    #: IDs not waiting but delivered to a consumer and not acked yet, each with the
+    #: newest delivery's ``unacked_index`` score (the consuming worker's wall clock;
+    #: None if kombu wrote none, or it was acked or restored meanwhile).
+    delivered: dict[str, float | None]
+
+
+def broker_holdings(
+    app: Any, queues: Collection[str], task_ids: Collection[str], *, page_size: int = PAGE_SIZE
+) -> Holdings | None:
+    """What ``held_task_ids`` reads, kept apart: the IDs waiting in ``queues`` and those
+    held by deliveries only, with their scores, so that a caller can judge a delivery's
+    age by a clock of its own (``beat.lost_messages``). None where the broker's content
+    cannot be read; raises the broker's connection errors."""
     with app.connection_for_write() as connection:
         # Checked on the transport class: a non-Redis broker is never contacted.
         if not issubclass(connection.get_transport_cls(), kombu_redis.Transport):
             return None
         wanted = set(task_ids)
         if not wanted:
-            return set()
+            return Holdings(waiting=set(), delivered={})
         channel = connection.default_channel
         if not channel.ack_emulation:
             return None
@@ -144,14 +174,17 @@ def held_task_ids(
         # commands kombu sends (not LRANGE or HSCAN).
         client = redis.Redis(connection_pool=channel.client.connection_pool)
         prefix = channel.global_keyprefix
-        missing = wanted - _find(wanted, _lists(client, _queue_keys(channel, queues), page_size))
+        waiting = _find(wanted, _lists(client, _queue_keys(channel, queues), page_size))
+        missing = wanted - waiting
+        delivered: dict[str, float | None] = {}
         for entries in _hash_pages(client, prefix + channel.unacked_key, page_size):
             if not missing:
                 break
-            missing -= _delivered(
-                client, prefix + channel.unacked_index_key, entries, missing, delivered_since
-            )
-        return wanted - missing
+            for task_id, score in _delivered(
+                client, prefix + channel.unacked_index_key, entries, missing
+            ).items():
+                delivered[task_id] = _newer(delivered.get(task_id, score), score)
+        return Holdings(waiting=waiting, delivered=delivered)
 
 
 def _registered_task(app: Any, task: str) -> Any:
@@ -247,31 +280,30 @@ def _hash_pages(client: redis.Redis, key: str, page_size: int) -> Iterator[dict[
 
 
 def _delivered(
-    client: redis.Redis,
-    index: str,
-    entries: dict[bytes, bytes],
-    wanted: set[str],
-    since: float | None,
-) -> set[str]:
-    """The IDs of ``wanted`` that ``entries`` (unacked) hold: delivered at or after
-    ``since`` (their score in the sorted set ``index``), or at any time if it is None."""
+    client: redis.Redis, index: str, entries: dict[bytes, bytes], wanted: set[str]
+) -> dict[str, float | None]:
+    """The IDs of ``wanted`` that ``entries`` (unacked) hold, each with its delivery's
+    score in the sorted set ``index`` (None: acked or restored since the hash was read,
+    or not written by kombu; held as far as this look can tell)."""
     found = {
         tag: ids for tag, raw in entries.items() if (ids := wanted.intersection(_task_ids([raw])))
     }
-    if since is None or not found:
-        return set().union(*found.values())
+    if not found:
+        return {}
     with client.pipeline(transaction=False) as pipe:
         for tag in found:
             pipe.zscore(index, tag)
         scores = cast(list[float | None], pipe.execute())
-    # No score: acked (or restored) since the hash was read, or not written by kombu;
-    # held as far as this look can tell.
     return {
-        task_id
-        for ids, score in zip(found.values(), scores, strict=True)
-        if score is None or score >= since
-        for task_id in ids
+        task_id: score for ids, score in zip(found.values(), scores, strict=True) for task_id in ids
     }
+
+
+def _newer(first: float | None, second: float | None) -> float | None:
+    """The newer of two deliveries' scores; None (as recent as can be) wins."""
+    if first is None or second is None:
+        return None
+    return max(first, second)
 
 
 def _find(wanted: set[str], pages: Iterable[list[bytes]]) -> set[str]:

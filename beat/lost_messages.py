@@ -63,19 +63,20 @@ recorded the receipt. The run is still ``queued``, with no receipt lease for
 the reaper to see expire, and kombu hands the message back only after the
 visibility timeout. So a delivery counts as missing, for a run no worker
 recorded (the only runs looked for), once it is old enough: see
-``LostMessages._missing``. **How old is decided by the database's clock.** The
-run itself was published more than ``UNTAKEN_AFTER`` ago by PostgreSQL's
-``now()`` (``unconfirmed_runs``), so the delivery cannot be older than that;
-kombu's ``unacked_index`` score, the only time the broker keeps for it, is the
-consuming worker's ``time.time()``, a clock neither the leader nor PostgreSQL
-sets. It is read as a hint only: compared with the database's ``now()`` (not
-the leader's clock), with ``DELIVERY_CLOCK_MARGIN`` added for the worker's skew.
-A worker whose clock is behind the database's by less than the margin never has
-a delivery called stranded before it is ``UNRECORDED_AFTER`` old; one ahead
-only delays the copy. A worker more behind than the margin may see a copy sent
-early, which is waste, not a second execution: that worker is alive and
-records the receipt, and the run is taken by one of the two deliveries only
-(the receipt of a plain run, the guard of an idempotent one).
+``LostMessages._missing``. **How old is decided without a worker's clock.**
+kombu's ``unacked_index`` score, the only time the broker keeps for a delivery,
+is the consuming worker's ``time.time()``, a clock neither the leader nor
+PostgreSQL sets. So the proof is the leader's own sight: a delivery it has seen
+holding a message no worker recorded, for ``UNRECORDED_AFTER`` on its monotonic
+clock, is that old at least, whatever any clock says (a copy then goes out some
+75 s after the delivery; a new leader starts its sight afresh, later, never
+earlier). The score is a hint that only saves that wait for a delivery that is
+plainly old: read against the database's ``now()`` (not the leader's clock),
+with ``DELIVERY_CLOCK_MARGIN`` added for the worker's skew. A worker behind the
+database's clock by more than the margin may thus see a copy sent early, which
+is waste, not a second execution: that worker is alive and records the
+receipt, and the run is taken by one of the two deliveries only (the receipt of
+a plain run, the guard of an idempotent one).
 
 A run whose ``expires`` has passed is ended ``expired`` instead: published
 again it would only be discarded, or run late. Brokers whose queues cannot be
@@ -95,7 +96,7 @@ from functools import partial
 from typing import Any
 
 from beat import metrics
-from beat.broker_inventory import held_task_ids, queue_of
+from beat.broker_inventory import broker_holdings, queue_of
 from beat.config import BeatConfig
 from beat.dispatch import expiry_of
 from beat.leader_store import LeaderStore, LostRun, UnrecordedConsumer
@@ -218,6 +219,8 @@ class LostMessages:
         #: Runs a check of the consumers (on a thread of its own, by default).
         self._start = start or _start_thread
         self._missing_since: dict[uuid.UUID, float] = {}
+        #: clock() when each delivery holding a message no worker recorded was first seen.
+        self._delivered_since: dict[str, float] = {}
         self._next_look = 0.0
         self._lock = threading.Lock()
         self._checking = False
@@ -233,6 +236,7 @@ class LostMessages:
     def forget(self) -> None:
         """Drop what earlier looks saw (this process no longer leads)."""
         self._missing_since.clear()
+        self._delivered_since.clear()
         self._view_started = None
         metrics.UNRECORDED_CONSUMERS.clear()  # what a leader found: this one no longer leads
 
@@ -244,6 +248,7 @@ class LostMessages:
         unconfirmed = store.unconfirmed_runs(older_than=UNTAKEN_AFTER, limit=limit)
         if not unconfirmed.runs:
             self._missing_since.clear()
+            self._delivered_since.clear()
             return Recovery()
         expired = [run.id for run in unconfirmed.runs if _expired(run, unconfirmed.now)]
         ended = store.expire_runs(epoch, expired, idle_timeout=idle_timeout)
@@ -353,10 +358,9 @@ class LostMessages:
         cannot tell. ``now``: the database's.
 
         ``waiting`` are runs no worker recorded (no receipt, no lease). A delivery of
-        one older than ``UNRECORDED_AFTER`` (its score read against the database's
-        clock, with ``DELIVERY_CLOCK_MARGIN``) does not hold it: its worker died before
-        recording the receipt (or cannot reach PostgreSQL), and the run is sent again
-        like a lost one. That is safe, whoever holds the old delivery:
+        one that is ``UNRECORDED_AFTER`` old (``_stranded``) does not hold it: its
+        worker died before recording the receipt (or cannot reach PostgreSQL), and the
+        run is sent again like a lost one. That is safe, whoever holds the old delivery:
 
         - the worker is dead: kombu restores the message after the visibility timeout;
           it then meets a run taken or finished, which the worker's receipt check (a
@@ -373,17 +377,36 @@ class LostMessages:
         queues it may have taken from are not looked for at all.
         """
         if not queues:
+            self._delivered_since.clear()
             return set()
         looked_for = [run for run in waiting if run.id in queues]
-        held = held_task_ids(
-            self.app,
-            set(queues.values()),
-            [run.celery_task_id for run in looked_for],
-            delivered_since=now.timestamp() - UNRECORDED_AFTER - DELIVERY_CLOCK_MARGIN,
+        holdings = broker_holdings(
+            self.app, set(queues.values()), [run.celery_task_id for run in looked_for]
         )
-        if held is None:
+        if holdings is None:
             return None
+        stranded = self._stranded(holdings.delivered, now=now)
+        held = holdings.waiting | (holdings.delivered.keys() - stranded)
         return {run.id for run in looked_for if run.celery_task_id not in held}
+
+    def _stranded(self, delivered: Mapping[str, float | None], *, now: datetime) -> set[str]:
+        """The deliveries, among those holding a message no worker recorded, that are
+        ``UNRECORDED_AFTER`` old: by this leader's own sight of them (proof: it has seen
+        them held by the delivery alone for that long, on its monotonic clock), or by
+        their score read against the database's ``now`` with ``DELIVERY_CLOCK_MARGIN``
+        for the consuming worker's clock (a hint, which only saves the wait for a
+        delivery that is plainly old)."""
+        seen_at = self._clock()
+        self._delivered_since = {
+            task_id: self._delivered_since.get(task_id, seen_at) for task_id in delivered
+        }
+        oldest_score = now.timestamp() - UNRECORDED_AFTER - DELIVERY_CLOCK_MARGIN
+        return {
+            task_id
+            for task_id, score in delivered.items()
+            if seen_at - self._delivered_since[task_id] >= UNRECORDED_AFTER
+            or (score is not None and score < oldest_score)
+        }
 
 
 def _report_consumers(

@@ -207,6 +207,29 @@ def test_a_fresh_delivery_scored_by_a_worker_whose_clock_is_behind_is_held(
     assert (row.id, row.state) == (run.id, RunState.QUEUED.value)
 
 
+def test_a_stranded_delivery_scored_by_a_worker_whose_clock_is_ahead_is_sent_again(
+    app: Celery, test_env: SessionEnv, store: Store, redis_client: redis.Redis
+) -> None:
+    """issue 38, the stranded-delivery age check: a worker whose clock is 10 minutes
+    ahead took a message and was killed before recording it. kombu scored the delivery
+    with that clock, in the future: by its score it is always fresh, and the run would
+    wait for the visibility timeout (an hour). The leader's own sight decides: once it
+    has seen the delivery hold the message alone for ``UNRECORDED_AFTER`` on its
+    monotonic clock (and not before), the run is sent again."""
+    run = published_run(app, store, seconds_ago=600)
+    taken_by_a_worker_that_dies(app, test_env, redis_client, delivered_ago=-600)
+    clock = FakeClock()
+    lost = LostMessages(app, clock=clock)
+    watched = 0.0
+    republished: list[RunToPublish] = []
+    while not republished and watched <= UNRECORDED_AFTER + 3 * CHECK_INTERVAL:
+        republished = lost.look(store, 1, limit=100, idle_timeout=10).republish
+        assert not republished or watched >= UNRECORDED_AFTER, "sent before it was watched"
+        clock.now += CHECK_INTERVAL
+        watched += CHECK_INTERVAL
+    assert [again.id for again in republished] == [run.id]
+
+
 def taken_by_a_consumer_that_records_nothing(app: Celery) -> bool:
     """A consumer the remote control does not show (a plain kombu consumer) takes the
     oldest message of ``celery`` and acknowledges it; False if there was none."""
