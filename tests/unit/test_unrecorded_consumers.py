@@ -13,6 +13,7 @@ import pytest
 from celery import Celery
 
 from beat import lost_messages
+from beat.broker_inventory import Holdings
 from beat.leader_store import Reclaim, Unconfirmed, UnrecordedConsumer, WorkerPresence
 from beat.lost_messages import LostMessages
 from beat.models import RunToPublish
@@ -121,7 +122,8 @@ def looks(
 ) -> None:
     """Three looks of the leader, far enough apart to confirm a missing message; the
     broker holds no message, the workers answer ``replies``."""
-    monkeypatch.setattr(lost_messages, "held_task_ids", lambda *_, **__: set())
+    nothing_held = Holdings(waiting=set(), delivered={})
+    monkeypatch.setattr(lost_messages, "broker_holdings", lambda *_, **__: nothing_held)
     monkeypatch.setattr(lost_messages, "active_queues", lambda *_, **__: replies, raising=False)
     now_thread: Callable[[Callable[[], None]], None] = lambda check: check()  # noqa: E731
     monkeypatch.setattr(lost_messages, "_start_thread", now_thread, raising=False)
