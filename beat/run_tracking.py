@@ -409,8 +409,10 @@ def retime(headers: dict[str, Any], clock: WorkerClock) -> None:
 def carry_due_instant(headers: dict[str, Any], clock: WorkerClock) -> None:
     """A message of beat's run that this worker sends with an ``eta`` (a retry, written
     by this worker's clock) carries its due instant by the database's clock too, for
-    the worker that receives it (``retime``); without a measure of this clock it
-    carries none, and waits for its ``eta`` as written."""
+    the worker that receives it (``retime``), and as its ``eta``: a worker without this
+    package (which cannot retime it) then waits for it by its own clock as if that
+    were the database's, not this worker's. Without a measure of this clock it carries
+    none, and waits for its ``eta`` as written."""
     if headers.get(ATTEMPT_HEADER) is None:
         return
     headers.pop(DUE_HEADER, None)  # an earlier retry's, copied with the parent's headers
@@ -419,8 +421,9 @@ def carry_due_instant(headers: dict[str, Any], clock: WorkerClock) -> None:
         return
     least = clock.ahead_at_least()
     if least is not None:
-        due = eta - timedelta(seconds=least)
-        headers[DUE_HEADER] = {"eta": headers["eta"], "due": due.isoformat()}
+        due = (eta - timedelta(seconds=least)).isoformat()
+        headers["eta"] = due
+        headers[DUE_HEADER] = {"eta": due, "due": due}
 
 
 def _due_on_the_database_clock(headers: Any = None, **_: Any) -> None:

@@ -100,6 +100,17 @@ def test_a_retry_from_a_worker_behind_waits_for_its_due_time_on_a_worker_in_step
     assert datetime.fromisoformat(ahead["eta"]) == DUE + timedelta(seconds=30)
 
 
+def test_a_retry_from_a_skewed_worker_is_sent_due_by_the_database_s_clock() -> None:
+    """A worker without this package cannot retime a retry: the chaos suite's fleet had
+    one start retries asked for by a worker 120 s behind at once, 10 s early. The sender
+    writes the ``eta`` itself as the due instant by the database's clock, so a worker
+    whose clock is the database's waits for it as it is."""
+    for sender_ahead in (-120.0, 0.0, 120.0):
+        headers = sent_retry(sender_ahead)
+        assert datetime.fromisoformat(headers["eta"]) == DUE
+        assert retry_due(headers) == DUE
+
+
 def test_a_retrys_due_instant_is_never_early_for_the_uncertainty_of_either_clock() -> None:
     headers = sent_retry(-120.0, uncertainty=0.25)
     due = retry_due(headers)
