@@ -125,20 +125,56 @@ class BeaconConnection:
         if sock is None:
             return True
         try:
-            readable, _, _ = select.select([sock], [], [], 0)
-            if not readable:
+            if not readable(sock.fileno()):
                 return False
             self._connection.send_command("PING")
             for _ in range(_MESSAGES_READ):
                 if self._connection.read_response() == [b"pong", b""]:
                     return False
-        except (redis.RedisError, OSError, ValueError):
-            return True
+        except (redis.ConnectionError, ConnectionError):
+            return True  # the server closed it, or the kernel reset it: proof
+        except (redis.RedisError, OSError):
+            return False  # a slow answer proves nothing: the half is kept
         return False  # more messages than read: the connection answers, it is open
 
     def close(self) -> None:
         with contextlib.suppress(redis.RedisError, OSError):
             self._connection.disconnect()
+
+
+def readable(fileno: int) -> bool:
+    """Whether a socket has something to read (data, or its peer's close), at once; by
+    ``poll``, which takes any descriptor (``select`` refuses those above 1,023)."""
+    poller = select.poll()
+    poller.register(fileno, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
+
+
+#: TCP keepalives of a beacon's halves (seconds): an idle connection still carries
+#: packets, so a load balancer's or a firewall's idle timer never ends it (they reset
+#: both halves at once, which would read as the process's death).
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3
+
+
+def _keepalive(url: str) -> dict[str, Any]:
+    """redis-py's options for TCP keepalives on ``url`` (none over a unix socket)."""
+    if not url.startswith(("redis://", "rediss://")):
+        return {}
+    options = {
+        name: value
+        for name, value in (
+            ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
+            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+            ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+        )
+        if hasattr(socket, name)
+    }
+    return {
+        "socket_keepalive": True,
+        "socket_keepalive_options": {
+            getattr(socket, name): value for name, value in options.items()
+        },
+    }
 
 
 def open_beacon_connection(url: str, name: str) -> BeaconConnection | None:
@@ -153,6 +189,7 @@ def open_beacon_connection(url: str, name: str) -> BeaconConnection | None:
         protocol=2,
         socket_timeout=2,
         socket_connect_timeout=2,
+        **_keepalive(url),
     )
     connection: Any = pool.make_connection()  # redis-py's connection API is untyped
     commands = [

@@ -76,7 +76,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import socket
 import threading
 import uuid
@@ -89,7 +88,16 @@ import psycopg
 
 from beat.db import masked_url, psycopg_conninfo, unreachable
 from beat.errors import LeaseUnavailable, StoreUnavailable
-from beat.leader import BEACON_PREFIX, BeaconConnection, open_beacon_connection, same_endpoint
+from beat.leader import (
+    BEACON_PREFIX,
+    KEEPALIVE_COUNT,
+    KEEPALIVE_IDLE,
+    KEEPALIVE_INTERVAL,
+    BeaconConnection,
+    open_beacon_connection,
+    readable,
+    same_endpoint,
+)
 
 if TYPE_CHECKING:
     from beat.config import BeatConfig
@@ -229,7 +237,15 @@ class SessionBeacon:
     def _open_pg(self) -> psycopg.Connection[Any]:
         self._session = None  # a new backend: its row is written next
         try:
-            conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
+            conn = psycopg.connect(
+                self._conninfo,
+                autocommit=True,
+                connect_timeout=5,
+                keepalives=1,
+                keepalives_idle=KEEPALIVE_IDLE,
+                keepalives_interval=KEEPALIVE_INTERVAL,
+                keepalives_count=KEEPALIVE_COUNT,
+            )
         except psycopg.Error as exc:
             raise StoreUnavailable(unreachable(self._masked, exc, self._database_setting)) from exc
         try:
@@ -294,11 +310,10 @@ class SessionBeacon:
         if conn.closed:
             return False
         try:
-            readable, _, _ = select.select([conn.fileno()], [], [], 0)
-            if readable:
+            if readable(conn.fileno()):
                 conn.execute("SELECT 1")
-        except (psycopg.Error, OSError, ValueError):
-            return False
+        except (psycopg.Error, OSError):
+            return False  # readable, and it would not answer: the server closed it
         return True
 
     def _unsupported(self, why: str) -> None:
@@ -381,6 +396,11 @@ def process_session(config: BeatConfig) -> Session | None:
         try:
             return beacon.keep()
         except (StoreUnavailable, LeaseUnavailable):
+            return None
+        except Exception:
+            # Whatever else a look at the halves meets (a descriptor limit, a socket reset
+            # mid-check) must not end the heartbeat that calls it: the leases still hold.
+            logger.warning("could not keep this process's beacon", exc_info=True)
             return None
 
 

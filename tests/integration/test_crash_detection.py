@@ -8,6 +8,8 @@ and a living process's runs follow its beacon when it opens a half again."""
 from __future__ import annotations
 
 import logging
+import os
+import resource
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -370,3 +372,27 @@ def test_a_session_opened_again_while_redis_is_down_is_recorded_at_once(
         ).scalar_one_or_none()
     assert listed is not None
     assert listed != first.pid
+
+
+def test_a_process_with_many_open_files_keeps_its_halves(
+    beacons: Callable[[], SessionBeacon], redis_client: redis.Redis
+) -> None:
+    """A worker with 1,024 or more open descriptors (``-P threads``, tasks holding many
+    sockets): the look at its halves must not read a descriptor ``select`` refuses as a
+    closed connection, close both halves itself and open new ones on every heartbeat,
+    each time leaving a moment when both are gone on servers that did not restart."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), max(hard, 4096)))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        process = beacons()
+        first = process.keep()
+        assert first is not None
+        clients = {entry["name"]: entry["id"] for entry in redis_client.client_list()}
+        assert process.keep() == first, "the same session"
+        again = {entry["name"]: entry["id"] for entry in redis_client.client_list()}
+        assert again[first.beacon] == clients[first.beacon], "the same Redis connection"
+    finally:
+        for descriptor in held:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
