@@ -163,13 +163,21 @@ def _lease_until(seconds: float) -> Any:
 
 def _startable(retries: Any, expires: datetime | None = None) -> ColumnElement[bool]:
     """May a delivery carrying ``retries`` (Celery's retry count) start the run, before
-    its ``expires`` (by the database's clock, in the statement that starts it)?"""
+    its ``expires`` (by the database's clock, in the statement that starts it)?
+
+    A running run whose lease expired may be taken by another delivery (its worker is
+    gone), unless it is a plain run whose body started: that one runs at most once,
+    and only the reaper ends it (``lost``). Celery's next retry of it may, as ever."""
+    body_started_plain = and_(runs.c.plain.is_(True), runs.c.started_at.is_not(None))
     startable = or_(
         runs.c.state.in_([RunState.PENDING.value, RunState.QUEUED.value]),
         and_(runs.c.state == RunState.RETRYING.value, retries >= runs.c.retries),
         and_(
             runs.c.state == RunState.RUNNING.value,
-            or_(runs.c.lease_expires_at < func.now(), retries > runs.c.retries),
+            or_(
+                and_(runs.c.lease_expires_at < func.now(), ~body_started_plain),
+                retries > runs.c.retries,
+            ),
         ),
     )
     if expires is None:

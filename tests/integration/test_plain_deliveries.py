@@ -8,6 +8,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import text
 
 from beat.api import Schedules
 from beat.models import RunState
@@ -140,3 +141,23 @@ def test_a_discard_leaves_a_run_another_delivery_holds(run_store: RunStore, stor
     )
     [row] = run_rows(store)
     assert row.state == RunState.RUNNING.value
+
+
+def test_a_late_delivery_never_starts_a_plain_run_whose_body_started(
+    run_store: RunStore, store: Store
+) -> None:
+    """A plain run's body started, then its lease expired before the reaper ended the run
+    ``lost`` (a pool process OOM-killed, its message requeued behind a backlog; a stalled
+    heartbeat): a late second delivery must not take it, nor end it ``expired``. A plain
+    task runs at most once once started."""
+    run_id = published_run(store)
+    assert receive(run_store, run_id, "a:received") == Started(attempt=1)
+    assert run_store.start_plain(run_id, owner="a:received", attempt=1) == Started(attempt=1)
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE beat_runs SET lease_expires_at = now() - interval '1 second'"))
+
+    assert isinstance(receive(run_store, run_id, "b:received"), Refused)
+    passed = store.now() - timedelta(milliseconds=1)
+    assert isinstance(receive(run_store, run_id, "c:received", expires=passed), Refused)
+    [row] = run_rows(store)
+    assert (row.state, row.attempt, row.worker) == ("running", 1, "a:received")
