@@ -406,15 +406,21 @@ def retime(headers: dict[str, Any], clock: WorkerClock) -> None:
         headers[DUE_HEADER] = {"eta": headers["eta"], "due": due.isoformat()}
 
 
-def carry_due_instant(headers: dict[str, Any], clock: WorkerClock) -> None:
-    """A message of beat's run that this worker sends with an ``eta`` (a retry, written
-    by this worker's clock) carries its due instant by the database's clock too, for
-    the worker that receives it (``retime``), and as its ``eta``: a worker without this
-    package (which cannot retime it) then waits for it by its own clock as if that
-    were the database's, not this worker's. Without a measure of this clock it carries
-    none, and waits for its ``eta`` as written."""
+def carry_database_instants(headers: dict[str, Any], clock: WorkerClock) -> None:
+    """A message of beat's run that this worker sends (a retry) carries its times as
+    instants of the database's clock, undoing what ``retime`` did to the message it
+    retries: its ``expires`` (Celery copies the request's, moved onto this worker's
+    clock) and, with an ``eta`` (written by this worker's clock), its due instant, in
+    ``DUE_HEADER`` for the worker that receives it (``retime``) and as the ``eta``
+    itself. A worker without this package, which cannot retime them, then reads them
+    by its own clock as if it were the database's, not this worker's. Without a
+    measure of this clock the ``eta`` carries no instant, and is waited for as
+    written."""
     if headers.get(ATTEMPT_HEADER) is None:
         return
+    instant = run_expiry(headers)
+    if instant is not None:
+        headers["expires"] = instant.isoformat()
     headers.pop(DUE_HEADER, None)  # an earlier retry's, copied with the parent's headers
     eta = _instant(headers.get("eta"))
     if eta is None:
@@ -432,7 +438,7 @@ def _due_on_the_database_clock(headers: Any = None, **_: Any) -> None:
         return
     app = current_app._get_current_object()
     if uses_this_scheduler(app.conf):
-        carry_due_instant(headers, _clock_of(BeatConfig.from_celery_conf(app.conf)))
+        carry_database_instants(headers, _clock_of(BeatConfig.from_celery_conf(app.conf)))
 
 
 class TimesOnTheDatabaseClock(bootsteps.StartStopStep):  # type: ignore[misc]

@@ -13,7 +13,7 @@ from beat.run_tracking import (
     EXPIRES_HEADER,
     EXPIRY_MARGIN,
     WorkerClock,
-    carry_due_instant,
+    carry_database_instants,
     retime,
     retry_due,
     run_expiry,
@@ -83,7 +83,7 @@ def sent_retry(sender_ahead: float, uncertainty: float = 0.0) -> dict[str, Any]:
     clock is ``sender_ahead`` seconds ahead publishes it."""
     eta = (DUE + timedelta(seconds=sender_ahead)).isoformat()
     headers = beat_headers(eta=eta)
-    carry_due_instant(headers, clock(sender_ahead, uncertainty))
+    carry_database_instants(headers, clock(sender_ahead, uncertainty))
     return headers
 
 
@@ -127,9 +127,22 @@ def test_a_due_instant_copied_from_an_earlier_retry_is_not_taken_for_this_one() 
     retime(copied, clock(-120.0))
     assert copied["eta"] == later_eta
     sent_again = {**earlier, "eta": later_eta}
-    carry_due_instant(sent_again, clock(None))  # this worker could not measure its clock
+    carry_database_instants(sent_again, clock(None))  # this worker could not measure its clock
     assert DUE_HEADER not in sent_again
     no_eta = {**earlier}
     del no_eta["eta"]
-    carry_due_instant(no_eta, clock(0.0))
+    carry_database_instants(no_eta, clock(0.0))
     assert DUE_HEADER not in no_eta, "a retry due at once carries no instant"
+
+
+def test_a_retry_is_sent_with_its_expiry_by_the_database_s_clock() -> None:
+    """A worker 120 s ahead retimed the delivery's ``expires`` onto its clock, and Celery
+    copies the request's ``expires`` into the retry: sent so, a worker without this
+    package (in step with the database) would hold the retry 2 minutes past its expiry.
+    The retry goes out with the instant itself."""
+    received = beat_headers()
+    retime(received, clock(120.0))
+    assert datetime.fromisoformat(received["expires"]) != EXPIRY
+    carry_database_instants(received, clock(120.0))
+    assert datetime.fromisoformat(received["expires"]) == EXPIRY
+    assert run_expiry(received) == EXPIRY
