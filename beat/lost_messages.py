@@ -53,9 +53,11 @@ read, and this recovery does nothing there. For those, **copies are bounded**:
 a run whose message was sent ``beat.leader_store.MAX_SENDS`` times in all (its
 publication and the copies of this recovery, ``beat_runs.recovery_sends``) and
 that no worker recorded ends ``lost``, with the reason, instead of being sent
-again. (The reaper's visibility-timeout rule is not bounded: it sends again a run
-left ``queued`` for twice the visibility timeout, without looking for its message,
-and a copy in a long backlog is not a lost run.)
+again. The reaper's visibility-timeout rule, which takes over where this recovery
+does nothing, counts its copies in the same column and ends a run ``lost`` at the
+same bound; on Redis it first looks for the message (``waiting_in_queues``): a run
+whose message still waits in its queue is in a backlog, neither sent again nor
+counted (``LeaderStore.reclaim`` says what a backlog costs where nothing can be read).
 
 A message can also be stranded in kombu's unacknowledged hash: a worker took it
 and was killed before its ``task_received`` handler (``beat.run_tracking``)
@@ -86,6 +88,7 @@ read (RabbitMQ) keep the visibility-timeout rule of the reaper.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -350,6 +353,28 @@ class LostMessages:
         return queues
 
     # -- the broker -------------------------------------------------------------------
+
+    def waiting_in_queues(self, runs: Sequence[RunToPublish]) -> set[uuid.UUID]:
+        """Which of ``runs`` (``queued``, no worker holding them) still have their message
+        waiting in its queue: in a backlog, not lost. A delivery in kombu's unacked hash
+        does not count: a consumer took it (one that records nothing runs it). Nothing
+        where the broker cannot be read (RabbitMQ, a route to no single queue, a broker
+        error): the reaper then counts every copy (``beat.leader_store.InQueue``)."""
+        queues = {
+            run.id: queue_of(self.app, run.task, run.options, args=run.args, kwargs=run.kwargs)
+            for run in runs
+        }
+        readable = {run_id: queue for run_id, queue in queues.items() if queue is not None}
+        ids = {run.celery_task_id: run.id for run in runs if run.id in readable}
+        try:
+            # No delivery is recent enough to count: only the queues' lists are read.
+            held = held_task_ids(
+                self.app, set(readable.values()), list(ids), delivered_since=math.inf
+            )
+        except Exception as exc:  # any broker error: nothing is known to wait
+            logger.info("could not look for the messages of stale runs: %s", exc)
+            return set()
+        return {ids[task_id] for task_id in held or ()}
 
     def _missing(
         self, waiting: list[RunToPublish], queues: Mapping[uuid.UUID, str], *, now: datetime
