@@ -360,18 +360,18 @@ class LostMessages:
         does not count: a consumer took it (one that records nothing runs it). Nothing
         where the broker cannot be read (RabbitMQ, a route to no single queue, a broker
         error): the reaper then counts every copy (``beat.leader_store.InQueue``)."""
-        queues = {
-            run.id: queue_of(self.app, run.task, run.options, args=run.args, kwargs=run.kwargs)
-            for run in runs
-        }
-        readable = {run_id: queue for run_id, queue in queues.items() if queue is not None}
-        ids = {run.celery_task_id: run.id for run in runs if run.id in readable}
         try:
+            queues = {
+                run.id: queue_of(self.app, run.task, run.options, args=run.args, kwargs=run.kwargs)
+                for run in runs
+            }
+            readable = {run_id: queue for run_id, queue in queues.items() if queue is not None}
+            ids = {run.celery_task_id: run.id for run in runs if run.id in readable}
             # No delivery is recent enough to count: only the queues' lists are read.
             held = held_task_ids(
                 self.app, set(readable.values()), list(ids), delivered_since=math.inf
             )
-        except Exception as exc:  # any broker error: nothing is known to wait
+        except Exception as exc:  # a broker error, a route gone: nothing is known to wait
             logger.info("could not look for the messages of stale runs: %s", exc)
             return set()
         return {ids[task_id] for task_id in held or ()}
