@@ -88,7 +88,6 @@ read (RabbitMQ) keep the visibility-timeout rule of the reaper.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 import uuid
@@ -367,14 +366,11 @@ class LostMessages:
             }
             readable = {run_id: queue for run_id, queue in queues.items() if queue is not None}
             ids = {run.celery_task_id: run.id for run in runs if run.id in readable}
-            # No delivery is recent enough to count: only the queues' lists are read.
-            held = held_task_ids(
-                self.app, set(readable.values()), list(ids), delivered_since=math.inf
-            )
+            holdings = broker_holdings(self.app, set(readable.values()), list(ids))
         except Exception as exc:  # a broker error, a route gone: nothing is known to wait
             logger.info("could not look for the messages of stale runs: %s", exc)
             return set()
-        return {ids[task_id] for task_id in held or ()}
+        return {ids[task_id] for task_id in holdings.waiting} if holdings else set()
 
     def _missing(
         self, waiting: list[RunToPublish], queues: Mapping[uuid.UUID, str], *, now: datetime
