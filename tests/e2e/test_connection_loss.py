@@ -1,7 +1,8 @@
-"""A worker that loses its broker connection while a plain run works: Celery cancels
-the request (``worker_cancel_long_running_tasks_on_connection_loss``), and what the run
-records is the truth of what its body did. Real `celery worker` and `celery beat`
-processes on a private PostgreSQL and Redis; Redis restarts mid-run."""
+"""A body Celery terminates while it works: a worker that loses its broker connection
+cancels its request (``worker_cancel_long_running_tasks_on_connection_loss``), a revoke
+with ``terminate`` ends it; what the run records is the truth of what its body did. Real
+`celery worker` and `celery beat` processes on a private PostgreSQL and Redis; Redis
+restarts mid-run."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from sqlalchemy import text
 
 from beat.api import Schedules
 from beat.models import RunState
-from beat.run_store import CANCELLED_ON_CONNECTION_LOSS
+from beat.run_store import CANCELLED_ON_CONNECTION_LOSS, PLAIN_RUN_TERMINATED
 from tests.chaos.servers import PrivatePostgres, PrivateRedis
 from tests.e2e.cluster import Cluster, wait_until
 from tests.e2e.test_crash_proof import private_cluster, servers
@@ -136,3 +137,20 @@ def test_an_idempotent_run_cancelled_on_a_lost_broker_connection_runs_again_once
     [run] = run_rows(cluster.store, task="e2e.slow")
     assert run.state == RunState.SUCCEEDED.value
     assert cluster.effects() == {task_id: 1}
+
+
+@pytest.mark.parametrize("plain_run_working", ["prefork"], indirect=True)
+def test_a_plain_run_revoked_with_terminate_ends_lost_not_failed(
+    plain_run_working: Cluster,
+) -> None:
+    """issue 38, the same termination by a revoke: ``revoke(terminate=True)`` sends the
+    pool process SIGTERM; the body never returned, so the run ends ``lost`` with the
+    reason, not ``failed`` with no error, and is not run again."""
+    cluster = plain_run_working
+    run = the_run(cluster)
+    cluster.app().control.revoke(str(run.id), terminate=True)
+    wait_until(lambda: the_run(cluster).state != RunState.RUNNING.value, timeout=JOB_SECONDS + 30)
+    time.sleep(JOB_SECONDS)
+    run = the_run(cluster)
+    assert (run.state, run.error) == (RunState.LOST.value, PLAIN_RUN_TERMINATED)
+    assert effects(cluster) == ["long:start"], "terminated once, never run again"
