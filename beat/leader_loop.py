@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Protocol
@@ -49,7 +49,7 @@ from beat.claim_window import (
 from beat.config import BeatConfig
 from beat.dispatch import WAIT_STEP, PublishResult
 from beat.errors import HABeatError, StaleEpoch
-from beat.leader_store import Claim, PruneReport, Reclaim
+from beat.leader_store import Claim, InQueue, PruneReport, Reclaim
 from beat.liveness import WorkerDeaths
 from beat.lost_messages import Recovery
 from beat.models import Quarantine, RunToPublish, UnpublishableRun
@@ -107,6 +107,7 @@ class ClaimStore(Protocol):
         lease_seconds: float = ...,
         dead: Sequence[uuid.UUID] = ...,
         interrupted: Sequence[uuid.UUID] = ...,
+        in_queue: InQueue | None = ...,
     ) -> Reclaim: ...
     def seconds_until_next_fire(self, epoch: int | None = ...) -> float | None: ...
     def due_profile(self, horizon: float) -> list[DueSecond]: ...
@@ -169,6 +170,7 @@ class MessageRecovery(Protocol):
     def due(self) -> bool: ...
     def forget(self) -> None: ...
     def look(self, store: Any, epoch: int, *, limit: int, idle_timeout: float) -> Recovery: ...
+    def waiting_in_queues(self, runs: Sequence[RunToPublish]) -> Collection[uuid.UUID]: ...
 
 
 class RunCrashes(Protocol):
@@ -403,6 +405,7 @@ class LeaderLoop:
             limit=limit,
             idle_timeout=self.config.claim_idle_timeout,
             lease_seconds=self.config.lease_timeout,
+            in_queue=self.lost_messages.waiting_in_queues,
         )
         self.report.reclaimed(reclaim)
         self._publish(reclaim.runs, source=RECLAIM)

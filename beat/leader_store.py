@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -131,9 +131,13 @@ LEADER_RELEASED_CHANNEL = "beat_leader_released"
 #: (a job that kills the whole worker process every time must not loop for ever).
 MAX_INTERRUPTIONS = 10
 #: A run's message is sent at most this many times while no worker records it (its
-#: publication, and the copies lost-message recovery sent because the broker no longer
-#: held it); then the run ends ``lost`` (``requeue_missing``).
+#: publication, and the copies sent because the broker seemed to have lost it: by
+#: lost-message recovery, ``requeue_missing``, or past the visibility timeout,
+#: ``reclaim``); then the run ends ``lost``.
 MAX_SENDS = 3
+#: Which of some runs still have their message waiting in a queue of the broker, where
+#: it can be read (``beat.lost_messages.waiting_in_queues``).
+InQueue = Callable[[Sequence[RunToPublish]], Collection[uuid.UUID]]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -630,6 +634,7 @@ class LeaderStore(StoreConnection):
         lease_seconds: float = 30.0,
         dead: Sequence[uuid.UUID] = (),
         interrupted: Sequence[uuid.UUID] = (),
+        in_queue: InQueue | None = None,
     ) -> Reclaim:
         """The reaper, as leader ``epoch`` (fenced like a claim), in one transaction:
 
@@ -646,9 +651,25 @@ class LeaderStore(StoreConnection):
           lease, see ``beat.run_tracking``) but which that worker never started,
           the lease having expired, goes back to the outbox (a retry at its time,
           the times of the deliveries before it cleared);
-        - a ``queued`` run published more than ``stale_queued_after`` seconds
-          ago (its message is presumed gone from the broker) goes back to the
-          outbox too; a duplicate message is refused by the worker's guard.
+        - a ``queued`` run no worker holds, published more than
+          ``stale_queued_after`` seconds ago (twice the visibility timeout: its
+          message is presumed gone from the broker) goes back to the outbox too,
+          counted like a copy of lost-message recovery (``_sent_again_or_lost``):
+          once its message was sent ``MAX_SENDS`` times it ends ``lost`` with the
+          reason. A consumer that records nothing (``beat.lost_messages``) runs
+          every copy it takes, so the rule must be bounded: without the bound such
+          a run would be executed once more every ``stale_queued_after``, for ever.
+          ``in_queue`` (the broker's content, where it can be read: Redis) tells
+          which of these runs still have their message waiting in a queue: those
+          wait in a backlog, and are neither sent again nor counted. Where nothing
+          can be read (RabbitMQ, a topic or fanout route, Redis unreachable) every
+          such run counts: a run left waiting in a backlog of more than three
+          times ``stale_queued_after`` (six times the visibility timeout, 6 hours by
+          default) gets two copies behind it and then ends ``lost``, and its
+          messages are refused when they come (a gap, never a second execution).
+          That is the trade a production fleet wants: a backlog that deep is an
+          outage already, and a consumer that records nothing must not run one
+          run without end.
         """
         expired = (
             select(runs.c.id)
@@ -724,16 +745,6 @@ class LeaderStore(StoreConnection):
             )
             .returning(*runs.c, func.now().label("now"))
         )
-        stale = (
-            update(runs)
-            .where(
-                runs.c.state == RunState.QUEUED.value,
-                runs.c.published_at
-                < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_queued_after),
-            )
-            .values(state=RunState.PENDING.value, epoch=epoch, claimed_at=func.now())
-            .returning(*runs.c)
-        )
         # A worker took the message but died before starting it (a reserved message, a
         # retry waiting for its countdown): kombu would restore it only after the
         # visibility timeout. Back to the outbox, at its retry time if that is later.
@@ -766,7 +777,8 @@ class LeaderStore(StoreConnection):
         )
         with self._transaction() as conn:
             self._fence(conn, epoch, idle_timeout)
-            rows = [*_due(conn.execute(reap)), *conn.execute(stale)]
+            rows = [*_due(conn.execute(reap))]
+            rows += _send_stale_again(conn, epoch, stale_queued_after, limit, in_queue)
             rows += _due(conn.execute(held_by_dead))
         republish = [_run_from_row(row) for row in rows if row.state == RunState.PENDING.value]
         lost = [
@@ -1232,6 +1244,43 @@ def _due(rows: Iterable[Row[Any]]) -> list[Row[Any]]:
     """The rows put back in the outbox that are due now; the outbox sends the others
     when their ``not_before`` comes."""
     return [row for row in rows if row.not_before is None or row.not_before <= row.now]
+
+
+def _send_stale_again(
+    conn: Connection, epoch: int, older_than: float, limit: int, in_queue: InQueue | None
+) -> list[Row[Any]]:
+    """The reaper's visibility-timeout rule (``LeaderStore.reclaim``): the ``queued`` runs
+    no worker holds, published more than ``older_than`` seconds ago, locked, back to the
+    outbox or ``lost`` at the bound; those whose message ``in_queue`` finds waiting in
+    a queue are left as they are. The rows are locked while the broker is read: a worker
+    taking one of these messages meanwhile records its receipt after this decision."""
+    stale = list(
+        conn.execute(
+            select(*runs.c)
+            .where(
+                runs.c.state == RunState.QUEUED.value,
+                # A worker holds it (receipt lease): if that worker dies, held_by_dead acts.
+                runs.c.lease_owner.is_(None),
+                runs.c.published_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than),
+            )
+            .order_by(runs.c.published_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+    )
+    waiting = set(in_queue([_run_from_row(row) for row in stale])) if stale and in_queue else set()
+    copies = [row.id for row in stale if row.id not in waiting]
+    if not copies:
+        return []
+    return list(
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))))
+            .values(**_sent_again_or_lost(MAX_SENDS), epoch=epoch, claimed_at=func.now())
+            .returning(*runs.c),
+            {"ids": copies},
+        )
+    )
 
 
 def _sent_again_or_lost(max_sends: int) -> dict[str, Any]:

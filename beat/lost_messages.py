@@ -53,9 +53,11 @@ read, and this recovery does nothing there. For those, **copies are bounded**:
 a run whose message was sent ``beat.leader_store.MAX_SENDS`` times in all (its
 publication and the copies of this recovery, ``beat_runs.recovery_sends``) and
 that no worker recorded ends ``lost``, with the reason, instead of being sent
-again. (The reaper's visibility-timeout rule is not bounded: it sends again a run
-left ``queued`` for twice the visibility timeout, without looking for its message,
-and a copy in a long backlog is not a lost run.)
+again. The reaper's visibility-timeout rule, which takes over where this recovery
+does nothing, counts its copies in the same column and ends a run ``lost`` at the
+same bound; on Redis it first looks for the message (``waiting_in_queues``): a run
+whose message still waits in its queue is in a backlog, neither sent again nor
+counted (``LeaderStore.reclaim`` says what a backlog costs where nothing can be read).
 
 A message can also be stranded in kombu's unacknowledged hash: a worker took it
 and was killed before its ``task_received`` handler (``beat.run_tracking``)
@@ -350,6 +352,25 @@ class LostMessages:
         return queues
 
     # -- the broker -------------------------------------------------------------------
+
+    def waiting_in_queues(self, runs: Sequence[RunToPublish]) -> set[uuid.UUID]:
+        """Which of ``runs`` (``queued``, no worker holding them) still have their message
+        waiting in its queue: in a backlog, not lost. A delivery in kombu's unacked hash
+        does not count: a consumer took it (one that records nothing runs it). Nothing
+        where the broker cannot be read (RabbitMQ, a route to no single queue, a broker
+        error): the reaper then counts every copy (``beat.leader_store.InQueue``)."""
+        try:
+            queues = {
+                run.id: queue_of(self.app, run.task, run.options, args=run.args, kwargs=run.kwargs)
+                for run in runs
+            }
+            readable = {run_id: queue for run_id, queue in queues.items() if queue is not None}
+            ids = {run.celery_task_id: run.id for run in runs if run.id in readable}
+            holdings = broker_holdings(self.app, set(readable.values()), list(ids))
+        except Exception as exc:  # a broker error, a route gone: nothing is known to wait
+            logger.info("could not look for the messages of stale runs: %s", exc)
+            return set()
+        return {ids[task_id] for task_id in holdings.waiting} if holdings else set()
 
     def _missing(
         self, waiting: list[RunToPublish], queues: Mapping[uuid.UUID, str], *, now: datetime

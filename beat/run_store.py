@@ -155,6 +155,18 @@ TASK_ID_NAMESPACE = uuid.UUID("6c1b1f0e-8a43-4c59-9a0e-686162656174")
 
 #: The state reported for a refused delivery whose run has no row (see ``start``).
 MISSING = "missing"
+#: Why a plain run ends ``lost`` when its body never returned: Celery's trace was unwound
+#: by a ``BaseException`` (a prefork pool process terminated with SIGTERM by a cancel or
+#: a revoke, or the body raised ``SystemExit``).
+PLAIN_RUN_TERMINATED = (
+    "its body did not return (terminated by Celery while it ran): it may have had its"
+    " effect; a plain task is not run again"
+)
+#: The same, when Celery says why: it cancels the requests it cannot acknowledge once
+#: the worker lost its broker connection (``worker_cancel_long_running_tasks_on_connection_loss``).
+CANCELLED_ON_CONNECTION_LOSS = (
+    "cancelled by Celery when the worker lost its broker connection: it may have had its effect"
+)
 
 
 def _lease_until(seconds: float) -> Any:
@@ -600,15 +612,42 @@ class RunStore(StoreConnection):
         it asked for, received before this one ended) holds the run now."""
         retries = attempt_retries + 1 if state is RunState.RETRYING else None
         values = _outcome(state, error=error, retries=retries, retry_in=retry_in)
+        # An outcome the body reached replaces a ``lost`` written while it ran (the
+        # reaper's, a cancel's); a ``lost`` itself replaces nothing but ``running``.
+        ended = [RunState.RUNNING.value]
+        if state is not RunState.LOST:
+            ended.append(RunState.LOST.value)
+        return self._changed_one(
+            update(runs)
+            .where(*_plain_attempt(run_id, attempt_retries), runs.c.state.in_(ended))
+            .values(**values)
+        )
+
+    def cancel_plain(self, run_id: uuid.UUID, *, attempt_retries: int) -> bool:
+        """Celery cancelled the attempt ``attempt_retries`` of a plain run on a lost broker
+        connection, terminating its body: the run ends ``lost`` with
+        ``CANCELLED_ON_CONNECTION_LOSS`` if its body started (it may have had its effect;
+        it is never run again), also over the ``PLAIN_RUN_TERMINATED`` its pool process
+        may have recorded first. A body that had returned recorded its outcome, which
+        stays; one that never started is left to its receipt lease (sent again)."""
         return self._changed_one(
             update(runs)
             .where(
-                runs.c.id == run_id,
-                runs.c.plain,
-                runs.c.retries == attempt_retries,
-                runs.c.state.in_([RunState.RUNNING.value, RunState.LOST.value]),
+                *_plain_attempt(run_id, attempt_retries),
+                runs.c.started_at.is_not(None),
+                or_(
+                    runs.c.state == RunState.RUNNING.value,
+                    and_(
+                        runs.c.state == RunState.LOST.value,
+                        runs.c.error == PLAIN_RUN_TERMINATED,
+                    ),
+                ),
             )
-            .values(**values)
+            .values(
+                **_outcome(
+                    RunState.LOST, error=CANCELLED_ON_CONNECTION_LOSS, retries=None, retry_in=None
+                )
+            )
         )
 
     def expire_if_past(self, run_id: uuid.UUID, expires: datetime) -> bool:
@@ -711,6 +750,11 @@ class RunStore(StoreConnection):
             return conn.execute(statement).rowcount == 1
         with self._transaction() as own:
             return own.execute(statement).rowcount == 1
+
+
+def _plain_attempt(run_id: uuid.UUID, attempt_retries: int) -> tuple[Any, ...]:
+    """The plain run's attempt that Celery numbered ``attempt_retries``."""
+    return (runs.c.id == run_id, runs.c.plain, runs.c.retries == attempt_retries)
 
 
 def _outcome(

@@ -16,7 +16,12 @@ lists it); no task has to change. It covers what the idempotent base
   is never started again: a second delivery (a broker redelivery, a copy the
   leader sent because it could not find the message) is dropped at receipt.
   If the worker dies while it holds the run, the leader's reaper ends the run
-  ``lost`` rather than send it again: a plain task may have had its effect.
+  ``lost`` rather than send it again: a plain task may have had its effect. So
+  does a body Celery terminates (the prefork pool's SIGTERM: a request cancelled
+  on a lost broker connection, ``worker_cancel_long_running_tasks_on_connection_loss``,
+  or revoked with ``terminate``): its trace unwinds with no outcome, and the run
+  ends ``lost`` with the reason, not ``failed``; a body that returned first keeps
+  its outcome. The threads pool cannot terminate a body: it runs to its end.
 - **A plain run starts only while its delivery holds it**: the receipt numbers
   the attempt it took; the pool process starts the body only if that attempt,
   under this worker's receipt, still holds the run (``RunStore.start_plain``, one
@@ -90,6 +95,7 @@ from celery.signals import (
     before_task_publish,
     task_postrun,
     task_received,
+    task_retry,
     task_revoked,
     worker_init,
     worker_ready,
@@ -103,6 +109,8 @@ from beat.liveness import Session, process_session
 from beat.messages import ATTEMPT_HEADER
 from beat.models import RunState
 from beat.run_store import (
+    CANCELLED_ON_CONNECTION_LOSS,
+    PLAIN_RUN_TERMINATED,
     Refused,
     RunStore,
     Started,
@@ -721,8 +729,7 @@ def _plain_run_ended(
     run_id = _running_plain.pop(task_id or "", None)
     if run_id is None or task is None:
         return
-    outcome = _OUTCOMES.get(state or "", RunState.FAILED)
-    error = error_text(retval) if isinstance(retval, BaseException) else None
+    outcome, error = _plain_outcome(state, retval)
     retry_in = retry_delay(retval) if isinstance(retval, Retry) else None
     store = _store_of(task)
     attempt_retries = task.request.retries or 0
@@ -744,6 +751,46 @@ def _plain_run_ended(
             run_id,
             outcome.value,
             extra={"run_id": str(run_id)},
+        )
+
+
+def _plain_outcome(state: str | None, retval: Any) -> tuple[RunState, str | None]:
+    """The run's state and error for Celery's outcome of a plain body (``task_postrun``).
+    No state: the trace was unwound before the body returned, by a ``BaseException``
+    (the SIGTERM Celery sends a prefork pool process to terminate a request, cancelled on
+    a lost broker connection or revoked): the body may have had its effect and is never
+    run again, so the run is ``lost``, not ``failed`` with no error."""
+    if state is None:
+        return RunState.LOST, PLAIN_RUN_TERMINATED
+    error = error_text(retval) if isinstance(retval, BaseException) else None
+    return _OUTCOMES.get(state, RunState.FAILED), error
+
+
+def _plain_run_cancelled(
+    sender: Any = None, request: Any = None, einfo: Any = None, **_: Any
+) -> None:
+    """Celery cancelled a request on a lost broker connection (``Request.cancel``: its
+    ``_announce_cancelled`` sends ``task_retry`` with no ``einfo``, in the main process,
+    right after it sent SIGTERM to the pool process running it): a plain run of beat's
+    whose body started ends ``lost`` with the reason (``RunStore.cancel_plain``). On the
+    threads pool Celery cannot terminate a body, announces nothing, and the body's own
+    outcome is recorded when it returns."""
+    if einfo is not None or request is None or sender is None or is_guarded(sender):
+        return
+    if not published_by_beat(request) or request.id is None:
+        return
+    run_id = run_id_for(request.id)
+    retries = int(getattr(request, "retries", 0) or 0)
+    try:
+        # Tried once: this is the consumer's thread, reconnecting. If it fails, the pool
+        # process's record (the body did not return) or the reaper ends the run lost.
+        cancelled = _store_of(sender).cancel_plain(run_id, attempt_retries=retries)
+    except HABeatError as exc:
+        logger.warning("could not record the cancel of plain run %s: %s", run_id, exc)
+        return
+    if cancelled:
+        logger.warning(
+            "plain run %s: %s", run_id, CANCELLED_ON_CONNECTION_LOSS, extra={"run_id": str(run_id)}
         )
 
 
@@ -809,6 +856,7 @@ def install() -> None:
     """Connect the handlers (done on import; weak references are not used, so once is enough)."""
     task_received.connect(_hold_received_run, weak=False, dispatch_uid="habeat.hold_received_run")
     task_postrun.connect(_plain_run_ended, weak=False, dispatch_uid="habeat.plain_run_ended")
+    task_retry.connect(_plain_run_cancelled, weak=False, dispatch_uid="habeat.plain_run_cancelled")
     task_revoked.connect(_record_expiry, weak=False, dispatch_uid="habeat.record_expiry")
     worker_ready.connect(_worker_ready, weak=False, dispatch_uid="habeat.worker_ready")
     worker_init.connect(_add_consumer_step, weak=False, dispatch_uid="habeat.expiry_step")

@@ -45,7 +45,7 @@ from beat.dispatch import BUILD_STEP, PublishResult
 from beat.errors import LeaseUnavailable, StaleEpoch, StoreUnavailable
 from beat.leader import DRIFT_MARGIN
 from beat.leader_loop import LeaderLoop
-from beat.leader_store import Claim, LostRun, PruneReport, Reclaim
+from beat.leader_store import Claim, InQueue, LostRun, PruneReport, Reclaim
 from beat.leadership import Leadership
 from beat.liveness import Session
 from beat.lost_messages import Recovery
@@ -767,9 +767,11 @@ class FakeClaimStore:
         lease_seconds: float = 30.0,
         dead: Sequence[uuid.UUID] = (),
         interrupted: Sequence[uuid.UUID] = (),
+        in_queue: InQueue | None = None,
     ) -> Reclaim:
         """The reaper as ``LeaderStore.reclaim``, without what this store does not hold:
-        no workers table (an attempt whose worker died counts), no plain runs, no retries."""
+        no workers table (an attempt whose worker died counts), no plain runs, no retries,
+        no bound on the copies of a stale run (nothing is left queued that long here)."""
         self._enter("reclaim")
         self._fence(epoch)
         now = self.clock.now()
@@ -1236,6 +1238,9 @@ class NoMessageRecovery:
 
     def look(self, store: Any, epoch: int, *, limit: int, idle_timeout: float) -> Recovery:
         return Recovery()
+
+    def waiting_in_queues(self, runs: Sequence[RunToPublish]) -> set[uuid.UUID]:
+        return set()
 
 
 # -- processes ------------------------------------------------------------------------------

@@ -147,3 +147,12 @@ def plain_retry_then_die(self: Any, label: str, countdown: float, queue: str) ->
 def crash(self: IdempotentTask, label: str) -> None:
     """Kills the process that runs it, as a job that exhausts its memory would."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@celery_app.task(name="e2e.plain_long", bind=True)
+def plain_long(self: Any, label: str, seconds: float) -> str:
+    """A plain task whose every start is recorded (``<label>:start``), then works
+    ``seconds`` and records its end (``label``): a test counts the bodies started."""
+    _record_plain_effect(self.request.id, f"{label}:start")
+    time.sleep(seconds)
+    return _record_plain_effect(self.request.id, label)

@@ -269,6 +269,69 @@ def test_a_run_sent_again_while_nobody_records_it_ends_lost_at_the_bound(
     assert row.finished_at is not None
 
 
+STALE_AFTER = 60.0  # the reaper's stale_queued_after, tiny beside the default 2 hours
+
+
+def reaped(app: Celery, store: Store) -> list[RunToPublish]:
+    """One pass of the reaper as the leader runs it: the broker read for the messages of
+    stale runs. Returns the runs sent again (published and marked, as the leader does)."""
+    lost = LostMessages(app)
+    reclaim = store.reclaim(
+        1, stale_queued_after=STALE_AFTER, limit=10, in_queue=lost.waiting_in_queues
+    )
+    if reclaim.runs:
+        assert dispatch.publish_runs(app, reclaim.runs).published == [
+            run.id for run in reclaim.runs
+        ]
+        assert store.mark_published([run.id for run in reclaim.runs]) == len(reclaim.runs)
+    return reclaim.runs
+
+
+def test_the_visibility_timeout_rule_sends_a_run_nobody_records_at_most_the_bound(
+    app: Celery, store: Store
+) -> None:
+    """issue 38, the bound on the reaper's visibility-timeout rule: a consumer that
+    records nothing (where lost-message recovery falls back to this rule) takes every
+    copy of a run and runs it. Reclaimed again and again past ``stale_queued_after``,
+    the run's message is sent MAX_SENDS times in all, then the run ends ``lost`` with
+    the reason instead of being executed once more every twice the visibility timeout."""
+    run = published_run(app, store, seconds_ago=STALE_AFTER + 1)
+    sends = 1
+    for _ in range(3 * MAX_SENDS):
+        assert taken_by_a_consumer_that_records_nothing(app)
+        if not reaped(app, store):
+            break
+        sends += 1
+        published_ago(store, STALE_AFTER + 1)
+
+    assert sends == MAX_SENDS
+    [row] = run_rows(store)
+    assert (row.id, row.state) == (run.id, RunState.LOST.value)
+    assert row.error == (
+        f"its message was sent {MAX_SENDS} times and no worker recorded it: a consumer"
+        " that does not record runs may have taken it"
+    )
+    assert not taken_by_a_consumer_that_records_nothing(app), "no copy after the bound"
+
+
+def test_a_stale_run_whose_message_waits_in_the_queue_is_neither_sent_again_nor_counted(
+    app: Celery, store: Store
+) -> None:
+    """issue 38, the bound on the reaper's visibility-timeout rule, on Redis: a run whose
+    message still waits in its queue past ``stale_queued_after`` (a long backlog) is not
+    lost. The reaper reads the queue: no copy, no count, however often it passes; once
+    a consumer that records nothing took the message, the copies count."""
+    run = published_run(app, store, seconds_ago=STALE_AFTER + 1)
+    for _ in range(2 * MAX_SENDS):
+        assert reaped(app, store) == []
+    [row] = run_rows(store)
+    assert (row.state, row.recovery_sends) == (RunState.QUEUED.value, 0)
+
+    assert taken_by_a_consumer_that_records_nothing(app)
+    assert [again.id for again in reaped(app, store)] == [run.id]
+    assert run_rows(store)[0].recovery_sends == 1
+
+
 def test_the_consumers_found_are_kept_with_their_times_and_said_once(store: Store) -> None:
     """What the leader's checks found about consumers that do not record runs: new or
     back pairs are returned (to be said once), a pair not found is gone since that

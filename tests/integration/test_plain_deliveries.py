@@ -12,7 +12,13 @@ from sqlalchemy import text
 
 from beat.api import Schedules
 from beat.models import RunState
-from beat.run_store import Refused, RunStore, Started
+from beat.run_store import (
+    CANCELLED_ON_CONNECTION_LOSS,
+    PLAIN_RUN_TERMINATED,
+    Refused,
+    RunStore,
+    Started,
+)
 from beat.store import Store
 from tests.integration.helpers import run_rows
 
@@ -161,3 +167,33 @@ def test_a_late_delivery_never_starts_a_plain_run_whose_body_started(
     assert isinstance(receive(run_store, run_id, "c:received", expires=passed), Refused)
     [row] = run_rows(store)
     assert (row.state, row.attempt, row.worker) == ("running", 1, "a:received")
+
+
+def test_a_plain_run_cancelled_after_its_body_started_ends_lost_with_the_reason(
+    run_store: RunStore, store: Store
+) -> None:
+    """issue 38, a plain run cancelled on a lost broker connection: its pool process may
+    record first that the body did not return; Celery's cancel then says why, and the
+    run ends ``lost`` with that reason. A run cancelled before its body started is left
+    to its receipt lease (sent again), and a body that returned keeps its outcome."""
+    run_id = published_run(store)
+    assert receive(run_store, run_id, "a:received") == Started(attempt=1)
+    assert not run_store.cancel_plain(run_id, attempt_retries=0), "its body never started"
+    assert run_rows(store)[0].state == RunState.RUNNING.value
+
+    assert run_store.start_plain(run_id, owner="a:received", attempt=1) == Started(attempt=1)
+    assert run_store.finish_plain(
+        run_id, state=RunState.LOST, error=PLAIN_RUN_TERMINATED, attempt_retries=0
+    )
+    assert run_store.cancel_plain(run_id, attempt_retries=0)
+    assert not run_store.finish_plain(
+        run_id, state=RunState.LOST, error=PLAIN_RUN_TERMINATED, attempt_retries=0
+    ), "the reason Celery gave stays"
+    [row] = run_rows(store)
+    assert (row.state, row.error) == (RunState.LOST.value, CANCELLED_ON_CONNECTION_LOSS)
+    assert row.finished_at is not None
+
+    # The body had returned when the cancel came: its outcome stands, in either order.
+    assert run_store.finish_plain(run_id, state=RunState.SUCCEEDED, attempt_retries=0)
+    assert not run_store.cancel_plain(run_id, attempt_retries=0)
+    assert run_rows(store)[0].state == RunState.SUCCEEDED.value
