@@ -85,6 +85,37 @@ def periodic(
     return attach
 
 
+def load_as_beat_does(app: Any) -> None:
+    """Load ``app`` as ``celery beat`` does before it reads a schedule
+    (``celery.apps.beat.Beat.init_loader``): the loader's worker start-up imports the
+    task modules (``autodiscover_tasks()`` answers its ``import_modules`` signal), then
+    ``finalize()`` sends ``on_after_finalize``, where apps call ``add_periodic_task``.
+    Reading ``beat_schedule`` before that misses those entries. Each step runs once
+    per process, so calling this again (in beat, after Celery did it) changes nothing."""
+    app.loader.init_worker()
+    app.finalize()
+
+
+#: A sync that would remove more than this share of the stored code schedules needs
+#: ``--prune``: code that lost most of them was more likely loaded wrong than edited.
+PRUNE_SHARE = 0.5
+
+
+def prune_refusal(stored: Iterable[str], found: Iterable[str]) -> str | None:
+    """Why a sync that finds ``found`` must not remove the code schedules ``stored``
+    without ``--prune`` (one line), or None when it removes few enough of them."""
+    stored_names = set(stored)
+    gone = stored_names - set(found)
+    if not gone or len(gone) <= PRUNE_SHARE * len(stored_names):
+        return None
+    return (
+        f"the code defines {len(stored_names) - len(gone)} of the {len(stored_names)} code"
+        f" schedules stored, so this sync would remove {len(gone)} (e.g. {min(gone)!r}):"
+        " if the code really dropped them, run it again with --prune; else check that the"
+        " app's task modules import (autodiscover_tasks, imports, HABEAT_IMPORTS)"
+    )
+
+
 def collect(
     app: Any, *, default_tz: str, defaults: Mapping[str, Any] | None = None
 ) -> list[tuple[ScheduleDefinition, str]]:
