@@ -65,3 +65,28 @@ def test_schedules_added_in_an_on_after_finalize_handler_are_synced_and_kept(
     assert pruned.returncode == 0, pruned.stderr
     assert sorted(json.loads(pruned.stdout)["removed"]) == sorted(names)
     assert Schedules(store).list() == []
+
+
+def test_an_app_on_local_time_fires_in_the_hosts_zone_and_shows_it(
+    test_env: SessionEnv, store: Store
+) -> None:
+    """issue 36, finding 4: enable_utc = False and no timezone, on a host in Europe/Berlin:
+    Celery reads crontab(minute=30, hour=2) at 02:30 Berlin time, and so does this
+    scheduler; `schedules show` names the zone."""
+    synced = celery(test_env, "local_time.celery_app", "schedules", "sync", TZ="Europe/Berlin")
+    assert synced.returncode == 0, synced.stderr
+    shown = celery(
+        test_env,
+        "local_time.celery_app",
+        "schedules",
+        "show",
+        "nightly at 02:30",
+        "--json",
+        TZ="Europe/Berlin",
+    )
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert document["timezone"] == "Europe/Berlin"
+    assert {fire["local"][11:19] for fire in document["upcoming"]} == {"02:30:00"}
+    text = celery(test_env, "local_time.celery_app", "schedules", "show", "nightly at 02:30").stdout
+    assert "Europe/Berlin" in text
