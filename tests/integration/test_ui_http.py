@@ -427,6 +427,9 @@ def test_a_name_with_spaces_from_celerys_docs_syncs_and_travels_every_path(
     page = ui.request("/schedules/add%20every%2010")
     assert page.status == 200
     assert 'action="/schedules/add%20every%2010/pause"' in page.body
+    assert 'href="/plots?schedule=add+every+10"' in page.body
+    assert ui.request("/plots?schedule=add+every+10").status == 200
+    assert ui.request("/api/schedules/add%20every%2010").json()["name"] == name
     assert ui.post_form("/schedules/add%20every%2010/pause", {}).status == 303
     assert not schedules.get(name).definition.enabled
     form = {
