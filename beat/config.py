@@ -419,6 +419,8 @@ class BeatConfig:
         for row in SETTINGS:
             if (value := conf_value(conf, row.key)) is not None:
                 values[row.name] = value
+                if row.name in _URL_SETTINGS:
+                    values.setdefault(_URL_SETTINGS[row.name], app_key(conf, row.key))
             elif (found := row.from_environment(env)) is not None:
                 variable, values[row.name] = found
                 if row.name in _URL_SETTINGS:

@@ -157,6 +157,7 @@ def test_django_settings_loaded_without_a_namespace_are_read_as_celery_reads_the
         9,
         "redis://h/5",
     )
+    assert config.database_setting == "CELERY_HABEAT_DATABASE_URL", "hints name it so"
     assert uses_this_scheduler(app.conf, environ={})
 
     class Unset(OldStyleDjangoSettings):
