@@ -200,7 +200,7 @@ def test_an_app_on_local_time_fires_in_the_hosts_zone_and_shows_it(
         "local_time.celery_app",
         "schedules",
         "show",
-        "nightly at 02:30",
+        "nightly-0230",
         "--json",
         TZ="Europe/Berlin",
     )
@@ -208,5 +208,5 @@ def test_an_app_on_local_time_fires_in_the_hosts_zone_and_shows_it(
     document = json.loads(shown.stdout)
     assert document["timezone"] == "Europe/Berlin"
     assert {fire["local"][11:19] for fire in document["upcoming"]} == {"02:30:00"}
-    text = celery(test_env, "local_time.celery_app", "schedules", "show", "nightly at 02:30").stdout
+    text = celery(test_env, "local_time.celery_app", "schedules", "show", "nightly-0230").stdout
     assert "Europe/Berlin" in text

@@ -6,7 +6,7 @@ app = Celery("local_time", broker=BROKER_URL)
 app.conf.update(habeat_database_url=DATABASE_URL, broker_transport_options=BROKER_OPTIONS)
 app.conf.enable_utc = False
 app.conf.beat_schedule = {
-    "nightly at 02:30": {"task": "local_time.nightly", "schedule": crontab(minute=30, hour=2)},
-    "every 5 minutes": {"task": "local_time.poll", "schedule": crontab(minute="*/5")},
-    "every 45 s": {"task": "local_time.tick", "schedule": 45},
+    "nightly-0230": {"task": "local_time.nightly", "schedule": crontab(minute=30, hour=2)},
+    "every-5-minutes": {"task": "local_time.poll", "schedule": crontab(minute="*/5")},
+    "every-45s": {"task": "local_time.tick", "schedule": 45},
 }
