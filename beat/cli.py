@@ -39,7 +39,7 @@ from beat.errors import (
     ScheduleNotFound,
     one_line,
 )
-from beat.models import MisfirePolicy, OverlapPolicy, RunState
+from beat.models import MisfirePolicy, Origin, OverlapPolicy, RunState
 from beat.user_input import (
     duration_seconds,
     is_duration,
@@ -557,24 +557,35 @@ def leader(ctx: click.Context, as_json: bool) -> None:
 
 
 @_command()
+@click.option(
+    "--prune",
+    is_flag=True,
+    help="remove the code schedules the code no longer defines, even most of them",
+)
 @_json_option
 @click.pass_context
-def sync(ctx: click.Context, as_json: bool) -> None:
-    """Push the schedules defined in code (beat_schedule, @periodic) to PostgreSQL now.
+def sync(ctx: click.Context, prune: bool, as_json: bool) -> None:
+    """Push the schedules defined in code (beat_schedule, @periodic, add_periodic_task) to
+    PostgreSQL now, reading the app as celery beat does.
 
     Beat does the same when it starts. Unchanged ones keep their runtime state
-    (a pause survives); code schedules no longer in code are removed.
+    (a pause survives); code schedules no longer in code are removed, but when that
+    is more than half of them only with --prune (exit 2 and nothing written without).
     """
-    manager = _schedules(ctx)
     app = ctx.obj.app
     try:
-        app.loader.import_default_modules()
+        code_schedules.load_as_beat_does(app)
     except ImportError as exc:
         _fail(f"cannot import the task modules ({exc}): fix the module or HABEAT_IMPORTS", 1)
+    manager = _schedules(ctx)
     with _errors_as_exit_codes():
         definitions = code_schedules.collect(
             app, default_tz=manager.default_tz, defaults=manager.defaults
         )
+        stored = [s.name for s in manager.list() if s.definition.origin is Origin.CODE]
+        refusal = code_schedules.prune_refusal(stored, (d.name for d, _ in definitions))
+        if refusal is not None and not prune:
+            raise ConfigError(refusal)
         report = manager.sync_code(definitions)
     if as_json:
         _echo_json(rendering.sync_document(report))

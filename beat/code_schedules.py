@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -23,7 +24,7 @@ from beat.api import arguments_problem, define
 from beat.errors import ConfigError, InvalidSchedule
 from beat.models import Origin, ScheduleDefinition
 from beat.schedule_store import definition_values
-from beat.timing import Cron
+from beat.timing import Cron, parse_zone
 
 #: Keys a ``beat_schedule`` entry may carry beyond Celery's own (our scheduling rules).
 SCHEDULE_ENTRY_EXTRAS = frozenset(
@@ -85,6 +86,37 @@ def periodic(
     return attach
 
 
+def load_as_beat_does(app: Any) -> None:
+    """Load ``app`` as ``celery beat`` does before it reads a schedule
+    (``celery.apps.beat.Beat.init_loader``): the loader's worker start-up imports the
+    task modules (``autodiscover_tasks()`` answers its ``import_modules`` signal), then
+    ``finalize()`` sends ``on_after_finalize``, where apps call ``add_periodic_task``.
+    Reading ``beat_schedule`` before that misses those entries. Each step runs once
+    per process, so calling this again (in beat, after Celery did it) changes nothing."""
+    app.loader.init_worker()
+    app.finalize()
+
+
+#: A sync that would remove more than this share of the stored code schedules needs
+#: ``--prune``: code that lost most of them was more likely loaded wrong than edited.
+PRUNE_SHARE = 0.5
+
+
+def prune_refusal(stored: Iterable[str], found: Iterable[str]) -> str | None:
+    """Why a sync that finds ``found`` must not remove the code schedules ``stored``
+    without ``--prune`` (one line), or None when it removes few enough of them."""
+    stored_names = set(stored)
+    gone = stored_names - set(found)
+    if not gone or len(gone) <= PRUNE_SHARE * len(stored_names):
+        return None
+    return (
+        f"the code defines {len(stored_names) - len(gone)} of the {len(stored_names)} code"
+        f" schedules stored, so this sync would remove {len(gone)} (e.g. {min(gone)!r}):"
+        " if the code really dropped them, run it again with --prune; else check that the"
+        " app's task modules import (autodiscover_tasks, imports, HABEAT_IMPORTS)"
+    )
+
+
 def collect(
     app: Any, *, default_tz: str, defaults: Mapping[str, Any] | None = None
 ) -> list[tuple[ScheduleDefinition, str]]:
@@ -93,7 +125,7 @@ def collect(
     Raises :class:`ConfigError` naming the entry at fault: a schedule in code
     that cannot run is a bug to fix before deploying, not something to skip.
     """
-    app_tz = default_tz if app.conf.timezone is None else str(app.conf.timezone)
+    app_tz = app_zone(app, default_tz)
     base = dict(defaults or {})
     found: dict[str, ScheduleDefinition] = {}
     for name, entry in (app.conf.beat_schedule or {}).items():
@@ -108,6 +140,46 @@ def collect(
             fields = {"default_tz": app_tz, **base, **fields}
             _add(found, _define(schedule_name, task_name, fields), f"@periodic on {task_name}")
     return [(definition, definition_hash(definition)) for definition in found.values()]
+
+
+def app_zone(app: Any, default_tz: str) -> str:
+    """The zone Celery reads the app's crontabs in (``Celery.timezone``): its
+    ``timezone``, else the host's local zone when ``enable_utc`` is off, else
+    ``default_tz`` (UTC unless habeat_default_timezone says otherwise)."""
+    if app.conf.timezone:
+        return str(app.conf.timezone)
+    if not app.conf.enable_utc:
+        return host_zone()
+    return default_tz
+
+
+#: Where the zone database keeps a zone's file: ``<dir>/Europe/Berlin``.
+_ZONEINFO_DIR = "zoneinfo/"
+#: The host's zone when ``TZ`` is unset: a link into the zone database.
+_LOCALTIME = "/etc/localtime"
+
+
+def host_zone() -> str:
+    """The IANA name of the zone the C library calls local (``TZ``, else
+    ``/etc/localtime``), which is the one Celery's ``timezone.local`` follows.
+
+    A schedule keeps a zone's name, so a zone without one (``TZ=CET-1CEST``) is refused
+    with the setting that fixes it."""
+    configured = os.environ.get("TZ", "").lstrip(":")
+    if not configured:
+        if not os.path.exists(_LOCALTIME):
+            return "UTC"  # what the C library uses without either
+        configured = os.path.realpath(_LOCALTIME)
+    name = configured.rpartition(_ZONEINFO_DIR)[2] if _ZONEINFO_DIR in configured else configured
+    try:
+        parse_zone(name)
+    except InvalidSchedule:
+        raise ConfigError(
+            f"the app reads its schedules in the host's local time (enable_utc is off and no"
+            f" timezone is set), whose zone {configured!r} has no IANA name: set the app's"
+            " timezone, e.g. timezone = 'Europe/Berlin'"
+        ) from None
+    return name
 
 
 def task_warnings(app: Any, definitions: Iterable[tuple[ScheduleDefinition, str]]) -> list[str]:

@@ -33,11 +33,9 @@ CONF_PREFIX = "habeat_"
 ENV_PREFIX = "HABEAT_"
 #: Values of Celery's ``beat_scheduler`` that name this scheduler.
 SCHEDULER_NAMES = frozenset({"ha", "beat.scheduler:HAScheduler", "beat.scheduler.HAScheduler"})
-#: How to name the database setting in a hint, for any app.
-DATABASE_SETTING = (
-    "habeat_database_url in the app's configuration (CELERY_HABEAT_DATABASE_URL in"
-    " Django settings), or HABEAT_DATABASE_URL in the environment"
-)
+#: Prefix of Celery's old setting names (``CELERY_TIMEZONE``), which an app configured
+#: with them (``config_from_object(settings)`` without a namespace) uses for ours too.
+OLD_CONF_PREFIX = "CELERY_"
 #: The URL fields, and the fields that say which setting they came from (set by
 #: whoever fills ``app.conf`` from variables of its own, read from nowhere else).
 _URL_SETTINGS = {"database_url": "database_setting", "redis_url": "redis_setting"}
@@ -416,17 +414,22 @@ class BeatConfig:
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for name in _PROVENANCE:
-            if (value := conf.get(CONF_PREFIX + name)) is not None:
+            if (value := conf_value(conf, CONF_PREFIX + name)) is not None:
                 values[name] = value
         for row in SETTINGS:
-            if (value := conf.get(row.key)) is not None:
+            if (value := conf_value(conf, row.key)) is not None:
                 values[row.name] = value
+                if row.name in _URL_SETTINGS:
+                    values.setdefault(_URL_SETTINGS[row.name], app_key(conf, row.key))
             elif (found := row.from_environment(env)) is not None:
                 variable, values[row.name] = found
                 if row.name in _URL_SETTINGS:
                     values.setdefault(_URL_SETTINGS[row.name], variable)
         if "database_url" not in values:
-            raise ConfigError(f"no schedule database is configured: set {DATABASE_SETTING}")
+            raise ConfigError(
+                f"no schedule database is configured: set {app_key(conf, 'habeat_database_url')}"
+                " in the app's configuration, or HABEAT_DATABASE_URL in the environment"
+            )
         if "redis_url" not in values:
             values["redis_url"] = _broker_redis_url(conf)
             values.setdefault("redis_setting", "the broker URL (or habeat_redis_url)")
@@ -503,7 +506,7 @@ def uses_this_scheduler(conf: Any, environ: Mapping[str, str] | None = None) -> 
         scheduler = f"{scheduler.__module__}:{scheduler.__qualname__}"
     return (
         scheduler in SCHEDULER_NAMES
-        or conf.get(CONF_PREFIX + "database_url") is not None
+        or conf_value(conf, CONF_PREFIX + "database_url") is not None
         or bool(env.get(ENV_PREFIX + "DATABASE_URL", "").strip())
     )
 
@@ -515,10 +518,36 @@ def _broker_redis_url(conf: Any) -> str:
     if first.startswith(("redis://", "rediss://", "unix://")):
         return first
     raise ConfigError(
-        "no Redis for the leader lease: the broker is not Redis, so set habeat_redis_url in"
-        " the app's configuration (CELERY_HABEAT_REDIS_URL in Django settings), or"
+        "no Redis for the leader lease: the broker is not Redis, so set"
+        f" {app_key(conf, 'habeat_redis_url')} in the app's configuration, or"
         " HABEAT_REDIS_URL in the environment"
     )
+
+
+def conf_value(conf: Any, key: str) -> Any:
+    """Our ``key`` (``habeat_lock_ttl``) in ``conf``, found as Celery finds its own
+    settings: Celery's ``Settings`` adds the app's namespace (``CELERY_HABEAT_LOCK_TTL``
+    with ``namespace="CELERY"``) and reads each setting by its old name as well
+    (``CELERY_TIMEZONE`` for ``timezone``), whose spelling for ours is
+    ``CELERY_HABEAT_LOCK_TTL``. None when neither is set."""
+    value = conf.get(key)
+    return conf.get(_old_name(key)) if value is None else value
+
+
+def app_key(conf: Any, key: str) -> str:
+    """The name of our ``key`` that this app's configuration is written with: the
+    namespaced one, the old-style one when its settings use Celery's old names, else
+    ``key`` itself."""
+    prefix = getattr(conf, "prefix", None)
+    if isinstance(prefix, str) and prefix:
+        name = prefix + key
+        return name.upper() if prefix.isupper() else name.lower()
+    old_style = conf.get("deprecated_settings") if hasattr(conf, "get") else None
+    return _old_name(key) if old_style else key
+
+
+def _old_name(key: str) -> str:
+    return OLD_CONF_PREFIX + key.upper()
 
 
 def hide_urls_in_celery_reports() -> None:

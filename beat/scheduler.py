@@ -90,7 +90,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
     def setup_schedule(self) -> None:
         """Validate code-defined schedules now, so a broken one stops beat at start:
         one line naming the entry and the fix, exit status 2 (a usage error)."""
-        self.app.loader.import_default_modules()
+        code_schedules.load_as_beat_does(self.app)
         try:
             self._code = code_schedules.collect(
                 self.app,

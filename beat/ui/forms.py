@@ -146,8 +146,15 @@ def _timing_of(trigger: Cron | Every | Once) -> tuple[str, str]:
 
 
 def submitted(arguments: Mapping[str, str]) -> ScheduleForm:
-    """The form as posted: every field as text, stripped (an unchecked box is absent)."""
-    return ScheduleForm(values={name: arguments.get(name, "").strip() for name in FIELDS})
+    """The form as posted: every field as text, stripped but the name, which is kept as
+    typed, as the CLI and code keep it (an unchecked box is absent)."""
+    return ScheduleForm(
+        values={
+            name: (text if name == "name" else text.strip())
+            for name in FIELDS
+            for text in [arguments.get(name, "")]
+        }
+    )
 
 
 def creation_arguments(form: ScheduleForm, default_tz: str) -> dict[str, Any]:

@@ -336,7 +336,7 @@ class EditSchedulePage(FormPage):
 
 
 def _form_arguments(handler: tornado.web.RequestHandler) -> dict[str, str]:
-    return {name: handler.get_body_argument(name, "") for name in forms.FIELDS}
+    return {name: handler.get_body_argument(name, "", strip=False) for name in forms.FIELDS}
 
 
 # -- actions ------------------------------------------------------------------------
@@ -409,7 +409,7 @@ class PlotsPage(BaseHandler):
         window_name = self.get_argument("window", "1h")
         if window_name not in WINDOWS:
             window_name = "1h"
-        schedule = self.get_argument("schedule", "").strip() or None
+        schedule = self.get_argument("schedule", "", strip=False) or None  # a name, exactly
         stats = await self.call(self.schedules.run_stats, WINDOWS[window_name], schedule=schedule)
         labels = [_bucket_label(bucket.start, stats.bucket) for bucket in stats.buckets]
         percentiles = {

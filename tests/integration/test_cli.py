@@ -671,7 +671,10 @@ def test_sync_pushes_the_schedules_defined_in_code(app: Celery, cli: Cli, store:
     assert "code-often" in again.stderr
 
     app.conf.beat_schedule = {}
-    assert as_json(cli("sync", "--json"))["removed"] == ["code-nightly"]
+    refused = cli("sync", "--json")
+    assert refused.exit_code == 2, "code that lost every schedule removes none without --prune"
+    assert "--prune" in error_lines(refused)[0]
+    assert as_json(cli("sync", "--prune", "--json"))["removed"] == ["code-nightly"]
     assert [entry["name"] for entry in as_json(cli("list", "--json"))] == ["code-often"]
 
 

@@ -406,3 +406,46 @@ def test_the_cluster_page_lists_the_consumers_that_do_not_record_runs(
     assert "consuming" in table[: table.index("</table>")]
     health = page.body[page.body.index('id="health"') :]
     assert "queue celery is consumed by celery@old-image" in health[: health.index("</table>")]
+
+
+def test_a_name_with_spaces_from_celerys_docs_syncs_and_travels_every_path(
+    serve: Callable[..., UI], schedules: Schedules, app: Celery
+) -> None:
+    """issue 36, finding 1: a beat_schedule entry named 'add every 10' (Celery's docs) is
+    synced as written; the CLI takes it as one argument, the UI links it percent-encoded,
+    its form creates one with the name kept exactly, and its pages act on it."""
+    name = "add every 10"
+    app.conf.beat_schedule = {name: {"task": "ui.job", "schedule": 10.0, "args": ("x",)}}
+    synced = invoke(app, "sync")
+    assert synced.exit_code == 0, synced.stderr
+    shown = invoke(app, "show", name, "--json")
+    assert shown.exit_code == 0, shown.stderr
+    assert json.loads(shown.stdout)["name"] == name
+    ui = serve()
+    listing = ui.request("/")
+    assert 'href="/schedules/add%20every%2010"' in listing.body
+    page = ui.request("/schedules/add%20every%2010")
+    assert page.status == 200
+    assert 'action="/schedules/add%20every%2010/pause"' in page.body
+    assert 'href="/plots?schedule=add+every+10"' in page.body
+    assert ui.request("/plots?schedule=add+every+10").status == 200
+    assert ui.request("/api/schedules/add%20every%2010").json()["name"] == name
+    assert ui.post_form("/schedules/add%20every%2010/pause", {}).status == 303
+    assert not schedules.get(name).definition.enabled
+    form = {
+        "name": " 1 sec queue probe #2? ",
+        "task": "ui.job",
+        "kind": "every",
+        "timing": "10m",
+        "misfire_policy": "fire_once",
+        "overlap_policy": "allow",
+        "max_attempts": "3",
+        "jitter": "0",
+        "enabled": "on",
+    }
+    created = ui.post_form("/new", form)
+    assert created.status == 303, created.body
+    location = "/schedules/%201%20sec%20queue%20probe%20%232%3F%20?done=created"
+    assert created.headers["location"] == location
+    assert ui.request(location).status == 200
+    assert schedules.get(" 1 sec queue probe #2? ").definition.enabled

@@ -69,10 +69,20 @@ def test_bad_input_is_refused_with_a_message_naming_it(
     assert "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("name", ["", "with space", "x" * 201, "semi;colon"])
+@pytest.mark.parametrize("name", ["", "x" * 201, "nul\x00", "tab\there", "new\nline", "\x1b[31m"])
 def test_bad_names_are_refused(name: str) -> None:
     with pytest.raises(InvalidSchedule, match="schedule name"):
         define(name, "t", every=5)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["add every 10", "1 sec queue probe", "semi;colon", "Ünïcode ok", "50% off?", "a/b#c&d"],
+)
+def test_every_printable_name_celery_accepts_is_kept_exactly(name: str) -> None:
+    """issue 36, finding 1: Celery's docs name entries 'add every 10'; any printable
+    text of bounded length is a name, kept as written."""
+    assert define(name, "t", every=5).name == name
 
 
 def test_json_payload_is_normalised() -> None:

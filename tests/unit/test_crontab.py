@@ -15,6 +15,7 @@ from celery.schedules import crontab, schedule, solar
 from hypothesis import assume, event, given, note
 from hypothesis import strategies as st
 
+from beat import code_schedules
 from beat.code_schedules import collect
 from beat.errors import ConfigError
 from beat.timing import Cron, Every, next_fire_after
@@ -428,3 +429,27 @@ def test_the_oracle_tells_either_from_both() -> None:
     after = datetime(2025, 1, 1, tzinfo=UTC)
     fields = {"minute": 0, "hour": 9, "day_of_month": "1-7", "day_of_week": "mon"}
     assert next_fire_after(either, ZoneInfo("UTC"), after) != celery_next(fields, "UTC", after)[0]
+
+
+@pytest.mark.parametrize(
+    ("tz", "zone"),
+    [
+        ("Europe/Berlin", "Europe/Berlin"),
+        (":Asia/Tokyo", "Asia/Tokyo"),
+        ("/usr/share/zoneinfo/America/New_York", "America/New_York"),
+    ],
+)
+def test_the_hosts_zone_is_named_as_the_c_library_reads_tz(
+    monkeypatch: pytest.MonkeyPatch, tz: str, zone: str
+) -> None:
+    """issue 36, finding 4: the zone of an app on local time is the host's, by name."""
+    monkeypatch.setenv("TZ", tz)
+    assert code_schedules.host_zone() == zone
+
+
+def test_a_host_zone_without_an_iana_name_is_refused_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TZ", "CET-1CEST")
+    with pytest.raises(ConfigError, match="set the app's timezone"):
+        code_schedules.host_zone()

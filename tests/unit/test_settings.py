@@ -67,9 +67,8 @@ def test_an_app_that_names_no_database_is_refused_with_the_settings_that_work() 
     with pytest.raises(ConfigError) as refused:
         BeatConfig.from_celery_conf(bare_app(broker_url="redis://h/1").conf, environ={})
     message = str(refused.value)
-    assert "habeat_database_url" in message
-    assert "CELERY_HABEAT_DATABASE_URL" in message
-    assert "HABEAT_DATABASE_URL" in message
+    assert "set habeat_database_url in the app's configuration" in message
+    assert "HABEAT_DATABASE_URL in the environment" in message
     assert "\n" not in message
 
 
@@ -134,6 +133,48 @@ def test_django_settings_with_the_celery_namespace_are_read() -> None:
         12,
         "redis://h/4",
     )
+
+
+class OldStyleDjangoSettings:
+    """Settings as Sentry writes them: Celery's old names, loaded without a namespace."""
+
+    BROKER_URL = "redis://h/5"
+    CELERY_TIMEZONE = "Europe/Berlin"
+    CELERYBEAT_SCHEDULE = {"x": {"task": "t", "schedule": 60}}
+    CELERY_HABEAT_DATABASE_URL = "postgresql://sentry/db"
+    CELERY_HABEAT_LOCK_TTL = 9
+
+
+def test_django_settings_loaded_without_a_namespace_are_read_as_celery_reads_them() -> None:
+    """issue 36, finding 3: app.config_from_object(settings) with old-style names
+    (CELERYBEAT_SCHEDULE, CELERY_*): CELERY_HABEAT_* is read as Celery reads
+    CELERY_TIMEZONE there, and an app that sets none is told that key."""
+    app = Celery("sentry_like")
+    app.config_from_object(OldStyleDjangoSettings)
+    config = BeatConfig.from_celery_conf(app.conf, environ={})
+    assert (config.database_url, config.lock_ttl, config.redis_url) == (
+        "postgresql://sentry/db",
+        9,
+        "redis://h/5",
+    )
+    assert config.database_setting == "CELERY_HABEAT_DATABASE_URL", "hints name it so"
+    assert uses_this_scheduler(app.conf, environ={})
+
+    class Unset(OldStyleDjangoSettings):
+        CELERY_HABEAT_DATABASE_URL = None
+
+    bare = Celery("sentry_like")
+    bare.config_from_object(Unset)
+    with pytest.raises(ConfigError, match="set CELERY_HABEAT_DATABASE_URL in the app's"):
+        BeatConfig.from_celery_conf(bare.conf, environ={})
+
+
+def test_a_namespaced_app_is_told_its_namespaced_key() -> None:
+    """issue 36, finding 3: the key named is the one this app reads."""
+    app = Celery("django_project")
+    app.config_from_object({"CELERY_BROKER_URL": "redis://h/4"}, namespace="CELERY")
+    with pytest.raises(ConfigError, match="set CELERY_HABEAT_DATABASE_URL in the app's"):
+        BeatConfig.from_celery_conf(app.conf, environ={})
 
 
 def test_this_projects_app_names_its_own_variables_in_hints() -> None:

@@ -208,7 +208,7 @@ def test_a_wall_time_is_read_in_the_zone_given() -> None:
 @pytest.mark.parametrize(
     ("message", "field"),
     [
-        ("schedule name 'a b' has characters other than letters", "name"),
+        ("schedule name 'a\\tb' has control characters: use printable text", "name"),
         ("task 'x' is not registered with the Celery app 'app'", "task"),
         ("cron '61 * * * *': minute 61 is out of range", "timing"),
         ("unknown time zone 'Mars/Base'", "tz"),

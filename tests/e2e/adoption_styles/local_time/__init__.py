@@ -1,0 +1,1 @@
+"""An app on the host's local time: ``enable_utc = False`` and no ``timezone``."""

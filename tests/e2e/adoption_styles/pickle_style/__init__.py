@@ -1,0 +1,1 @@
+"""An app whose tasks travel pickled: ``task_serializer = 'pickle'``, pickle only accepted."""
