@@ -858,21 +858,28 @@ class LeaderStore(StoreConnection):
         *,
         forget_after: float,
         answered: bool = True,
+        recording: Collection[str] = (),
         idle_timeout: float = 10.0,
     ) -> list[UnrecordedConsumer]:
         """Record what a check of the consumers found, as leader ``epoch`` (fenced):
         ``found`` (queue, consumer) pairs are seen now; a pair recorded before and not
         found is gone since now (unless nobody ``answered`` the check); a pair last seen
-        more than ``forget_after`` seconds ago is deleted. Returns the pairs new or back
-        since the last check (to say so once)."""
+        more than ``forget_after`` seconds ago is deleted, and so is every pair of a
+        consumer now known to record runs (``recording``: a worker that answered the
+        control before its presence was written, as one just restarted, was taken for
+        one that records nothing). Returns the pairs new or back since the last check
+        (to say so once)."""
         table = unrecorded_consumers
         pairs = set(found)
         with self._transaction() as conn:
             self._fence(conn, epoch, idle_timeout)
             conn.execute(
                 delete(table).where(
-                    table.c.seen_at
-                    < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, forget_after)
+                    or_(
+                        table.c.seen_at
+                        < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, forget_after),
+                        table.c.consumer.in_(list(recording)),
+                    )
                 )
             )
             known = {

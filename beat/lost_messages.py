@@ -326,6 +326,7 @@ class LostMessages:
             found,
             forget_after=2 * config.visibility_timeout,
             answered=consumers is not None,
+            recording=recording,
             idle_timeout=idle_timeout,
         )
         # Workers that record runs did not answer (the broker restarting, the control off):

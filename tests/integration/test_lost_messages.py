@@ -357,3 +357,33 @@ def test_the_consumers_found_are_kept_with_their_times_and_said_once(store: Stor
     time.sleep(0.01)
     assert store.record_consumers(1, [], forget_after=0) == []
     assert store.unrecorded_consumers() == []
+
+
+def test_a_worker_taken_for_one_that_records_nothing_is_forgotten_once_it_records(
+    app: Celery, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chaos suite's seed 20261202: a worker with the package, just restarted,
+    answered the remote control before its presence was written. It was recorded as a
+    consumer that records nothing, and lost-message recovery stood down on its queues
+    for twice the visibility timeout (two hours): runs whose messages the broker lost
+    meanwhile stayed ``queued``. Once its presence is written, the next check forgets
+    it, and recovery acts again on those queues."""
+    restarted = "worker2@host"
+    replies = {RECORDING_WORKER: ["celery"], restarted: ["celery"]}
+    monkeypatch.setattr(lost_messages, "active_queues", lambda *_, **__: replies, raising=False)
+    run = published_run(app, store, seconds_ago=0)
+    clock = FakeClock()
+    lost = LostMessages(app, clock=clock)
+    lost.look(store, 1, limit=100, idle_timeout=10)  # starts the check
+    lost.look(store, 1, limit=100, idle_timeout=10)  # takes it
+    assert [entry.consumer for entry in store.unrecorded_consumers()] == [restarted]
+
+    RunStore(store.engine).worker_seen(restarted, pid=2, booted_at=datetime.now(UTC))
+    clock.now += lost_messages.CONSUMERS_CHECK_INTERVAL
+    lost.look(store, 1, limit=100, idle_timeout=10)  # starts the check
+    lost.look(store, 1, limit=100, idle_timeout=10)  # takes it
+
+    assert store.unrecorded_consumers() == []
+    published_ago(store, UNTAKEN_AFTER + 1)
+    assert taken_by_a_consumer_that_records_nothing(app)
+    assert [again.id for again in two_looks(lost, clock, store)] == [run.id]
