@@ -397,10 +397,13 @@ def retime(headers: dict[str, Any], clock: WorkerClock) -> None:
     """Move the times of a message beat published onto this worker's clock, for
     Celery's own checks: its ``expires`` (the instant itself stays in
     ``EXPIRES_HEADER``) and the ``eta`` of a retry (from the instant in ``DUE_HEADER``,
-    which then names the new ``eta``)."""
+    which then names the new ``eta``; a retry sent by a worker without this package
+    carries no instant, and its ``eta`` is taken for one: that worker's clock is
+    assumed the database's, the one assumption that keeps a worker in step from
+    starting it early)."""
     if headers.get(ATTEMPT_HEADER) is None:
         return
-    instant, due = run_expiry(headers), retry_due(headers)
+    instant, due = run_expiry(headers), retry_due(headers) or _instant(headers.get("eta"))
     if instant is None and due is None:
         return
     ahead = clock.ahead()

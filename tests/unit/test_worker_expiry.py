@@ -125,7 +125,10 @@ def test_a_due_instant_copied_from_an_earlier_retry_is_not_taken_for_this_one() 
     copied = {**earlier, "eta": later_eta}  # sent on by a worker that does not write it
     assert retry_due(copied) is None
     retime(copied, clock(-120.0))
-    assert copied["eta"] == later_eta
+    # Its eta is taken for an instant of the database's clock (the sender's clock is
+    # unknown: assumed in step), moved onto this worker's, 120 s behind.
+    assert datetime.fromisoformat(copied["eta"]) == DUE + timedelta(seconds=60 - 120)
+    assert retry_due(copied) == DUE + timedelta(seconds=60), "the instant now names the eta"
     sent_again = {**earlier, "eta": later_eta}
     carry_database_instants(sent_again, clock(None))  # this worker could not measure its clock
     assert DUE_HEADER not in sent_again
@@ -146,3 +149,15 @@ def test_a_retry_is_sent_with_its_expiry_by_the_database_s_clock() -> None:
     carry_database_instants(received, clock(120.0))
     assert datetime.fromisoformat(received["expires"]) == EXPIRY
     assert run_expiry(received) == EXPIRY
+
+
+def test_a_retry_sent_without_an_instant_is_not_started_early_by_a_worker_ahead() -> None:
+    """The chaos suite's mixed fleet: a worker without the package asked for a retry in
+    10 s (its clock in step with the database's), and a worker 120 s ahead started it
+    at once: Celery read the ETA as past by its own clock. The ETA is taken for an
+    instant of the database's clock and moved onto the receiving worker's."""
+    eta = DUE.isoformat()
+    headers = beat_headers(eta=eta)
+    retime(headers, clock(120.0))
+    assert datetime.fromisoformat(headers["eta"]) == DUE + timedelta(seconds=120)
+    assert retry_due(headers) == DUE
