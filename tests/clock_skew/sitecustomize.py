@@ -91,6 +91,10 @@ def _install(skew: float) -> None:
         def today(cls) -> _datetime.datetime:
             return true_datetime.fromtimestamp(time())
 
+    # Named as the classes they replace, so pickle (which finds a class by its module
+    # and qualified name) finds them where they stand: datetime.datetime.
+    for shifted in (date, datetime):
+        shifted.__module__, shifted.__qualname__ = "datetime", shifted.__name__
     _datetime.date = date  # type: ignore[misc]
     _datetime.datetime = datetime  # type: ignore[misc]
 

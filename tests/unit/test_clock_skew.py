@@ -44,3 +44,15 @@ print(*(round(skew) for skew in skews), round(slept, 1), isinstance(real, dt))
         "-120", "-120", "-120", "-120", "-120", "0.2", "True",
     ]  # fmt: skip
     assert _python(code, 0).split()[:5] == ["0"] * 5
+
+
+def test_a_skewed_process_pickles_the_datetime_class() -> None:
+    """A worker's guard against poison messages pickles what it keeps; the shim's classes
+    were local ones, which pickle refuses ('Can't pickle local object'), and a good
+    message was set aside as invalid."""
+    code = """
+import datetime, pickle
+print(pickle.loads(pickle.dumps(datetime.datetime)) is datetime.datetime,
+      pickle.loads(pickle.dumps(datetime.date)) is datetime.date)
+"""
+    assert _python(code, -120).split() == ["True", "True"]
