@@ -96,7 +96,12 @@ def servers_installed() -> None:
 
 
 def run_and_check(seed: int, duration: float) -> None:
-    config = ChaosConfig(seed=seed, duration=duration)
+    # The skewed fleet, without the worker that lacks the package: that one has no
+    # guard against a message the broker hands out twice (a delivery restored to the
+    # queue after a Redis restart while it ran it), and runs such a copy again, which
+    # no code in this package can prevent on a worker without it. The mixed fleet is
+    # run by scripts/chaos.sh (the default) and by tests/e2e/test_mixed_fleet.py.
+    config = ChaosConfig(seed=seed, duration=duration, foreign_worker=False)
     report = run_chaos(config)
     print(report.summary())
     assert not report.violations, f"{report.summary()}\n{report.logs_tail[-30000:]}"
