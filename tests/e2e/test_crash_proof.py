@@ -26,7 +26,7 @@ from beat.models import RunState
 from beat.store import Store
 from tests.chaos.harness import private_servers, workspace
 from tests.chaos.servers import POSTGRES_USER, PrivatePostgres, PrivateRedis, free_port, wait_for
-from tests.conftest import SessionEnv
+from tests.conftest import IN_CI, SessionEnv
 from tests.e2e.cluster import Cluster, wait_until
 from tests.integration.helpers import run_rows
 
@@ -249,7 +249,10 @@ class PgBouncer:
 @pytest.fixture
 def pgbouncer(cluster: Cluster) -> Iterator[PgBouncer]:
     if shutil.which("pgbouncer") is None:
-        pytest.skip("pgbouncer is not installed")
+        message = "pgbouncer is not installed: apt-get install -y pgbouncer"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
     with workspace() as workdir:  # a directory the postgres account can enter
         bouncer = PgBouncer(workdir, cluster.env.database_url)
         try:
