@@ -51,6 +51,7 @@ from sqlalchemy import (
     bindparam,
     case,
     func,
+    literal,
     or_,
     select,
     true,
@@ -64,7 +65,7 @@ from beat.db import StoreConnection, create_store_engine
 from beat.errors import InvalidSchedule
 from beat.liveness import Session
 from beat.models import WAITING_STATES, RunState
-from beat.tables import runs, schedules, workers
+from beat.tables import runs, schedules, unrecorded_consumers, workers
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -166,6 +167,13 @@ PLAIN_RUN_TERMINATED = (
 #: the worker lost its broker connection (``worker_cancel_long_running_tasks_on_connection_loss``).
 CANCELLED_ON_CONNECTION_LOSS = (
     "cancelled by Celery when the worker lost its broker connection: it may have had its effect"
+)
+
+#: A plain run whose message came back from a consumer that records no runs.
+TAKEN_UNRECORDED = (
+    "its message came back from the broker after a consumer took it, and no worker"
+    " recorded it, on a queue a consumer that records no runs takes from: that consumer"
+    " may have run it; a plain task is not run again"
 )
 
 
@@ -647,6 +655,36 @@ class RunStore(StoreConnection):
                 **_outcome(
                     RunState.LOST, error=CANCELLED_ON_CONNECTION_LOSS, retries=None, retry_in=None
                 )
+            )
+        )
+
+    def end_taken_unrecorded(self, run_id: uuid.UUID, *, queue: str) -> bool:
+        """A delivery of a plain run that the broker hands out again (kombu restored it
+        after a consumer took it without acknowledging it): if no worker ever recorded
+        the run and a consumer that records no runs takes from ``queue``
+        (``beat_unrecorded_consumers``), that consumer may have run it, and nothing can
+        prove it did not. The run ends ``lost`` with the reason; True if it did (the
+        delivery must not run). Otherwise the consumer that took it was a worker that
+        records runs and died before it could (or handed it back): it may run."""
+        taken_unrecorded = (
+            select(literal(1))
+            .select_from(unrecorded_consumers)
+            .where(unrecorded_consumers.c.queue == queue)
+            .exists()
+        )
+        return self._changed_one(
+            update(runs)
+            .where(
+                runs.c.id == run_id,
+                runs.c.state.in_(WAITING_STATES),
+                runs.c.received_at.is_(None),
+                runs.c.lease_owner.is_(None),
+                taken_unrecorded,
+            )
+            .values(
+                state=RunState.LOST.value,
+                error=TAKEN_UNRECORDED,
+                finished_at=func.now(),
             )
         )
 

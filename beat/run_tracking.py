@@ -111,6 +111,7 @@ from beat.models import RunState
 from beat.run_store import (
     CANCELLED_ON_CONNECTION_LOSS,
     PLAIN_RUN_TERMINATED,
+    TAKEN_UNRECORDED,
     Refused,
     RunStore,
     Started,
@@ -486,6 +487,13 @@ def _add_consumer_step(sender: Any = None, **_: Any) -> None:
 # -- receipt (the worker's main process) ------------------------------------------------
 
 
+def _redelivered(request: Any) -> bool:
+    """Whether the broker hands this message out again after a consumer took it (kombu
+    marks a delivery it restored from its unacknowledged ones)."""
+    delivery_info = getattr(request, "delivery_info", None) or {}
+    return bool(delivery_info.get("redelivered"))
+
+
 def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> None:
     """Hold the run of a message beat published when it arrives; for a plain task, take
     the run, or drop the delivery if the run was taken before."""
@@ -514,6 +522,17 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
                 lease_seconds=config.lease_timeout,
             ):
                 leases.add(run_id, request.id)
+            return
+        if _redelivered(request) and leases.store.end_taken_unrecorded(
+            run_id, queue=str(request.delivery_info.get("routing_key") or "")
+        ):
+            logger.error(
+                "plain run %s is lost: %s",
+                run_id,
+                TAKEN_UNRECORDED,
+                extra={"run_id": str(run_id)},
+            )
+            _drop(request, requeue=False)
             return
         outcome = leases.store.receive_plain(
             run_id,

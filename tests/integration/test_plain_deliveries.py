@@ -15,6 +15,7 @@ from beat.models import RunState
 from beat.run_store import (
     CANCELLED_ON_CONNECTION_LOSS,
     PLAIN_RUN_TERMINATED,
+    TAKEN_UNRECORDED,
     Refused,
     RunStore,
     Started,
@@ -32,11 +33,11 @@ def run_store(store: Store) -> RunStore:
     return RunStore(store.engine)
 
 
-def published_run(store: Store) -> uuid.UUID:
+def published_run(store: Store, name: str = "plain") -> uuid.UUID:
     from tests.integration.test_store import planner
 
-    Schedules(store).create("plain", "t", at=datetime.now(UTC), allow_unregistered=True)
-    assert store.take_leadership(1, "leader")
+    Schedules(store).create(name, "t", at=datetime.now(UTC), allow_unregistered=True)
+    store.take_leadership(1, "leader")  # None when it leads already; the claim is fenced
     [run] = store.claim_due(1, batch=10, plan=planner).runs
     assert store.mark_published([run.id]) == 1
     return run.id
@@ -197,3 +198,26 @@ def test_a_plain_run_cancelled_after_its_body_started_ends_lost_with_the_reason(
     assert run_store.finish_plain(run_id, state=RunState.SUCCEEDED, attempt_retries=0)
     assert not run_store.cancel_plain(run_id, attempt_retries=0)
     assert run_rows(store)[0].state == RunState.SUCCEEDED.value
+
+
+def test_a_plain_run_handed_out_again_from_a_consumer_that_records_nothing_is_not_run(
+    run_store: RunStore, store: Store
+) -> None:
+    """The chaos suite's mixed fleet: a worker without the package took a plain run's
+    message and ran it; across a Redis restart kombu restored the delivery it had not
+    acknowledged, and a worker with the package, finding the run recorded by nobody,
+    ran it again. A delivery the broker hands out again of a run no worker recorded, on
+    a queue a consumer that records nothing takes from, cannot be proven unrun: the run
+    ends ``lost`` with the reason. Elsewhere (or once recorded) it goes on as ever."""
+    run_id = published_run(store)
+    assert not run_store.end_taken_unrecorded(run_id, queue="celery"), "no such consumer"
+    store.record_consumers(1, [("celery", "celery@old-image")], forget_after=3600)
+
+    assert not run_store.end_taken_unrecorded(run_id, queue="reports"), "another queue"
+    assert run_store.end_taken_unrecorded(run_id, queue="celery")
+    [row] = run_rows(store)
+    assert (row.state, row.error) == ("lost", TAKEN_UNRECORDED)
+
+    recorded = published_run(store, "plain, taken")
+    assert receive(run_store, recorded, "a:received") == Started(attempt=1)
+    assert not run_store.end_taken_unrecorded(recorded, queue="celery"), "a worker took it"
