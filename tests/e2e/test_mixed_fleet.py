@@ -7,6 +7,7 @@ in-process scheduler, its lost-message recovery shortened to seconds."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import subprocess
@@ -17,12 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
+from sqlalchemy import text
 
 from app.factory import create_app
 from beat import lost_messages, metrics
 from beat.api import Schedules
 from beat.leader_store import MAX_SENDS
 from beat.models import RunState
+from beat.run_store import TAKEN_UNRECORDED
 from beat.scheduler import HAScheduler
 from beat.store import Store
 from tests.e2e.cluster import Cluster, Process, wait_until
@@ -184,3 +188,49 @@ def test_copies_of_a_run_taken_by_a_consumer_the_control_cannot_see_are_bounded(
         " that does not record runs may have taken it"
     )
     assert cluster.effects() == {str(row.id): MAX_SENDS}
+
+
+def handed_out_again(client: redis.Redis, cluster: Cluster) -> int:
+    """Mark every message waiting in ``celery`` as kombu marks a delivery it restored after
+    a consumer took it without acknowledging it; how many there were."""
+    key = f"{cluster.env.broker_key_prefix}celery"
+    payloads = [json.loads(raw) for raw in client.lrange(key, 0, -1)]
+    client.delete(key)
+    for payload in payloads:
+        payload["headers"]["redelivered"] = True
+        payload["properties"]["delivery_info"]["redelivered"] = True
+        client.rpush(key, json.dumps(payload))
+    return len(payloads)
+
+
+def test_a_plain_run_handed_out_again_from_a_consumer_that_records_nothing_runs_nowhere(
+    cluster: Cluster, store: Store, leader: HAScheduler, redis_client: redis.Redis
+) -> None:
+    """The chaos suite's mixed fleet ran plain runs twice: a worker without the package
+    took a message and ran it, kombu handed the delivery out again across a Redis
+    restart, and a worker with the package, finding the run recorded by nobody, ran it
+    too. On a queue a consumer that records nothing takes from, such a delivery ends
+    its run ``lost`` with the reason, the body not run; a first delivery runs as ever."""
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO beat_unrecorded_consumers (queue, consumer)"
+                " VALUES ('celery', 'celery@old-image')"
+            )
+        )
+    schedules = Schedules(store)
+    schedules.create("taken-by-old", "e2e.plain_record", in_seconds=0, args=["old"])
+    wait_until(lambda: [row.state for row in run_rows(store)] == ["queued"], timeout=30)
+    assert handed_out_again(redis_client, cluster) == 1
+    worker = cluster.worker("upgraded", concurrency=2)
+    wait_until(lambda: [row.state for row in run_rows(store)] == ["lost"], timeout=60)
+    schedules.create("first-delivery", "e2e.plain_record", in_seconds=0, args=["new"])
+    wait_until(
+        lambda: sorted(row.state for row in run_rows(store)) == ["lost", "succeeded"],
+        timeout=60,
+    )
+
+    lost = next(row for row in run_rows(store) if row.state == "lost")
+    assert lost.error == TAKEN_UNRECORDED
+    assert sorted(cluster.effects().values()) == [1], "the first delivery ran, the other not"
+    assert "came back from the broker" in worker.output()
