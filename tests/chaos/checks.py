@@ -42,7 +42,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import text
 
 from beat.models import RunState
-from beat.run_store import run_id_for
+from beat.run_store import CANCELLED_ON_CONNECTION_LOSS, PLAIN_RUN_TERMINATED, run_id_for
 from beat.store import Store
 from beat.timing import Trigger, fire_times
 
@@ -507,6 +507,13 @@ def _check_run_outcome(verdict: Verdict, row: Any, count: int, where: str) -> No
         verdict.duplicated.append(f"{where}: an effect committed though it is {row.state}")
 
 
+def _cut_off(error: str | None) -> bool:
+    """Whether a plain run was ended ``lost`` because Celery itself cut its body off: the
+    worker cancelled it on losing its broker connection (a Redis restart), or terminated
+    it. Its worker lives on, but the body was interrupted as by a death."""
+    return error in {CANCELLED_ON_CONNECTION_LOSS, PLAIN_RUN_TERMINATED}
+
+
 def _check_plain_run(
     verdict: Verdict,
     row: Any,
@@ -520,10 +527,11 @@ def _check_plain_run(
 ) -> None:
     """A plain task's run: at most one effect, exactly one if it succeeded; ``lost`` only
     if the worker that held it died (killed by the plan, or exited by itself at a Redis
-    restart) or was paused past its lease while holding it: its effect may then exist
-    or not. A run the worker without the package executed stays waiting (nothing
-    records it) with its one effect; one whose message the broker lost on that worker's
-    queue waits for the visibility timeout (``RunCounts.waiting_for_visibility``)."""
+    restart), was paused past its lease while holding it, or had its body cut off by
+    Celery (``_cut_off``): its effect may then exist or not. A run the worker without
+    the package executed stays waiting (nothing records it) with its one effect; one
+    whose message the broker lost on that worker's queue waits for the visibility
+    timeout (``RunCounts.waiting_for_visibility``)."""
     verdict.counts.plain += 1
     worker = (row.worker or "").split("@")[0]
     # States a run keeps when nothing records its end (a retry it asked for counts).
@@ -541,7 +549,7 @@ def _check_plain_run(
         verdict.counts.plain_succeeded += 1
         if count == 0:
             verdict.lost.append(f"{where} (plain) succeeded without its effect")
-    elif row.state == RunState.LOST and (worker in killed or paused):
+    elif row.state == RunState.LOST and (worker in killed or paused or _cut_off(row.error)):
         verdict.counts.plain_interrupted.append(f"{where} on {worker}: {row.error or row.reason}")
     elif row.state != RunState.EXPIRED:
         held_by = f" (its worker {worker or '-'} did not die)"

@@ -33,6 +33,7 @@ import redis
 from app.factory import create_app
 from beat.api import define
 from beat.models import RunState, Schedule
+from beat.run_store import CANCELLED_ON_CONNECTION_LOSS
 from tests.chaos import servers
 from tests.chaos.broker import delete_messages
 from tests.chaos.checks import (
@@ -258,6 +259,7 @@ def _run_row(**values: Any) -> SimpleNamespace:
         (RunState.LOST, "w0g0@host", 0, None),  # its worker was killed: interrupted
         (RunState.LOST, "w0g0@host", 1, None),  # killed after its own commit
         (RunState.LOST, "w1g0@host", 0, "lost"),  # its worker died by itself
+        (RunState.LOST, "w1g0@host", 1, None),  # Celery cut its body off: interrupted
         (RunState.RUNNING, "w0g0@host", 0, "stuck"),
         (RunState.QUEUED, None, 0, "stuck"),
     ],
@@ -266,7 +268,10 @@ def test_a_plain_run_may_end_lost_only_when_the_plan_killed_its_worker(
     state: RunState, worker: str | None, effects: int, violation: str | None
 ) -> None:
     verdict = Verdict()
-    row = _run_row(state=state, worker=worker)
+    cut_off = state == RunState.LOST and effects == 1 and worker == "w1g0@host"
+    row = _run_row(
+        state=state, worker=worker, error=CANCELLED_ON_CONNECTION_LOSS if cut_off else None
+    )
     _check_plain_run(verdict, row, effects, "run", killed={"w0g0"})
     found = {name for name in ("lost", "duplicated", "stuck") if getattr(verdict, name)}
     assert found == ({violation} if violation else set())
