@@ -316,10 +316,11 @@ class LostMessages:
             return
         started, consumers = checked
         config = BeatConfig.from_celery_conf(self.app.conf)
-        recording = {
-            worker.name
-            for worker in store.live_workers(within=timedelta(seconds=config.lease_timeout))
-        }
+        # A node that recorded its presence lately is a worker with this package, also
+        # while it starts again and answers the control before it writes its row: as long
+        # as the fallback a consumer that records nothing would cause.
+        recent = timedelta(seconds=2 * config.visibility_timeout)
+        recording = {worker.name for worker in store.live_workers(within=recent)}
         found = unrecorded_pairs(consumers, recording)
         new = store.record_consumers(
             epoch,

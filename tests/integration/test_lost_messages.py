@@ -387,3 +387,27 @@ def test_a_worker_taken_for_one_that_records_nothing_is_forgotten_once_it_record
     published_ago(store, UNTAKEN_AFTER + 1)
     assert taken_by_a_consumer_that_records_nothing(app)
     assert [again.id for again in two_looks(lost, clock, store)] == [run.id]
+
+
+def test_a_worker_starting_again_is_not_taken_for_one_that_records_nothing(
+    app: Celery, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chaos suite's seed 1: a worker killed and started again answered the remote
+    control before it wrote its presence; its row was older than a lease, and it was
+    taken for a consumer that records nothing, which turned lost-message recovery off on
+    its queues while the broker lost messages. A node that recorded its presence lately
+    records runs."""
+    restarted = "worker2@host"
+    RunStore(store.engine).worker_seen(restarted, pid=2, booted_at=datetime.now(UTC))
+    with store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE beat_workers SET seen_at = now() - interval '5 minutes' WHERE name = :n"),
+            {"n": restarted},
+        )
+    replies = {RECORDING_WORKER: ["celery"], restarted: ["celery"]}
+    monkeypatch.setattr(lost_messages, "active_queues", lambda *_, **__: replies, raising=False)
+    published_run(app, store, seconds_ago=0)
+    lost = LostMessages(app, clock=FakeClock())
+    lost.look(store, 1, limit=100, idle_timeout=10)  # starts the check
+    lost.look(store, 1, limit=100, idle_timeout=10)  # takes it
+    assert store.unrecorded_consumers() == []
