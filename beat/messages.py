@@ -117,7 +117,14 @@ def usable(app: Any) -> bool:
     if app.conf.task_send_sent_event or app.current_worker_task is not None:
         return False
     watched = (signals.before_task_publish, signals.after_task_publish, signals.task_sent)
-    return not any(signal.receivers for signal in watched)
+    return not any(
+        receiver[0][0] not in OWN_RECEIVERS for signal in watched for receiver in signal.receivers
+    )
+
+
+#: Signal receivers of this package that act only on a task's own publishes (a retry
+#: sent from a worker), never on beat's: they do not keep beat from its templates.
+OWN_RECEIVERS = frozenset({"habeat.due_on_the_database_clock"})
 
 
 def routes_by_name(app: Any) -> bool:

@@ -89,6 +89,7 @@ from typing import Any
 
 from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
 from celery import bootsteps, current_app
+from celery._state import get_current_task
 from celery.app.trace import fast_trace_task, trace_task_ret
 from celery.exceptions import Ignore, Retry, TaskRevokedError
 from celery.signals import (
@@ -448,6 +449,8 @@ def _due_on_the_database_clock(headers: Any = None, **_: Any) -> None:
     """``before_task_publish``, in whatever process publishes (a pool process retrying)."""
     if not isinstance(headers, dict) or headers.get(ATTEMPT_HEADER) is None:
         return
+    if get_current_task() is None:
+        return  # beat's own publishes (beat.messages.OWN_RECEIVERS): only a task's retry
     app = current_app._get_current_object()
     if uses_this_scheduler(app.conf):
         carry_database_instants(headers, _clock_of(BeatConfig.from_celery_conf(app.conf)))
