@@ -122,9 +122,12 @@ def usable(app: Any) -> bool:
     )
 
 
+#: The ``dispatch_uid`` of the receiver that carries a retry's instants
+#: (``beat.run_tracking``).
+RETRY_INSTANTS_RECEIVER = "habeat.due_on_the_database_clock"
 #: Signal receivers of this package that act only on a task's own publishes (a retry
 #: sent from a worker), never on beat's: they do not keep beat from its templates.
-OWN_RECEIVERS = frozenset({"habeat.due_on_the_database_clock"})
+OWN_RECEIVERS = frozenset({RETRY_INSTANTS_RECEIVER})
 
 
 def routes_by_name(app: Any) -> bool:

@@ -107,7 +107,7 @@ from beat.config import BeatConfig, uses_this_scheduler
 from beat.dispatch import published_by_beat
 from beat.errors import HABeatError
 from beat.liveness import Session, process_session
-from beat.messages import ATTEMPT_HEADER
+from beat.messages import ATTEMPT_HEADER, RETRY_INSTANTS_RECEIVER
 from beat.models import RunState
 from beat.run_store import (
     CANCELLED_ON_CONNECTION_LOSS,
@@ -886,7 +886,7 @@ def install() -> None:
     worker_ready.connect(_worker_ready, weak=False, dispatch_uid="habeat.worker_ready")
     worker_init.connect(_add_consumer_step, weak=False, dispatch_uid="habeat.expiry_step")
     before_task_publish.connect(
-        _due_on_the_database_clock, weak=False, dispatch_uid="habeat.due_on_the_database_clock"
+        _due_on_the_database_clock, weak=False, dispatch_uid=RETRY_INSTANTS_RECEIVER
     )
 
 
