@@ -76,6 +76,7 @@ other tasks are left to Celery.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -91,7 +92,7 @@ from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
 from celery import bootsteps, current_app
 from celery._state import get_current_task
 from celery.app.trace import fast_trace_task, trace_task_ret
-from celery.exceptions import Ignore, Retry, TaskRevokedError
+from celery.exceptions import Ignore, Reject, Retry, TaskRevokedError
 from celery.signals import (
     before_task_publish,
     task_postrun,
@@ -700,9 +701,44 @@ def _start_then_trace(start: PlainStart, trace: Callable[..., Any], *args: Any) 
         # Recorded before the body runs: a run whose worker dies after this is never
         # sent again; before it, it is.
         _running_plain[args[1]] = start.run_id
+        _note_unsent_retries(current_app.tasks.get(args[0]))
         return trace(*args)
     _log_not_started(start, outcome)
     return _not_run()
+
+
+#: Task ID → seconds until the retry it asked for was due, for a retry Celery could not
+#: publish (``_note_unsent_retries``).
+_unsent_retries: dict[str, float] = {}
+
+
+def _note_unsent_retries(task: Any) -> None:
+    """Note the retries of ``task`` that Celery cannot publish.
+
+    ``Task.retry`` raises ``Reject`` (not requeued) when it cannot publish the retry,
+    the broker being down: the retry was asked for and never sent, and Celery records
+    neither it nor its countdown. Wrapped on the task instance (once, at its first run
+    of beat's), ``retry`` keeps the countdown of such a retry, so that the run is
+    recorded ``retrying`` with its due time (``_plain_outcome``) and the leader sends it
+    then, instead of ending ``failed``: a retry lost to a broker outage."""
+    if task is None or getattr(task.retry, "habeat_notes_unsent", False):
+        return
+    ask = task.retry
+    parameters = inspect.signature(ask)
+
+    def retry(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return ask(*args, **kwargs)
+        except Reject:  # only its publish raises this: the retry was not sent
+            asked = parameters.bind_partial(*args, **kwargs).arguments
+            when = asked.get("eta") or asked.get("countdown")
+            _unsent_retries[task.request.id] = seconds_until(
+                task.default_retry_delay if when is None else when
+            )
+            raise
+
+    retry.habeat_notes_unsent = True  # type: ignore[attr-defined]
+    task.retry = retry
 
 
 def _log_not_started(start: PlainStart, outcome: Refused | None) -> None:
@@ -752,10 +788,11 @@ def _plain_run_ended(
     **_: Any,
 ) -> None:
     run_id = _running_plain.pop(task_id or "", None)
+    unsent_retry_in = _unsent_retries.pop(task_id or "", None)
     if run_id is None or task is None:
         return
-    outcome, error = _plain_outcome(state, retval)
-    retry_in = retry_delay(retval) if isinstance(retval, Retry) else None
+    outcome, error = _plain_outcome(state, retval, unsent_retry=unsent_retry_in is not None)
+    retry_in = retry_delay(retval) if isinstance(retval, Retry) else unsent_retry_in
     store = _store_of(task)
     attempt_retries = task.request.retries or 0
 
@@ -779,14 +816,21 @@ def _plain_run_ended(
         )
 
 
-def _plain_outcome(state: str | None, retval: Any) -> tuple[RunState, str | None]:
+def _plain_outcome(
+    state: str | None, retval: Any, *, unsent_retry: bool = False
+) -> tuple[RunState, str | None]:
     """The run's state and error for Celery's outcome of a plain body (``task_postrun``).
     No state: the trace was unwound before the body returned, by a ``BaseException``
     (the SIGTERM Celery sends a prefork pool process to terminate a request, cancelled on
     a lost broker connection or revoked): the body may have had its effect and is never
-    run again, so the run is ``lost``, not ``failed`` with no error."""
+    run again, so the run is ``lost``, not ``failed`` with no error. Rejected after the
+    body asked for a retry Celery could not publish (``unsent_retry``): the run is
+    ``retrying``, and the leader sends the retry when it is due (its message is not in
+    the broker: lost-message recovery)."""
     if state is None:
         return RunState.LOST, PLAIN_RUN_TERMINATED
+    if unsent_retry and state == "REJECTED" and isinstance(retval, Reject):
+        return RunState.RETRYING, error_text(retval)
     error = error_text(retval) if isinstance(retval, BaseException) else None
     return _OUTCOMES.get(state, RunState.FAILED), error
 

@@ -131,6 +131,28 @@ def retry_on(self: IdempotentTask, label: str, countdown: float, queue: str) -> 
     return _retry_on(self, label, countdown, queue)
 
 
+def _retry_after_waiting(task: Any, label: str, wait: float, countdown: float) -> str:
+    """Record this attempt's start (labelled with its retry count), and on the first
+    attempt work ``wait`` s, then ask for one retry ``countdown`` s later."""
+    _record_plain_effect(task.request.id, f"{label}:{task.request.retries}")
+    if task.request.retries < 1:
+        time.sleep(wait)
+        raise task.retry(countdown=countdown)
+    return str(task.request.id)
+
+
+@celery_app.task(name="e2e.plain_retry_after", bind=True, max_retries=3)
+def plain_retry_after(self: Any, label: str, wait: float, countdown: float) -> str:
+    """A plain task that asks for its retry after working ``wait`` s."""
+    return _retry_after_waiting(self, label, wait, countdown)
+
+
+@celery_app.task(name="e2e.retry_after", bind=True, base=IdempotentTask, max_retries=3)
+def retry_after(self: IdempotentTask, label: str, wait: float, countdown: float) -> str:
+    """The same on the idempotent base."""
+    return _retry_after_waiting(self, label, wait, countdown)
+
+
 @celery_app.task(name="e2e.plain_retry_then_die", bind=True, max_retries=3)
 def plain_retry_then_die(self: Any, label: str, countdown: float, queue: str) -> str:
     """A plain task that asks for one retry ``countdown`` s later, sent to ``queue``, and

@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -154,3 +154,64 @@ def test_a_plain_run_revoked_with_terminate_ends_lost_not_failed(
     run = the_run(cluster)
     assert (run.state, run.error) == (RunState.LOST.value, PLAIN_RUN_TERMINATED)
     assert effects(cluster) == ["long:start"], "terminated once, never run again"
+
+
+#: Seconds the first attempt works before it asks for its retry, and the retry's countdown.
+RETRY_WAIT, RETRY_COUNTDOWN = 4.0, 6.0
+
+
+def attempt_times(cluster: Cluster, run_id: uuid.UUID) -> dict[str, datetime]:
+    with cluster.store.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT label, at FROM e2e_effects WHERE task_id = :id"), {"id": str(run_id)}
+        )
+        return {row.label: row.at for row in rows}
+
+
+@pytest.mark.parametrize("task", ["e2e.plain_retry_after", "e2e.retry_after"])
+def test_a_retry_asked_for_while_the_broker_is_down_runs_once_its_countdown_has_passed(
+    private_cluster: Cluster, servers: tuple[PrivatePostgres, PrivateRedis], task: str
+) -> None:
+    """issue 38, lost retry: a task asks for its retry while Redis is down. Celery's
+    ``Task.retry`` cannot publish it and raises ``Reject`` (not requeued): the retry was
+    asked for and never sent. The run records ``retrying`` with the due time the task
+    asked for, not ``failed``; once Redis is back the leader sends the retry, which runs
+    once, not before its countdown, and the run succeeds."""
+    cluster = private_cluster
+    _, redis_server = servers
+    start_cluster(cluster, "prefork")
+    Schedules(cluster.store).create(
+        f"retry-{uuid.uuid4().hex[:6]}",
+        task,
+        at=datetime.now(UTC),
+        args=["attempt", RETRY_WAIT, RETRY_COUNTDOWN],
+        allow_unregistered=True,
+    )
+    wait_until(lambda: run_rows(cluster.store, task=task), timeout=60, interval=0.2)
+    [run] = run_rows(cluster.store, task=task)
+    wait_until(lambda: "attempt:0" in attempt_times(cluster, run.id), timeout=60, interval=0.2)
+    worker = cluster.processes[-1]
+    worker.signal(signal.SIGSTOP)  # its pool process works on; the consumer sees nothing
+    try:
+        redis_server.stop()
+        wait_until(
+            lambda: run_rows(cluster.store, task=task)[0].state != RunState.RUNNING.value,
+            timeout=RETRY_WAIT + 30,
+            interval=0.2,
+        )
+        [asked] = run_rows(cluster.store, task=task)
+        redis_server.start()
+    finally:
+        worker.signal(signal.SIGCONT)
+    assert (asked.state, asked.retries) == (RunState.RETRYING.value, 1), asked.error
+    wait_until(
+        lambda: run_rows(cluster.store, task=task)[0].state == RunState.SUCCEEDED.value,
+        timeout=RETRY_COUNTDOWN + 120,
+        interval=0.5,
+    )
+    times = attempt_times(cluster, run.id)
+    assert sorted(times) == ["attempt:0", "attempt:1"], times
+    assert times["attempt:1"] >= asked.retry_due_at, "the retry started before it was due"
+    assert times["attempt:1"] - times["attempt:0"] >= timedelta(
+        seconds=RETRY_WAIT + RETRY_COUNTDOWN
+    )

@@ -1,0 +1,101 @@
+"""A plain task's retry that Celery could not publish (the broker down): ``Task.retry``
+raises ``Reject`` and forgets the countdown; run tracking keeps it, and records the run
+``retrying`` with that due time instead of ``failed``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.exceptions import Reject, Retry
+
+from beat.models import RunState
+from beat.run_tracking import _note_unsent_retries, _plain_outcome, _unsent_retries
+
+DEFAULT_DELAY = 42
+
+
+def app_on(broker: str) -> Celery:
+    return Celery("unsent", broker=broker, set_as_current=False)
+
+
+def failing_publish(*_: Any, **__: Any) -> None:
+    raise ConnectionError("Error 111 connecting to the broker. Connection refused.")
+
+
+@pytest.fixture
+def unreachable_broker_task() -> Iterator[Any]:
+    """A bound task, inside a request, of an app that cannot publish (as with its broker
+    down: the publish raises)."""
+    app = app_on("memory://")
+    app.send_task = failing_publish  # type: ignore[method-assign]
+
+    @app.task(bind=True, default_retry_delay=DEFAULT_DELAY, shared=False)
+    def job(self: Any) -> None:
+        return None
+
+    job.push_request(id="task-1", retries=0, called_directly=False)
+    yield job
+    job.pop_request()
+    _unsent_retries.clear()
+
+
+@pytest.mark.parametrize(
+    ("asked", "expected"),
+    [({"countdown": 7}, 7.0), ({}, float(DEFAULT_DELAY))],
+)
+def test_a_retry_that_could_not_be_published_keeps_the_countdown_it_asked_for(
+    unreachable_broker_task: Any, asked: dict[str, Any], expected: float
+) -> None:
+    _note_unsent_retries(unreachable_broker_task)
+    with pytest.raises(Reject):
+        unreachable_broker_task.retry(**asked)
+    assert _unsent_retries.pop("task-1") == expected
+
+
+def test_an_unpublished_retry_with_an_eta_keeps_the_seconds_until_it(
+    unreachable_broker_task: Any,
+) -> None:
+    _note_unsent_retries(unreachable_broker_task)
+    with pytest.raises(Reject):
+        unreachable_broker_task.retry(eta=datetime.now(UTC) + timedelta(seconds=30))
+    assert 29 < _unsent_retries.pop("task-1") <= 30
+
+
+def test_noting_twice_wraps_the_retry_once(unreachable_broker_task: Any) -> None:
+    _note_unsent_retries(unreachable_broker_task)
+    wrapped = unreachable_broker_task.retry
+    _note_unsent_retries(unreachable_broker_task)
+    assert unreachable_broker_task.retry is wrapped
+
+
+def test_a_published_retry_is_not_noted() -> None:
+    app = app_on("memory://")
+
+    @app.task(bind=True, shared=False)
+    def job(self: Any) -> None:
+        return None
+
+    _note_unsent_retries(job)
+    job.push_request(id="task-2", retries=0, called_directly=False)
+    try:
+        with pytest.raises(Retry):
+            job.retry(countdown=5)
+    finally:
+        job.pop_request()
+    assert "task-2" not in _unsent_retries
+
+
+def test_a_rejected_body_whose_retry_was_not_sent_is_retrying() -> None:
+    rejected = Reject(ConnectionError("refused"), requeue=False)
+    state, _ = _plain_outcome("REJECTED", rejected, unsent_retry=True)
+    assert state is RunState.RETRYING
+
+
+def test_a_body_that_rejects_its_message_itself_failed() -> None:
+    """A ``Reject`` the body raised, with no retry asked for, ends the run as before."""
+    rejected = Reject("bad input", requeue=False)
+    assert _plain_outcome("REJECTED", rejected)[0] is RunState.FAILED
