@@ -42,7 +42,12 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import text
 
 from beat.models import RunState
-from beat.run_store import CANCELLED_ON_CONNECTION_LOSS, PLAIN_RUN_TERMINATED, run_id_for
+from beat.run_store import (
+    CANCELLED_ON_CONNECTION_LOSS,
+    PLAIN_RUN_TERMINATED,
+    TAKEN_UNRECORDED,
+    run_id_for,
+)
 from beat.store import Store
 from beat.timing import Trigger, fire_times
 
@@ -189,9 +194,14 @@ class RunCounts:
     #: Plain runs the worker without the package executed (once: they stay ``queued``).
     plain_by_foreign: int = 0
     #: Plain runs on a queue the worker without the package consumes too, whose message
-    #: the broker lost before anyone took it: nothing can tell that no worker took it, so
-    #: the run waits for the broker's visibility timeout (they stay ``queued``).
+    #: (or whose retry's) the broker lost before a worker recorded it: nothing can tell
+    #: that no worker took it, so the run waits for the broker's visibility timeout
+    #: (they stay ``queued`` or ``retrying``).
     waiting_for_visibility: list[str] = field(default_factory=list)
+    #: Plain runs on such a queue whose message came back from the broker with no worker
+    #: having recorded it: that consumer may have run it, so it ends ``lost``
+    #: (``TAKEN_UNRECORDED``), never run again.
+    lost_to_unrecorded_consumers: list[str] = field(default_factory=list)
     #: Attempts recorded, and retries whose countdown was checked.
     retries_checked: int = 0
 
@@ -307,7 +317,7 @@ def _run_rows(store: Store) -> list[Any]:
                 text(
                     "SELECT id, schedule_name, fire_at, state, reason, error, epoch, attempt,"
                     " retries, duplicate_deliveries, claimed_at, published_at, received_at,"
-                    " started_at, finished_at, worker, plain, not_before, kwargs"
+                    " started_at, finished_at, worker, plain, not_before, retry_due_at, kwargs"
                     " FROM beat_runs ORDER BY schedule_name, fire_at"
                 )
             )
@@ -456,6 +466,7 @@ def _check_runs(
                 verdict, row, count, where, killed,
                 paused=row.id in paused,
                 by_foreign=str(row.id) in foreign_runs,
+                shared=row.schedule_name in shared,
                 message_lost=row.schedule_name in shared and _message_lost(row, seen),
             )  # fmt: skip
         else:
@@ -473,10 +484,19 @@ def _check_runs(
 
 def _message_lost(row: Any, seen: Observations) -> bool:
     """The broker lost the run's message before a worker recorded it: deleted by the
-    message-loss fault, or waiting in Redis when it restarted."""
+    message-loss fault, or waiting in Redis when it restarted. For a run ``retrying``,
+    its retry's message: sent when the attempt that asked for it ran, and waiting (in
+    the queue, or held for its countdown by a worker that records nothing) until it
+    was due."""
+    task_id = str(row.id)
+    if row.state == RunState.RETRYING and row.retry_due_at is not None:
+        sent = row.started_at or row.received_at
+        return any(message.task_id == task_id for message in seen.deleted) or any(
+            sent is not None and sent - WAITING_BEFORE_RESTART <= down <= row.retry_due_at
+            for down, _ in seen.redis_restarts
+        )
     if row.received_at is not None:
         return False
-    task_id = str(row.id)
     if any(message.task_id == task_id for message in seen.deleted):
         return True
     return _near_a_redis_restart(row.published_at, seen.redis_restarts)
@@ -523,6 +543,7 @@ def _check_plain_run(
     *,
     paused: bool = False,
     by_foreign: bool = False,
+    shared: bool = False,
     message_lost: bool = False,
 ) -> None:
     """A plain task's run: at most one effect, exactly one if it succeeded; ``lost`` only
@@ -541,7 +562,7 @@ def _check_plain_run(
     done_by_foreign = row.state in waiting and by_foreign
     if done_by_foreign:
         verdict.counts.plain_by_foreign += 1
-    elif row.state == RunState.QUEUED and count == 0 and message_lost:
+    elif row.state in {RunState.QUEUED, RunState.RETRYING} and count == 0 and message_lost:
         verdict.counts.waiting_for_visibility.append(where)
     elif row.state in NON_TERMINAL:
         verdict.stuck.append(f"{where} (plain) is still {row.state} (attempt {row.attempt})")
@@ -551,6 +572,8 @@ def _check_plain_run(
             verdict.lost.append(f"{where} (plain) succeeded without its effect")
     elif row.state == RunState.LOST and (worker in killed or paused or _cut_off(row.error)):
         verdict.counts.plain_interrupted.append(f"{where} on {worker}: {row.error or row.reason}")
+    elif row.state == RunState.LOST and shared and row.error == TAKEN_UNRECORDED:
+        verdict.counts.lost_to_unrecorded_consumers.append(where)
     elif row.state != RunState.EXPIRED:
         held_by = f" (its worker {worker or '-'} did not die)"
         verdict.lost.append(
@@ -592,16 +615,20 @@ def _check_effects_have_runs(verdict: Verdict, rows: list[Any], effects: Counter
 
 
 def _check_never_early(verdict: Verdict, rows: list[Any]) -> None:
-    """No run is handed to the broker, taken or started before it is due (its fire
-    time, or its jittered time)."""
+    """No run is handed to the broker or started before it is due (its fire time, or
+    the time it was put off to: its jitter, its retry's due time), nor taken before its
+    fire time. A worker takes a retry's message before it is due and holds it for its
+    countdown; the run keeps that receipt if the retry then runs on the worker without
+    the package (which records nothing)."""
     for row in rows:
         due = row.not_before or row.fire_at
         if due is None:  # an ad hoc task: due when sent
             continue
-        for column in ("published_at", "received_at", "started_at"):
+        dues = {"published_at": due, "received_at": row.fire_at or due, "started_at": due}
+        for column, column_due in dues.items():
             moment = getattr(row, column)
-            if moment is not None and moment < due:
-                early = (due - moment).total_seconds()
+            if moment is not None and moment < column_due:
+                early = (column_due - moment).total_seconds()
                 verdict.early.append(
                     f"run {row.id} ({row.schedule_name} at {row.fire_at:%H:%M:%S.%f}):"
                     f" {column} {early:.3f} s before it was due"

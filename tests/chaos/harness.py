@@ -1250,7 +1250,9 @@ def _workload_rows(report: ChaosReport) -> list[tuple[str, str]]:
             "worker without the package",
             f"{counts.plain_by_foreign} plain runs executed by it (once);"
             f" {len(counts.waiting_for_visibility)} plain runs whose message the broker lost"
-            " wait for the visibility timeout",
+            " wait for the visibility timeout;"
+            f" {len(counts.lost_to_unrecorded_consumers)} ended lost: their message came back"
+            " and it may have run them",
         ),
         ("retries checked against their countdown", str(counts.retries_checked)),
         ("server restarts mid-run", _restarts(log)),

@@ -33,7 +33,7 @@ import redis
 from app.factory import create_app
 from beat.api import define
 from beat.models import RunState, Schedule
-from beat.run_store import CANCELLED_ON_CONNECTION_LOSS
+from beat.run_store import CANCELLED_ON_CONNECTION_LOSS, TAKEN_UNRECORDED
 from tests.chaos import servers
 from tests.chaos.broker import delete_messages
 from tests.chaos.checks import (
@@ -44,12 +44,14 @@ from tests.chaos.checks import (
     SentChain,
     Verdict,
     _check_chains,
+    _check_never_early,
     _check_not_expired_early,
     _check_not_started_after_expiry,
     _check_plain_run,
     _check_recorded_state,
     _check_retry_countdowns,
     _check_runs,
+    _message_lost,
 )
 from tests.chaos.faults import FaultKind, durations, make_plan
 from tests.chaos.harness import (
@@ -562,6 +564,56 @@ def test_a_plain_run_on_the_shared_queue_counts_every_execution(
     )
     found = {name for name in ("lost", "duplicated", "stuck") if getattr(verdict, name)}
     assert found == violation
+
+
+@pytest.mark.parametrize(("shared", "violation"), [(True, set()), (False, {"lost"})])
+def test_a_plain_run_whose_message_came_back_on_a_shared_queue_may_end_lost(
+    shared: bool, violation: set[str]
+) -> None:
+    """On a queue the worker without the package consumes too, a message that comes back
+    with no worker having recorded it may have run there: the run ends ``lost``, which is
+    the mixed fleet's documented gap; elsewhere it is a violation."""
+    verdict = Verdict()
+    row = _run_row(state=RunState.LOST, worker=None, error=TAKEN_UNRECORDED)
+    _check_plain_run(verdict, row, 0, "run", set(), shared=shared)
+    found = {name for name in ("lost", "duplicated", "stuck") if getattr(verdict, name)}
+    assert found == violation
+    assert len(verdict.counts.lost_to_unrecorded_consumers) == int(shared)
+
+
+@pytest.mark.parametrize(("restart_after", "lost"), [(4.0, True), (15.0, False), (-60.0, False)])
+def test_a_retry_whose_message_a_redis_restart_lost_waits_for_the_visibility_timeout(
+    restart_after: float, lost: bool
+) -> None:
+    """A retry held for its countdown by the worker without the package, or waiting in
+    the queue, is lost by a Redis restart between its sending and its due time: on that
+    queue the run stays ``retrying`` until the visibility timeout, not stuck."""
+    row = _run_row(state=RunState.RETRYING, worker="w1g0@host", retries=1)
+    row.retry_due_at = row.started_at + timedelta(seconds=10)
+    down = row.started_at + timedelta(seconds=restart_after)
+    seen = Observations(redis_restarts=[(down, down + timedelta(seconds=2))])
+    assert _message_lost(row, seen) is lost
+    verdict = Verdict()
+    _check_plain_run(verdict, row, 0, "run", set(), shared=True, message_lost=lost)
+    assert bool(verdict.stuck) is not lost
+
+
+def test_a_retry_taken_before_it_is_due_is_not_early_but_one_taken_before_its_fire_time_is() -> (
+    None
+):
+    """A worker takes a retry's message at once and holds it for its countdown: its
+    receipt may precede the retry's due time (``not_before``), never the fire time."""
+    held = _run_row(published_at=None, not_before=None)
+    held.not_before = held.fire_at + timedelta(seconds=10)
+    held.published_at = held.not_before
+    held.started_at = held.not_before + timedelta(seconds=0.1)
+    taken_early = _run_row(published_at=None, not_before=None)
+    taken_early.received_at = taken_early.fire_at - timedelta(seconds=1)
+    verdict = Verdict()
+    _check_never_early(verdict, [held, taken_early])
+    assert [item.split(")")[0] + ")" for item in verdict.early] == [
+        f"run {taken_early.id} (plain-0 at 12:00:00.000000)"
+    ]
 
 
 def test_a_plain_run_held_by_a_paused_worker_may_end_lost() -> None:
