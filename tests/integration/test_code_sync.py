@@ -149,3 +149,23 @@ def test_a_change_of_anything_else_keeps_both_days(
     make_scheduler(first_monday_code()).tick()
     Schedules(store).update("job", options={"queue": "reports"})
     assert Schedules(store).get("job").definition.trigger == FIRST_MONDAY
+
+
+def test_a_deploy_right_after_a_retiming_one_keeps_the_fire_times_missed_during_both(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
+    """Two deploys in a row: the first changes the timing and every beat stops again
+    right after its sync, before any claim; the second changes only the kwargs. Every
+    fire time missed during both (the old timing's unclaimed one, then the new timing's
+    since) is still claimed."""
+    old = make_scheduler(code("fire_all", every=10, x=1))
+    old.tick()
+    old.close()
+    make_due(store, seconds_ago=35)
+    missed_from = Schedules(store).get("job").next_fire_at
+    make_scheduler(code("fire_all", every=20, x=2)).close()  # synced, stopped at once
+    make_scheduler(code("fire_all", every=20, x=3), misfire_grace=GRACE * 10).tick()
+
+    rows = run_rows(store)
+    assert [row.fire_at - missed_from for row in rows] == [timedelta(0), timedelta(seconds=20)]
+    assert {row.state for row in rows} == {RunState.QUEUED.value}
