@@ -160,7 +160,7 @@ class BaseHandler(tornado.web.RequestHandler):
             if self.writes_unchecked():
                 raise tornado.web.HTTPError(405)
         length = self.request.headers.get("Content-Length", "0")
-        if not length.isdigit() or int(length) > FORM_BODY_LIMIT:
+        if not (length.isascii() and length.isdigit()) or int(length) > FORM_BODY_LIMIT:
             raise tornado.web.HTTPError(
                 413, "a request's body is at most %d KiB", FORM_BODY_LIMIT // 1024
             )

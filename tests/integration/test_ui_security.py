@@ -156,6 +156,10 @@ def test_a_body_past_the_cap_is_refused_unread_with_its_limit(
         pytest.fail("a body past the cap was waited for")
     assert reply.status == 413, reply.status
     assert f"{FORM_BODY_LIMIT // 1024} KiB" in reply.text
+    for length in ("\xb2", "-1", "1e9"):  # numbers Python reads, HTTP does not
+        headers = {"Authorization": basic(USER, PASSWORD), "Content-Length": length}
+        raw = request_bytes(b"POST", b"/new", _host(ui), headers)
+        assert 400 <= exchange(ui.base, raw).status < 500, length
 
 
 def test_a_chunked_body_past_the_cap_is_cut_off(
