@@ -61,7 +61,7 @@ def attacker(target: str) -> Iterator[str]:
 def test_a_page_on_another_port_cannot_pause_a_schedule_through_the_users_browser(
     cluster: Cluster, store: Store
 ) -> None:
-    """issue 29, finding 2: on a0b959d Chromium paused the schedule."""
+    """issue 29, finding 2: before the fix (aad8ba0), Chromium paused the schedule."""
     schedules = Schedules(store)
     schedules.create("reports/nightly", "e2e.record", cron="30 2 * * *")
     process, base = start_ui(cluster)

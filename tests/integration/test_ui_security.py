@@ -192,6 +192,8 @@ UNFIT_INPUTS = [
     ("GET", "/api/schedules/%00", 404),
     ("GET", "/api/schedules/%00/runs", 404),
     ("GET", "/schedules/" + "n" * 300, 404),
+    ("GET", "/schedules/present?before=" + "9" * 30, 400),
+    ("GET", "/api/schedules/present/runs?before=%00", 400),
     ("POST", "/schedules/%00/pause", 404),
     ("POST", "/schedules/%00/edit", 404),
 ]
