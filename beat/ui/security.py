@@ -115,13 +115,14 @@ def foreign_origin(headers: Mapping[str, str], host: str) -> str | None:
     A browser sends ``Origin`` with every POST and ``Sec-Fetch-Site`` with every request
     (Chromium, Firefox, Safari): a page on another port of the same host is
     ``same-site``, not ``same-origin``. A client that sends neither (curl, a script) is
-    no browser a page can drive; it still needs the password and the form token."""
+    no browser a page can drive; it still needs the password and the form token. The
+    header is quoted with ``repr``: the reason is logged, and a header may hold escapes."""
     site = headers.get("Sec-Fetch-Site")
     if site is not None and site.lower() not in OWN_SITES:
-        return f"a write from another origin is refused (Sec-Fetch-Site: {site:.40})"
+        return f"a write from another origin is refused (Sec-Fetch-Site: {site!r:.40})"
     origin = headers.get("Origin")
     if origin is not None and not _is_origin_of(origin, host):
-        return f"a write from another origin is refused (Origin: {origin:.80})"
+        return f"a write from another origin is refused (Origin: {origin!r:.80})"
     return None
 
 

@@ -75,6 +75,20 @@ def test_a_write_from_another_origin_is_refused_even_with_a_valid_token(
     assert not schedules.get("target").definition.enabled
 
 
+def test_without_a_password_a_write_from_another_port_is_refused(
+    serve: Callable[..., UI], schedules: Schedules
+) -> None:
+    """issue 29, finding 2: a UI on loopback without a password trusts the host's users,
+    not the pages their browsers open."""
+    schedules.create("target", "ui.job", every=60)
+    ui = serve()
+    token, cookie = _browser_token(ui)
+    another_port = {"Origin": "http://127.0.0.1:1", "Sec-Fetch-Site": "same-site"}
+    assert _post(ui, "/schedules/target/pause", token, another_port | cookie).status == 403
+    assert schedules.get("target").definition.enabled
+    assert _post(ui, "/schedules/target/pause", token, cookie).status == 303, "as curl does"
+
+
 def test_a_token_pair_the_client_chose_is_refused(
     serve: Callable[..., UI], schedules: Schedules
 ) -> None:
