@@ -353,12 +353,9 @@ class SchedulePage(BaseHandler):
     async def get(self, name: str) -> None:
         details = await self.call(self.schedules.details, name, upcoming=UPCOMING, recent=0)
         before = self.get_argument("before", None)
-        try:
-            history = await self.call(
-                self.schedules.run_page, name, before=before, limit=RUNS_PAGE_SIZE
-            )
-        except InvalidSchedule as exc:
-            raise tornado.web.HTTPError(400, "%s", exc) from None
+        history = await self.call(
+            self.schedules.run_page, name, before=before, limit=RUNS_PAGE_SIZE
+        )
         zone = timing.parse_zone(details.schedule.definition.timezone)
         self.render(
             "schedule.html",
@@ -470,10 +467,7 @@ class ActionHandler(BaseHandler):
             "trigger": functools.partial(self.schedules.trigger_run, run_id=self._trigger_id()),
             "delete": self.schedules.delete,
         }
-        try:
-            await self.call(operation[action], name)
-        except INPUT_ERRORS as exc:
-            raise tornado.web.HTTPError(400, "%s", exc) from None
+        await self.call(operation[action], name)
         target = "/" if action == "delete" else schedule_url(name)
         self.redirect(f"{target}?done={self.ACTIONS[action]}", status=303)
 
