@@ -3,9 +3,17 @@
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
+import pytest
+import tornado.web
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from beat.ui.pages import BaseHandler, UIContext, signed_form
 from beat.ui.security import FormTokens, foreign_origin
+from beat.ui.server import UISettings
 
 SECRET = b"k" * 32
 
@@ -69,3 +77,45 @@ def test_a_write_from_another_origin_is_named_as_such(
     assert (reason is not None) == refused, reason
     if reason is not None:
         assert "another origin" in reason
+
+
+class Unmarked(BaseHandler):
+    """A write a developer forgot to mark ``signed_form``."""
+
+    async def post(self) -> None:
+        self.finish("written")
+
+
+class Marked(BaseHandler):
+    @signed_form
+    async def post(self) -> None:
+        self.finish("written")
+
+
+def test_a_write_that_does_not_check_its_token_is_refused() -> None:
+    """issue 29, finding 2: a new POST handler cannot forget the form token."""
+    settings = UISettings(port=0)
+    context = UIContext(schedules=None, settings=settings, task_names=list, stylesheet="")  # type: ignore[arg-type]
+    application = tornado.web.Application(
+        [(r"/unmarked", Unmarked, {"context": context}), (r"/marked", Marked, {"context": context})]
+    )
+    token = FormTokens(settings.secret).issue("")
+
+    async def post(path: str, body: str) -> int:
+        sockets = bind_sockets(0, "127.0.0.1")
+        server = HTTPServer(application)
+        server.add_sockets(sockets)
+        port = sockets[0].getsockname()[1]
+        client = AsyncHTTPClient()
+        try:
+            response = await client.fetch(
+                f"http://127.0.0.1:{port}{path}", method="POST", body=body, raise_error=False
+            )
+            return response.code
+        finally:
+            server.stop()
+            client.close()
+
+    assert asyncio.run(post("/unmarked", f"_xsrf={token}")) == 405
+    assert asyncio.run(post("/marked", f"_xsrf={token}")) == 200
+    assert asyncio.run(post("/marked", "_xsrf=deadbeef")) == 403
