@@ -22,7 +22,6 @@ from typing import Any
 import tornado.web
 
 from beat import rendering
-from beat.errors import InvalidSchedule
 from beat.ui.pages import WINDOWS, BaseHandler, UIContext, schedule_filter
 
 
@@ -84,12 +83,9 @@ class ScheduleAPI(JSONHandler):
 class RunsAPI(JSONHandler):
     async def get(self, name: str) -> None:
         limit = self.bounded_int("limit", 50, 1, 500)
-        try:
-            found = await self.call(
-                self.schedules.run_page, name, before=self.get_argument("before", None), limit=limit
-            )
-        except InvalidSchedule as exc:
-            raise tornado.web.HTTPError(400, "%s", exc) from None
+        found = await self.call(
+            self.schedules.run_page, name, before=self.get_argument("before", None), limit=limit
+        )
         self.send({"runs": rendering.runs_document(found.runs), "next_before": found.next_before})
 
 

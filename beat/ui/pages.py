@@ -3,8 +3,10 @@ actions (pause, resume, trigger, delete).
 
 Each handler reads its parameters, calls :class:`beat.api.Schedules` (off the event
 loop: the facade's calls block) and renders a template. Every request passes the
-basic-auth check first; every POST also the ``_xsrf`` check (Tornado) and the
-read-only check. A write that fails changes nothing and says why next to the field.
+basic-auth check first, from its headers, before any of its body is read; every write
+also the read-only check, the origin check and its form's signed token
+(``beat.ui.security``). A write that fails changes nothing and says why next to the
+field.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import functools
 import json
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote, urlencode
 
+import tornado.httputil
 import tornado.web
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -35,9 +38,19 @@ from beat.leader_store import UnrecordedConsumer
 from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState
 from beat.tables import ALL_QUEUES
 from beat.ui import charts, forms, wording
-from beat.ui.security import REALM, authorised, is_local_host_header
+from beat.ui.security import (
+    FORM_BODY_LIMIT,
+    REALM,
+    SAFE_METHODS,
+    FormTokens,
+    authorised,
+    foreign_origin,
+    is_local_host_header,
+)
 
 T = TypeVar("T")
+Handler = TypeVar("Handler", bound="BaseHandler")
+P = ParamSpec("P")
 
 #: Schedules a page of the list shows.
 PAGE_SIZE = 50
@@ -81,13 +94,33 @@ class UIContext:
     stylesheet: str
 
 
+def signed_form(
+    method: Callable[Concatenate[Handler, P], Awaitable[None]],
+) -> Callable[Concatenate[Handler, P], Awaitable[None]]:
+    """Marks a write that reads a form: its body is parsed and its token checked first.
+    ``BaseHandler`` refuses any write not so marked."""
+
+    @functools.wraps(method)
+    async def checked(handler: Handler, /, *args: P.args, **kwargs: P.kwargs) -> None:
+        handler.read_form()
+        await method(handler, *args, **kwargs)
+
+    checked.signed_form = True  # type: ignore[attr-defined]
+    return checked
+
+
+@tornado.web.stream_request_body  # prepare() runs on the headers, before the body
 class BaseHandler(tornado.web.RequestHandler):
-    """Basic auth, security headers, blocking calls off the loop, and error pages."""
+    """Basic auth, origin and token checks, the body cap, security headers, blocking
+    calls off the loop, and error pages."""
 
     context: UIContext
+    #: Who the credentials prove ("" when the UI has no password).
+    user: str = ""
 
     def initialize(self, context: UIContext) -> None:
         self.context = context
+        self._body = bytearray()
 
     @property
     def schedules(self) -> Schedules:
@@ -105,13 +138,90 @@ class BaseHandler(tornado.web.RequestHandler):
         if not users and not is_local_host_header(self.request.headers.get("Host")):
             self.send_error(403, reason="not a loopback host")  # see is_local_host_header
             return
-        if users and authorised(self.request.headers.get("Authorization"), users) is None:
+        user = authorised(self.request.headers.get("Authorization"), users) if users else ""
+        if user is None:
             self.send_error(401)  # write_error asks for the password
             return
-        if self.request.method == "POST" and self.context.settings.read_only:
+        self.user = user
+        writes = self.request.method not in SAFE_METHODS
+        if writes and self.context.settings.read_only:
             self.send_error(403, reason="read-only")
+            return
+        self.check_request(writes=writes)
+
+    def check_request(self, *, writes: bool) -> None:
+        """What the headers and the path alone refuse, before any body is read."""
+        if writes:
+            refusal = foreign_origin(self.request.headers, self.request.host)
+            if refusal is not None:
+                raise tornado.web.HTTPError(
+                    403, "%s: open the UI's own page and submit it there", refusal
+                )
+            if self.writes_unchecked():
+                raise tornado.web.HTTPError(405)
+        length = self.request.headers.get("Content-Length", "0")
+        if not (length.isascii() and length.isdigit()) or int(length) > FORM_BODY_LIMIT:
+            raise tornado.web.HTTPError(
+                413, "a request's body is at most %d KiB", FORM_BODY_LIMIT // 1024
+            )
+        if any("\x00" in part for part in self.path_args):
+            # PostgreSQL holds no NUL: no schedule or run is named with one
+            raise tornado.web.HTTPError(404, "no such page: a path with a NUL byte names nothing")
+
+    def writes_unchecked(self) -> bool:
+        """Whether this write would reach a method that does not check its form's token
+        (not marked ``signed_form``): refused, so a new write cannot forget it."""
+        name = self.request.method.lower() if self.request.method else ""
+        own = getattr(type(self), name, None)
+        inherited = getattr(tornado.web.RequestHandler, name, None)  # Tornado's 405
+        return own is not inherited and not getattr(own, "signed_form", False)
+
+    def data_received(self, chunk: bytes) -> None:
+        # the server reads at most FORM_BODY_LIMIT; only a write keeps what it reads
+        if self.request.method not in SAFE_METHODS:
+            self._body.extend(chunk)
+
+    def read_form(self) -> None:
+        """The body as the form's arguments, once its token proves the form was the
+        server's own, handed to this user: 403 otherwise."""
+        self.request.body = bytes(self._body)
+        try:
+            tornado.httputil.parse_body_arguments(
+                self.request.headers.get("Content-Type", ""),
+                self.request.body,
+                self.request.body_arguments,
+                self.request.files,
+                self.request.headers,
+            )
+        except tornado.httputil.HTTPInputError as exc:
+            raise tornado.web.HTTPError(400, "the body is not a form: %s", exc) from None
+        for name, values in self.request.body_arguments.items():
+            self.request.arguments.setdefault(name, []).extend(values)
+        if not self.tokens.valid(self.get_body_argument("_xsrf", ""), self.user):
+            raise tornado.web.HTTPError(
+                403,
+                "the form's token is missing, expired or another user's:"
+                " reload the page and submit it again",
+            )
+
+    @property
+    def tokens(self) -> FormTokens:
+        return FormTokens(self.context.settings.secret)
+
+    @property
+    def xsrf_token(self) -> bytes:
+        """The token the forms carry (``xsrf_form_html`` puts it in ``_xsrf``)."""
+        return self.tokens.issue(self.user).encode()
 
     async def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``function`` in a thread (``call_for_form``), an input error (a search too
+        long) a 400 with its message."""
+        try:
+            return await self.call_for_form(function, *args, **kwargs)
+        except INPUT_ERRORS as exc:
+            raise tornado.web.HTTPError(400, "%s", exc) from None
+
+    async def call_for_form(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``function`` in a thread: a slow query must not stall the other requests.
 
         The facade's errors become HTTP statuses here, the one place it is called: an
@@ -243,12 +353,9 @@ class SchedulePage(BaseHandler):
     async def get(self, name: str) -> None:
         details = await self.call(self.schedules.details, name, upcoming=UPCOMING, recent=0)
         before = self.get_argument("before", None)
-        try:
-            history = await self.call(
-                self.schedules.run_page, name, before=before, limit=RUNS_PAGE_SIZE
-            )
-        except InvalidSchedule as exc:
-            raise tornado.web.HTTPError(400, "%s", exc) from None
+        history = await self.call(
+            self.schedules.run_page, name, before=before, limit=RUNS_PAGE_SIZE
+        )
         zone = timing.parse_zone(details.schedule.definition.timezone)
         self.render(
             "schedule.html",
@@ -299,7 +406,7 @@ class FormPage(BaseHandler):
         then go to the schedule's page; or show the form again with what was wrong."""
         if form.ok and write is not None:
             try:
-                await self.call(write)
+                await self.call_for_form(write)
             except INPUT_ERRORS as exc:
                 form.fail(str(exc))
         if not form.ok:
@@ -313,6 +420,7 @@ class NewSchedulePage(FormPage):
         defaults = {"default_tz": self.schedules.default_tz, **self.schedules.defaults}
         self.render_form(forms.blank_form(defaults), editing=None, status=200)
 
+    @signed_form
     async def post(self) -> None:
         form = forms.submitted(_form_arguments(self))
         fields = forms.creation_arguments(form, self.schedules.default_tz)
@@ -326,6 +434,7 @@ class EditSchedulePage(FormPage):
         current = await self.call(self.schedules.get, name)
         self.render_form(forms.form_of(current), editing=name, status=200)
 
+    @signed_form
     async def post(self, name: str) -> None:
         current = await self.call(self.schedules.get, name)
         form = forms.submitted(_form_arguments(self))
@@ -348,6 +457,7 @@ class ActionHandler(BaseHandler):
 
     ACTIONS = {"pause": "paused", "resume": "resumed", "trigger": "triggered", "delete": "deleted"}
 
+    @signed_form
     async def post(self, name: str, action: str) -> None:
         if action not in self.ACTIONS:
             raise tornado.web.HTTPError(404)
@@ -357,10 +467,7 @@ class ActionHandler(BaseHandler):
             "trigger": functools.partial(self.schedules.trigger_run, run_id=self._trigger_id()),
             "delete": self.schedules.delete,
         }
-        try:
-            await self.call(operation[action], name)
-        except INPUT_ERRORS as exc:
-            raise tornado.web.HTTPError(400, "%s", exc) from None
+        await self.call(operation[action], name)
         target = "/" if action == "delete" else schedule_url(name)
         self.redirect(f"{target}?done={self.ACTIONS[action]}", status=303)
 

@@ -1,22 +1,34 @@
-"""Who may use the UI: HTTP basic auth against the configured users, and the rule
-that a UI reachable from other hosts has a password.
+"""Who may use the UI: HTTP basic auth against the configured users, the rule that a
+UI reachable from other hosts has a password, and what a write must carry.
 
-Writes are also protected against cross-site requests (Tornado's ``_xsrf`` token,
-checked on every POST: ``beat.ui.server``) and refused in read-only mode.
+A write (any method but GET, HEAD and OPTIONS) is refused unless it comes from the
+UI's own origin (``Origin`` and ``Sec-Fetch-Site``, when the client sends them: a
+browser always does) and carries a form token the server signed for the same user
+(``FormTokens``). Cookies are not isolated by port, so a page on another port of the
+same host could plant a cookie; the token is therefore no cookie at all. The threat
+model is docs/security.md.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import ipaddress
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from urllib.parse import urlsplit
 
 from beat.errors import ConfigError
 
 #: The realm browsers show when they ask for a password.
 REALM = "habeat schedules"
+#: The largest request body read: a form's args and kwargs (64 KiB of JSON together,
+#: ``beat.api.MAX_PAYLOAD_BYTES``) percent-encoded (up to 3 bytes each), and the rest.
+#: A larger one is refused (413) before it is read, and no body is read before the
+#: password is checked.
+FORM_BODY_LIMIT = 256 * 1024
 
 
 def parse_users(text: str | None) -> dict[str, str]:
@@ -88,3 +100,75 @@ def authorised(header: str | None, users: Mapping[str, str]) -> str | None:
         if same_user and same_password:
             found = known_user
     return found
+
+
+#: The methods that change nothing; every other one is a write.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: ``Sec-Fetch-Site`` values a write may carry: the UI's own page, or the user typing.
+OWN_SITES = frozenset({"same-origin", "none"})
+
+
+def foreign_origin(headers: Mapping[str, str], host: str) -> str | None:
+    """Why a write whose request ``headers`` are these comes from another origin than
+    the UI at ``host`` (its ``Host`` header), or None when it may be its own.
+
+    A browser sends ``Origin`` with every POST and ``Sec-Fetch-Site`` with every request
+    (Chromium, Firefox, Safari): a page on another port of the same host is
+    ``same-site``, not ``same-origin``. A client that sends neither (curl, a script) is
+    no browser a page can drive; it still needs the password and the form token. The
+    header is quoted with ``repr``: the reason is logged, and a header may hold escapes."""
+    site = headers.get("Sec-Fetch-Site")
+    if site is not None and site.lower() not in OWN_SITES:
+        return f"a write from another origin is refused (Sec-Fetch-Site: {site!r:.40})"
+    origin = headers.get("Origin")
+    if origin is not None and not _is_origin_of(origin, host):
+        return f"a write from another origin is refused (Origin: {origin!r:.80})"
+    return None
+
+
+def _is_origin_of(origin: str, host: str) -> bool:
+    """Whether ``origin`` names the server a request with ``Host: host`` reached. The
+    scheme is not compared (a proxy that ends TLS hides it); ``Sec-Fetch-Site``,
+    which a browser computes with the scheme, covers that."""
+    try:
+        parts = urlsplit(origin)
+    except ValueError:
+        return False
+    return (
+        parts.scheme in {"http", "https"}
+        and not parts.path
+        and parts.netloc.lower() == host.lower()
+    )
+
+
+class FormTokens:
+    """The token each form carries: the time it was issued and an HMAC of that time and
+    the user it was handed to, under the server's secret. Nothing a client sends or
+    stores chooses it, so a page that plants its own cookie or field gains nothing; a
+    token handed to one user is worthless to another, and one older than ``lifetime``
+    seconds or from another server (another secret) is refused."""
+
+    def __init__(
+        self, secret: bytes, *, lifetime: float = 86400.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._secret = secret
+        self._lifetime = lifetime
+        self._clock = clock
+
+    def issue(self, user: str) -> str:
+        issued = int(self._clock())
+        return f"{issued:x}.{self._signature(user, issued)}"
+
+    def valid(self, token: str, user: str) -> bool:
+        issued_text, _, signature = token.partition(".")
+        try:
+            issued = int(issued_text, 16)
+        except ValueError:
+            return False
+        fresh = 0 <= self._clock() - issued <= self._lifetime
+        expected = self._signature(user, issued)
+        return fresh and hmac.compare_digest(signature.encode(), expected.encode())
+
+    def _signature(self, user: str, issued: int) -> str:
+        message = f"{user}\0{issued}".encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()

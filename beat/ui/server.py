@@ -10,6 +10,7 @@ allows no script at all.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import signal
 import threading
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from tornado.netutil import bind_sockets
 
 from beat.api import Schedules
 from beat.ui import json_api, pages
-from beat.ui.security import check_exposure
+from beat.ui.security import FORM_BODY_LIMIT, check_exposure
 
 #: Where the UI listens unless told otherwise (Flower's default is 5555).
 DEFAULT_ADDRESS = "127.0.0.1"
@@ -43,6 +44,10 @@ class UISettings:
     read_only: bool = False
     #: Flower's address (``http://localhost:5555``): each run links to its task page.
     flower_url: str | None = None
+    #: The key form tokens are signed with (``beat.ui.security.FormTokens``): random
+    #: per process, so a restart asks open forms to be reloaded. Give UIs behind one
+    #: load balancer the same one.
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
 
     @property
     def url(self) -> str:
@@ -71,12 +76,19 @@ def make_application(
     return tornado.web.Application(
         routes,
         template_path=str(_HERE / "templates"),
-        xsrf_cookies=True,
-        xsrf_cookie_kwargs={"httponly": True, "samesite": "Strict"},
+        # writes carry a signed form token instead (pages.BaseHandler): Tornado's is a
+        # cookie, which a page on another port of the host can plant
+        xsrf_cookies=False,
         default_handler_class=pages.NotFoundHandler,
         default_handler_args={"context": context},
         compress_response=True,
     )
+
+
+def http_server(application: tornado.web.Application) -> HTTPServer:
+    """The server of ``application``, reading no body past ``FORM_BODY_LIMIT`` (each
+    handler checks the password from the headers before it reads any)."""
+    return HTTPServer(application, max_body_size=FORM_BODY_LIMIT)
 
 
 def registered_tasks(app: Any) -> Callable[[], list[str]]:
@@ -108,7 +120,7 @@ async def _serve(
     task_names: Callable[[], list[str]],
     ready: Callable[[str], None],
 ) -> None:
-    server = HTTPServer(make_application(schedules, settings, task_names=task_names))
+    server = http_server(make_application(schedules, settings, task_names=task_names))
     server.listen(settings.port, settings.address)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -163,7 +175,7 @@ class BackgroundUI:
         asyncio.run(self._serve())
 
     async def _serve(self) -> None:
-        server = HTTPServer(self._application)
+        server = http_server(self._application)
         sockets = bind_sockets(self._settings.port, self._settings.address)
         server.add_sockets(sockets)
         self.port = sockets[0].getsockname()[1]
