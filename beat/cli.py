@@ -31,6 +31,7 @@ from celery.bin.base import CeleryCommand
 # entry point), which is how a worker gets run tracking without a setting.
 from beat import code_schedules, rendering, timing, worker  # noqa: F401
 from beat.api import MAX_BACKFILL_RUNS, Schedules
+from beat.db import masked_url
 from beat.errors import (
     ConfigError,
     HABeatError,
@@ -690,11 +691,11 @@ def ui(
     flower_url: str | None,
 ) -> None:
     """Serve the schedules UI: schedules, runs, the cluster and plots, in a browser."""
-    from beat.ui.security import check_exposure, parse_users
+    from beat.ui.security import check_exposure
     from beat.ui.server import UISettings, registered_tasks, serve
 
     with _errors_as_exit_codes():
-        users = parse_users(basic_auth)
+        users = _users(basic_auth)
         check_exposure(address, users)  # before connecting: nothing is served on a bad setup
         _check_flower_url(flower_url)
     manager = _schedules(ctx)
@@ -712,8 +713,24 @@ def ui(
         _fail(f"cannot listen on {address}:{port} ({exc.strerror}): choose another --port", 1)
 
 
+def _users(basic_auth: str | None) -> dict[str, str]:
+    """The users of ``--basic-auth``; a malformed value is refused without a word of it:
+    whatever part of it is quoted may be a password."""
+    from beat.ui.security import parse_users
+
+    try:
+        return parse_users(basic_auth)
+    except ConfigError:
+        raise ConfigError(
+            "--basic-auth (HABEAT_UI_BASIC_AUTH) takes user:password pairs separated by"
+            " commas, each with a user and a password (the value is not shown: it holds"
+            " passwords): give e.g. admin:s3cret"
+        ) from None
+
+
 def _check_flower_url(url: str | None) -> None:
     if url is not None and not re.match(r"^https?://[^\s/]+", url):
         raise ConfigError(
-            f"--flower-url {url!r:.80} is not an http(s) address: give e.g. http://localhost:5555"
+            f"--flower-url {masked_url(url)!r:.80} is not an http(s) address:"
+            " give e.g. http://localhost:5555"
         )
