@@ -43,10 +43,15 @@ def masked_url(url: str) -> str:
     that is not a URL.
     """
     head, separator, rest = url.partition("://")
-    if not separator:  # not a URL: who knows what comes before an @
+    if not separator:
         head, rest = "", url
     userinfo, at, place = rest.rpartition("@")
-    shown = "" if not at else f"{_masked_userinfo(userinfo)}@" if separator else "***@"
+    if not at:
+        shown = ""
+    elif separator:
+        shown = f"{_masked_userinfo(userinfo)}@"
+    else:  # not a URL: who knows what comes before an @
+        shown = "***@"
     return f"{head}{separator}{shown}{_PARAMETER.sub(_masked_parameter, place)}"
 
 
