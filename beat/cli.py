@@ -12,6 +12,10 @@ and renders what it returns with :mod:`beat.rendering`: no SQL and no Redis here
 Exit codes: 0 ok, 2 bad input (nothing written), 1 failure (e.g. a database
 that cannot be reached, or ``health`` finding a problem). Each error is one
 line on stderr that says what to do.
+
+All output goes through ``_say`` (one line) or ``_show`` (a rendered text, a JSON
+document): whatever a row, a task's result or an argument holds reaches the terminal
+escaped, never as an escape sequence it would run.
 """
 
 from __future__ import annotations
@@ -31,13 +35,13 @@ from celery.bin.base import CeleryCommand
 # entry point), which is how a worker gets run tracking without a setting.
 from beat import code_schedules, rendering, timing, worker  # noqa: F401
 from beat.api import MAX_BACKFILL_RUNS, Schedules
+from beat.db import masked_url
 from beat.errors import (
     ConfigError,
     HABeatError,
     InvalidSchedule,
     ScheduleExists,
     ScheduleNotFound,
-    one_line,
 )
 from beat.models import MisfirePolicy, Origin, OverlapPolicy, RunState
 from beat.user_input import (
@@ -56,8 +60,23 @@ MAX_LISTED_RUNS = 10_000
 _MISFIRE_POLICIES = [policy.value for policy in MisfirePolicy]
 
 
+# -- output: what reaches the terminal --------------------------------------------------
+
+
+def _say(line: str, *, err: bool = False) -> None:
+    """Print one line: whatever it quotes (a name, an error from a worker or a driver)
+    is escaped, line breaks too, so it stays one line and runs nothing on the terminal."""
+    click.echo(rendering.printable(line), err=err)
+
+
+def _show(text: str) -> None:
+    """Print text of several lines made by :mod:`beat.rendering` (or a JSON document):
+    its lines kept, any character a terminal acts on escaped."""
+    click.echo(rendering.terminal_text(text))
+
+
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"Error: {one_line(message)}", err=True)
+    _say(f"Error: {message}", err=True)
     sys.exit(code)
 
 
@@ -85,7 +104,7 @@ def _schedules(ctx: click.Context, *, check_schema: bool = True) -> Schedules:
 
 
 def _echo_json(document: Any) -> None:
-    click.echo(json.dumps(document, indent=2))
+    _show(json.dumps(document, indent=2))
 
 
 # -- option parsing -------------------------------------------------------------------
@@ -197,7 +216,7 @@ class OneLineUsageError(click.ClickException):
     exit_code = 2
 
     def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"Error: {one_line(self.format_message())}", file=file, err=True)
+        click.echo(f"Error: {rendering.printable(self.format_message())}", file=file, err=True)
 
 
 @contextmanager
@@ -211,9 +230,30 @@ def _usage_errors_on_one_line() -> Iterator[None]:
         raise OneLineUsageError(f"{exc.format_message()} (see `{where} --help`)") from None
 
 
+def _check_utf8(args: list[str]) -> None:
+    """Refuse an argument that is not UTF-8 (Python reads each byte it cannot decode as a
+    lone surrogate, which no database, page or terminal can take). Its place is named,
+    not its text: it may be a password."""
+    for place, arg in enumerate(args, start=1):
+        if not _is_utf8(arg):
+            raise OneLineUsageError(
+                f"argument {place} of `schedules` is not UTF-8 text (a byte the locale"
+                " could not read): give it in UTF-8"
+            )
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class SchedulesGroup(click.Group):
     """The ``schedules`` group: its usage errors, and those of every sub-command (their
-    arguments are parsed while the group is invoked), are one line with exit code 2."""
+    arguments are parsed while the group is invoked), are one line with exit code 2;
+    an argument that is not UTF-8 is one of them."""
 
     def make_context(
         self,
@@ -222,6 +262,7 @@ class SchedulesGroup(click.Group):
         parent: click.Context | None = None,
         **extra: Any,
     ) -> click.Context:
+        _check_utf8(args)
         with _usage_errors_on_one_line():
             return super().make_context(info_name, args, parent, **extra)
 
@@ -251,7 +292,7 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         _echo_json({"revision": revision, "database": manager.database_url})
         return
-    click.echo(f"schema is at revision {revision} ({manager.database_url})")
+    _say(f"schema is at revision {revision} ({manager.database_url})")
 
 
 _DEFINITION_OPTIONS = (
@@ -364,7 +405,7 @@ def add(ctx: click.Context, /, name: str, task: str, as_json: bool, **options: A
     if as_json:
         _echo_json(rendering.schedule_document(created))
         return
-    click.echo(f"added {created.name}: next fire {rendering.time_text(created.next_fire_at)}")
+    _say(f"added {created.name}: next fire {rendering.time_text(created.next_fire_at)}")
 
 
 @_command()
@@ -391,7 +432,7 @@ def update(ctx: click.Context, /, name: str, as_json: bool, **options: Any) -> N
     if as_json:
         _echo_json(rendering.schedule_document(updated))
         return
-    click.echo(f"updated {updated.name}: next fire {rendering.time_text(updated.next_fire_at)}")
+    _say(f"updated {updated.name}: next fire {rendering.time_text(updated.next_fire_at)}")
 
 
 @_command()
@@ -406,7 +447,7 @@ def show(ctx: click.Context, name: str, as_json: bool) -> None:
     if as_json:
         _echo_json(rendering.details_document(details))
         return
-    click.echo(rendering.details_text(details))
+    _show(rendering.details_text(details))
 
 
 @_command(name="list")
@@ -420,7 +461,7 @@ def list_(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         _echo_json(rendering.summaries_document(found))
         return
-    click.echo(rendering.summaries_table(found))
+    _show(rendering.summaries_table(found))
 
 
 @_command()
@@ -435,7 +476,7 @@ def pause(ctx: click.Context, name: str, as_json: bool) -> None:
     if as_json:
         _echo_json(rendering.schedule_document(paused))
         return
-    click.echo(f"paused {paused.name}")
+    _say(f"paused {paused.name}")
 
 
 @_command()
@@ -450,7 +491,7 @@ def resume(ctx: click.Context, name: str, as_json: bool) -> None:
     if as_json:
         _echo_json(rendering.schedule_document(resumed))
         return
-    click.echo(f"resumed {resumed.name}: next fire {rendering.time_text(resumed.next_fire_at)}")
+    _say(f"resumed {resumed.name}: next fire {rendering.time_text(resumed.next_fire_at)}")
 
 
 @_command()
@@ -465,7 +506,7 @@ def remove(ctx: click.Context, name: str, as_json: bool) -> None:
     if as_json:
         _echo_json({"removed": name})
         return
-    click.echo(f"removed {name}")
+    _say(f"removed {name}")
 
 
 @_command()
@@ -483,7 +524,7 @@ def trigger(ctx: click.Context, name: str, as_json: bool) -> None:
     if as_json:
         _echo_json(rendering.run_document(run))
         return
-    click.echo(f"triggered {name}: run {run.id} (the leader publishes it at its next tick)")
+    _say(f"triggered {name}: run {run.id} (the leader publishes it at its next tick)")
 
 
 @_command()
@@ -505,7 +546,7 @@ def backfill(
     if as_json:
         _echo_json(rendering.runs_document(created))
         return
-    click.echo(f"backfilled {name}: {len(created)} runs queued")
+    _say(f"backfilled {name}: {len(created)} runs queued")
 
 
 @_command()
@@ -537,9 +578,9 @@ def runs(
         _echo_json(rendering.runs_document(found))
         return
     if not found:
-        click.echo("no runs match")
+        _say("no runs match")
         return
-    click.echo(rendering.runs_table(found))
+    _show(rendering.runs_table(found))
 
 
 @_command()
@@ -553,7 +594,7 @@ def leader(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         _echo_json(rendering.leader_document(status))
         return
-    click.echo(rendering.leader_text(status))
+    _show(rendering.leader_text(status))
 
 
 @_command()
@@ -590,11 +631,11 @@ def sync(ctx: click.Context, prune: bool, as_json: bool) -> None:
     if as_json:
         _echo_json(rendering.sync_document(report))
         return
-    click.echo(rendering.sync_text(len(definitions), report))
+    _show(rendering.sync_text(len(definitions), report))
     for conflict in rendering.sync_conflicts(report):
-        click.echo(f"Warning: {conflict}", err=True)
+        _say(f"Warning: {conflict}", err=True)
     for warning in code_schedules.task_warnings(app, definitions):
-        click.echo(f"Warning: {warning}", err=True)
+        _say(f"Warning: {warning}", err=True)
 
 
 @_command()
@@ -626,7 +667,7 @@ def prune(ctx: click.Context, older_than: timedelta, batch: int, as_json: bool) 
     if as_json:
         _echo_json(rendering.prune_document(report))
         return
-    click.echo(rendering.prune_text(report, batch))
+    _show(rendering.prune_text(report, batch))
 
 
 @_command()
@@ -643,7 +684,7 @@ def health(ctx: click.Context, as_json: bool) -> None:
         _echo_json(rendering.health_document(report))
     else:
         for ok, line in rendering.health_lines(report):
-            click.echo(line, err=not ok)
+            _say(line, err=not ok)
     if not report.ok:
         sys.exit(1)
 
@@ -690,11 +731,11 @@ def ui(
     flower_url: str | None,
 ) -> None:
     """Serve the schedules UI: schedules, runs, the cluster and plots, in a browser."""
-    from beat.ui.security import check_exposure, parse_users
+    from beat.ui.security import check_exposure
     from beat.ui.server import UISettings, registered_tasks, serve
 
     with _errors_as_exit_codes():
-        users = parse_users(basic_auth)
+        users = _users(basic_auth)
         check_exposure(address, users)  # before connecting: nothing is served on a bad setup
         _check_flower_url(flower_url)
     manager = _schedules(ctx)
@@ -706,14 +747,30 @@ def ui(
             manager,
             settings,
             task_names=registered_tasks(ctx.obj.app),
-            ready=lambda line: click.echo(line, err=True),
+            ready=lambda line: _say(line, err=True),
         )
     except OSError as exc:
         _fail(f"cannot listen on {address}:{port} ({exc.strerror}): choose another --port", 1)
 
 
+def _users(basic_auth: str | None) -> dict[str, str]:
+    """The users of ``--basic-auth``; a malformed value is refused without a word of it:
+    whatever part of it is quoted may be a password."""
+    from beat.ui.security import parse_users
+
+    try:
+        return parse_users(basic_auth)
+    except ConfigError:
+        raise ConfigError(
+            "--basic-auth (HABEAT_UI_BASIC_AUTH) takes user:password pairs separated by"
+            " commas, each with a user and a password (the value is not shown: it holds"
+            " passwords): give e.g. admin:s3cret"
+        ) from None
+
+
 def _check_flower_url(url: str | None) -> None:
     if url is not None and not re.match(r"^https?://[^\s/]+", url):
         raise ConfigError(
-            f"--flower-url {url!r:.80} is not an http(s) address: give e.g. http://localhost:5555"
+            f"--flower-url {masked_url(url)!r:.80} is not an http(s) address:"
+            " give e.g. http://localhost:5555"
         )

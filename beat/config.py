@@ -442,6 +442,12 @@ class BeatConfig:
         for row in SETTINGS:
             if (error := row.refusal(getattr(self, row.name))) is not None:
                 raise error
+        if _password_read_short(self.database_url):
+            raise ConfigError(
+                f"{self.database_setting}: its password holds an '@', where SQLAlchemy ends"
+                " the password (it would take the rest for the host): write each '@' in the"
+                " password as %40"
+            )
         if self.lease_heartbeat >= self.lease_timeout:
             raise ConfigError(
                 f"habeat_heartbeat_interval={self.heartbeat_interval!r}: must be shorter than"
@@ -464,6 +470,15 @@ class BeatConfig:
     def renew_interval(self) -> float:
         """The lease is renewed three times per TTL, so two lost renewals in a row are survived."""
         return self.lock_ttl / 3
+
+
+def _password_read_short(url: str) -> bool:
+    """Whether SQLAlchemy, which reads a URL's user information up to its *first* ``@``
+    (redis-py reads to the last), would take part of the password for the host: the
+    host and port it reads, up to the path or query, hold another ``@``."""
+    _, _, rest = url.partition("://")
+    _, at, place = rest.partition("@")
+    return bool(at) and "@" in re.split(r"[/?]", place, maxsplit=1)[0]
 
 
 def _rows(config_fields: tuple[Field[Any], ...]) -> tuple[Setting, ...]:

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
+from urllib.parse import unquote_plus
 
 import psycopg
 from sqlalchemy import (
@@ -20,7 +21,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from beat.errors import (
     StoreUnavailable,
@@ -30,15 +31,48 @@ logger = logging.getLogger(__name__)
 
 
 def masked_url(url: str) -> str:
-    """The URL with its password hidden, for messages and logs (never raises: a URL
-    that does not parse is shown from its host on)."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        return url.split("@")[-1]
-    if "password" in parsed.query:  # redis-py also reads the password from the query
-        parsed = parsed.update_query_dict({"password": "***"})
-    return parsed.render_as_string(hide_password=True)
+    """The URL with every secret hidden, for messages, logs and pages (never raises).
+
+    It is read as a driver that is most generous to secrets would: the user information
+    runs to the *last* ``@`` (redis-py reads ``redis://:pa@ss@host`` as the password
+    ``pa@ss``; a person's unencoded password may hold ``/``, ``?`` or ``#`` too), and
+    any parameter whose name speaks of a password, secret or token (``password``,
+    ``sslpassword``, redis-py's ``ssl_password``, however percent-encoded) is hidden,
+    in a query or a libpq ``key=value`` string alike. The user name stays when it is
+    plain; what is not is hidden with the password, as is all before an ``@`` in text
+    that is not a URL.
+    """
+    head, separator, rest = url.partition("://")
+    if not separator:
+        head, rest = "", url
+    userinfo, at, place = rest.rpartition("@")
+    if not at:
+        shown = ""
+    elif separator:
+        shown = f"{_masked_userinfo(userinfo)}@"
+    else:  # not a URL: who knows what comes before an @
+        shown = "***@"
+    return f"{head}{separator}{shown}{_PARAMETER.sub(_masked_parameter, place)}"
+
+
+#: A user name shown as it is; any other (one holding ``@``, ``/``, ``=``...) may be a
+#: secret in the wrong place.
+_PLAIN_USER = re.compile(r"[\w.~%+-]*")
+#: ``key=value`` in a query (``&``/``;``) or a libpq string (spaces; values may be quoted).
+_PARAMETER = re.compile(r"(?P<key>[^=&;?#\s]+)=(?P<value>'(?:[^'\\]|\\.)*'|[^&;#\s]*)")
+#: Names of parameters that carry a secret.
+_SECRET_NAME = re.compile(r"pass|pwd|secret|token", re.IGNORECASE)
+
+
+def _masked_userinfo(userinfo: str) -> str:
+    user, colon, _password = userinfo.partition(":")
+    shown = user if _PLAIN_USER.fullmatch(user) else "***"
+    return f"{shown}:***" if colon else shown
+
+
+def _masked_parameter(found: re.Match[str]) -> str:
+    key = found["key"]
+    return f"{key}=***" if _SECRET_NAME.search(unquote_plus(key)) else found[0]
 
 
 def psycopg_conninfo(url: str) -> str:
@@ -87,7 +121,8 @@ class StoreConnection:
 
     @property
     def url(self) -> str:
-        return self.engine.url.render_as_string(hide_password=True)
+        """The database's URL, secrets hidden (``masked_url``)."""
+        return masked_url(self.engine.url.render_as_string(hide_password=False))
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -6,11 +6,19 @@ no Redis, no clock. ``celery -A app schedules`` prints them (``--json`` prints t
 documents); a web page may serve the same documents.
 
 Times in documents are ISO 8601 with their offset; in text, UTC to the second.
+
+Text goes to a terminal, and the values in it may come from anyone who can write a
+row or a task's result: the CLI prints nothing but through :func:`printable`, which
+escapes what a terminal would act on (an escape sequence, a bidi override, a line
+break). Text of several lines keeps its own line breaks (:func:`terminal_text`), so
+the values inside it are escaped where they are laid out: each table cell, each name
+on a line of its own.
 """
 
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
@@ -182,7 +190,7 @@ def sync_text(synced: int, report: SyncReport) -> str:
         f" {len(report.removed)} removed"
     ]
     for outcome in ("created", "updated", "removed"):
-        lines.extend(f"  {outcome} {name}" for name in getattr(report, outcome))
+        lines.extend(f"  {outcome} {printable(name)}" for name in getattr(report, outcome))
     return "\n".join(lines)
 
 
@@ -440,7 +448,9 @@ def duration_text(delta: timedelta) -> str:
 
 
 def _truncate(text: str, width: int = ERROR_WIDTH) -> str:
-    line = " ".join(text.split())
+    """One line of ``width`` at most: whitespace runs (a traceback's line breaks) become
+    one space, the rest is escaped, then cut."""
+    line = printable(" ".join(text.split()))
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
@@ -451,7 +461,10 @@ def _table(
     show_header: bool = True,
     indent: str = "",
 ) -> str:
-    lines = [columns, *rows] if show_header else list(rows)
+    lines = [
+        [printable(str(cell)) for cell in row]
+        for row in ([columns, *rows] if show_header else rows)
+    ]
     if not lines:
         return ""
     widths = [max(len(str(cell)) for cell in column) for column in zip(*lines, strict=True)]
@@ -461,3 +474,32 @@ def _table(
 def _aligned(row: Sequence[str], widths: Sequence[int]) -> str:
     cells = (str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
     return "  ".join(cells).rstrip()
+
+
+# -- the terminal ----------------------------------------------------------------------
+
+#: Unicode categories a terminal acts on rather than shows: controls (C0 with ESC, which
+#: starts every escape sequence and OSC 52's clipboard write, DEL, C1), formats (bidi
+#: overrides such as U+202E, zero-width characters), lone surrogates, and line and
+#: paragraph separators.
+_ACTED_ON = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def printable(text: str) -> str:
+    """``text`` as a terminal may show it: each character it would act on written as its
+    Python escape (``\\x1b``, ``\\n``, ``\\u202e``), the others as they are.
+    Applied to its own result it changes nothing (that holds no such character)."""
+    if text.isprintable():
+        return text
+    return "".join(_escaped(char) for char in text)
+
+
+def _escaped(char: str) -> str:
+    return repr(char)[1:-1] if unicodedata.category(char) in _ACTED_ON else char
+
+
+def terminal_text(text: str) -> str:
+    """Text of several lines as a terminal may show it: its line breaks kept (``\\n``,
+    the layout), every other character a terminal acts on escaped. The CLI's last
+    guard: the values inside were shown through :func:`printable` already."""
+    return "\n".join(printable(line) for line in text.split("\n"))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import datetime, timedelta, tzinfo
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +19,9 @@ from sqlalchemy import text
 from beat import redis_envelopes
 from beat.api import Schedules
 from beat.store import Store
+from tests.conftest import SessionEnv
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_interval_schedules(
@@ -101,6 +107,20 @@ def slow_client_clock(monkeypatch: pytest.MonkeyPatch, behind: timedelta) -> Non
 def invoke(app: Celery, *args: str) -> Result:
     """``celery -A <app> schedules <args>`` in-process; exceptions other than exits propagate."""
     return CliRunner().invoke(celery_main, ["-A", app, "schedules", *args], catch_exceptions=False)
+
+
+def celery_cli(test_env: SessionEnv, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The real ``python -m celery -A app schedules <args>``, with ``env`` added to this
+    session's environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "app", "schedules", *args],
+        cwd=ROOT,
+        env=test_env.process_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def as_json(result: Result) -> Any:

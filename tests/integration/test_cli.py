@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,6 +37,7 @@ from tests.conftest import SessionEnv
 from tests.integration.helpers import (
     as_json,
     broker_messages,
+    celery_cli,
     error_lines,
     invoke,
     make_due,
@@ -52,7 +50,6 @@ from tests.integration.helpers import (
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 UUID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 Cli = Callable[..., Result]
@@ -679,18 +676,6 @@ def test_sync_pushes_the_schedules_defined_in_code(app: Celery, cli: Cli, store:
 
 
 # -- the real command line ---------------------------------------------------------------------
-
-
-def celery_cli(test_env: SessionEnv, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "app", "schedules", *args],
-        cwd=ROOT,
-        env=test_env.process_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_the_real_command_line(

@@ -170,6 +170,34 @@ def test_the_heartbeat_must_be_shorter_than_the_lease() -> None:
     assert from_conf(habeat_lease_timeout=6, habeat_heartbeat_interval=0).lease_heartbeat == 2
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://app:pa@ss-Zq7@db:5432/habeat",
+        "postgresql+psycopg://app:a/b@ss-Zq7@db/habeat",
+        "postgresql+psycopg://app:p:@ss-Zq7@db:5432/habeat",
+    ],
+)
+def test_a_database_password_with_a_bare_at_is_refused_without_showing_it(url: str) -> None:
+    """issue 29, finding 8: SQLAlchemy ends the password at its first ``@`` and takes the
+    rest for the host, which PostgreSQL's errors then quote."""
+    message = error_of(lambda: from_conf(habeat_database_url=url))
+    assert message.startswith("habeat_database_url: its password holds an '@'")
+    assert "ss-Zq7" not in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://app:pa%40ss@db:5432/habeat",
+        "postgresql+psycopg://app:pw@db/habeat?application_name=ops@example",
+        "postgresql+psycopg://app@db/habeat",
+    ],
+)
+def test_a_database_url_read_whole_by_sqlalchemy_is_taken(url: str) -> None:
+    assert from_conf(habeat_database_url=url).database_url == url
+
+
 def test_an_empty_variable_is_unset_and_a_port_of_0_is_none() -> None:
     config = from_env(
         {"HABEAT_DATABASE_URL": "x", "HABEAT_LOCK_TTL": " ", "HABEAT_METRICS_PORT": "0"}
