@@ -245,7 +245,7 @@ class BaseHandler(tornado.web.RequestHandler):
         namespace.update(
             stylesheet=self.context.stylesheet,
             read_only=self.context.settings.read_only,
-            flower_url=(self.context.settings.flower_url or "").rstrip("/"),
+            flower_url=self.context.settings.flower_link,
             time_text=_time_text,
             seconds_text=charts.seconds_text,
             schedule_url=schedule_url,

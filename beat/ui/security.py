@@ -35,14 +35,16 @@ def parse_users(text: str | None) -> dict[str, str]:
     """``user:password`` pairs separated by commas (as Flower's ``--basic-auth``), as
     {user: password}; ConfigError naming the fix for a malformed one."""
     users: dict[str, str] = {}
-    for pair in (text or "").split(","):
+    for position, pair in enumerate((text or "").split(","), start=1):
         if not pair.strip():
             continue
         user, colon, password = pair.strip().partition(":")
         if not colon or not user or not password:
+            # The pair is not repeated: it may be a password.
             raise ConfigError(
                 "--basic-auth (HABEAT_UI_BASIC_AUTH) takes user:password pairs separated by"
-                f" commas, got {user or pair.strip()!r:.40}…: give e.g. admin:s3cret"
+                f" commas, and pair {position} has no user, no colon or no password:"
+                " give e.g. admin:s3cret"
             )
         users[user] = password
     return users

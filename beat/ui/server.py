@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import tornado.web
 from tornado.httpserver import HTTPServer
@@ -53,6 +54,16 @@ class UISettings:
     def url(self) -> str:
         host = f"[{self.address}]" if ":" in self.address else self.address
         return f"http://{host}:{self.port}/"
+
+    @property
+    def flower_link(self) -> str:
+        """Flower's address as every page links to it: without a ``user:password@`` it
+        may carry (every viewer would read it; Flower asks for it itself)."""
+        if not self.flower_url:
+            return ""
+        parts = urlsplit(self.flower_url)
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=host)).rstrip("/")
 
 
 def make_application(

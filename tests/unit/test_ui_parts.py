@@ -22,6 +22,7 @@ from beat.ui.security import (
     is_loopback,
     parse_users,
 )
+from beat.ui.server import UISettings
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
@@ -60,6 +61,27 @@ def test_users_are_read_like_flowers_basic_auth() -> None:
     for bad in ("admin", "admin:", ":pw"):
         with pytest.raises(ConfigError, match="user:password"):
             parse_users(bad)
+
+
+def test_a_malformed_pair_is_refused_without_repeating_it() -> None:
+    """issue 29, finding 8: the refusal named the pair (``got ':UiPw-…'``)."""
+    with pytest.raises(ConfigError) as refused:
+        parse_users("ops:fine,:UiPw-secret")
+    assert "UiPw-secret" not in str(refused.value)
+    assert "pair 2" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("given", "link"),
+    [
+        (None, ""),
+        ("http://localhost:5555/", "http://localhost:5555"),
+        ("https://admin:pa@ss@flower.example:5555/flower/", "https://flower.example:5555/flower"),
+    ],
+)
+def test_pages_link_to_flower_without_its_credentials(given: str | None, link: str) -> None:
+    """issue 29, finding 8: every page's Flower link carried ``user:password@``."""
+    assert UISettings(flower_url=given).flower_link == link
 
 
 def test_other_hosts_are_served_only_with_a_password() -> None:
