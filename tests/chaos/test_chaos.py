@@ -401,6 +401,43 @@ def test_a_new_timing_follows_the_fire_time_missed_under_the_old_one(tmp_path: P
     assert not new.may_skip(start + timedelta(seconds=22))
 
 
+def test_a_new_timing_follows_a_fire_time_kept_through_deploys_in_a_row(tmp_path: Path) -> None:
+    """Seed 20261205 (deployed-0, 07:11): every 2 s, then 3 s, then the kwargs alone, then
+    4 s, every beat stopped again right after each sync, before any claim. The fire time
+    the first retiming kept is still the next one at the third deploy: the product keeps
+    it and follows it with the last timing's fire times (next_fire_after_retiming, and
+    tests/integration/test_code_sync.py), so the 3-second timing's never come due, even
+    though a kwargs-only deploy split it into two definitions."""
+    code = CodeSchedule(path=tmp_path / "code.json")
+    code.expectations.append(
+        expectation_of("deployed", _stored(code, 2.0, 1, START), with_kwargs=True)
+    )
+    kept = START + timedelta(seconds=24)  # the last claim, ahead, stopped there
+
+    def deploy(every: float, stopped: float, synced: float, *, timing: bool) -> None:
+        code.change(timing=timing)
+        code.deployed(
+            _stored(code, every, code.version, START + timedelta(seconds=synced)),
+            stopped_at=START + timedelta(seconds=stopped),
+            timing_changed=timing,
+            next_fire_when_stopped=kept,
+        )
+
+    deploy(3.0, stopped=15, synced=26.5, timing=True)
+    deploy(3.0, stopped=26.6, synced=41.3, timing=False)
+    deploy(4.0, stopped=41.4, synced=52.6, timing=True)
+
+    end = START + timedelta(seconds=60)
+    fire_times = [e.fire_times(end) for e in code.expectations]
+    seconds = [[(at - START).total_seconds() for at in times] for times in fire_times]
+    assert seconds[0][-1] == 24, "kept"
+    assert seconds[1:3] == [[], []], "the 3-second timing never came due"
+    assert seconds[3][:4] == [28, 32, 36, 40]
+    last = code.expectations[3]
+    assert all(last.may_skip(at) for at in fire_times[3] if at <= START + timedelta(seconds=52.6))
+    assert not last.may_skip(START + timedelta(seconds=56))
+
+
 def test_message_loss_deletes_waiting_and_unacked_messages_under_the_broker_prefix(
     test_env: SessionEnv, redis_client: redis.Redis
 ) -> None:

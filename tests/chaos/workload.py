@@ -272,11 +272,19 @@ class CodeSchedule:
         A new timing applies from the sync on, except that the old timing's fire time
         that no beat claimed (the schedule's next fire time when the beats stopped)
         stays due if it passed before the sync: the new timing's fire times then follow
-        it, those missed recorded by the misfire policy (``next_fire_after_retiming``)."""
+        it, those missed recorded by the misfire policy (``next_fire_after_retiming``).
+
+        That kept fire time may be older than the definition just replaced: deploys in a
+        row with no claim between them (every beat stopped again right after a sync)
+        leave the next fire time where the first left it. The new timing's fire times
+        then follow it in place of those of every definition since, not only the last
+        one: a deploy of the kwargs alone in between changes nothing in the product, so
+        it must change nothing here (seed 20261205, deployed-0 at 07:11)."""
         synced_at = schedule.updated_at
         missed = (stopped_at, synced_at)
         first = first_fire_at(schedule.definition, synced_at)
         replaced_at = synced_at
+        skippable: tuple[tuple[datetime, datetime], ...] = (missed,)
         kept = next_fire_when_stopped
         if (
             timing_changed
@@ -287,13 +295,16 @@ class CodeSchedule:
             replaced_at = kept + ONE_MICROSECOND  # the old timing ends with its kept fire time
             definition = schedule.definition
             first = next_fire_after(definition.trigger, parse_zone(definition.timezone), kept)
+            # Claimed only after this sync, however long ago (the misfire policy decides).
+            skippable = (missed, (kept, synced_at))
+            self.expectations = [_ended_by(e, replaced_at) for e in self.expectations]
         previous = self.expectations.pop()
         self.expectations.append(
             _replace_expectation(previous, replaced_at=replaced_at, missed=missed)
         )
         assert first is not None, f"{schedule.name} has no fire time after its deploy"
         following = expectation_of(DEPLOYED_KIND, schedule, first_fire=first, with_kwargs=True)
-        self.expectations.append(replace(following, skippable=(missed,)))
+        self.expectations.append(replace(following, skippable=skippable))
         self.deploys.append(
             Deploy(
                 version=self.version,
@@ -308,6 +319,13 @@ def _replace_expectation(
     expectation: Expectation, *, replaced_at: datetime, missed: tuple[datetime, datetime]
 ) -> Expectation:
     return replace(expectation, replaced_at=replaced_at, skippable=(*expectation.skippable, missed))
+
+
+def _ended_by(expectation: Expectation, replaced_at: datetime) -> Expectation:
+    """``expectation``, in force no later than ``replaced_at`` (exclusive)."""
+    if expectation.replaced_at is not None and expectation.replaced_at <= replaced_at:
+        return expectation
+    return replace(expectation, replaced_at=replaced_at)
 
 
 # -- ad hoc chains ---------------------------------------------------------------------------

@@ -169,3 +169,31 @@ def test_a_deploy_right_after_a_retiming_one_keeps_the_fire_times_missed_during_
     rows = run_rows(store)
     assert [row.fire_at - missed_from for row in rows] == [timedelta(0), timedelta(seconds=20)]
     assert {row.state for row in rows} == {RunState.QUEUED.value}
+
+
+def test_a_second_new_timing_follows_the_fire_time_the_first_one_kept(
+    make_scheduler: SchedulerFactory, store: Store
+) -> None:
+    """Chaos seed 20261205 (deployed-0, 07:11): three deploys in a row, every beat
+    stopped again right after each sync, before any claim: a new timing, then only the
+    kwargs, then another new timing. The old timing's unclaimed fire time, kept by the
+    first, is still the next fire time at the third: it stays, and the third timing's
+    fire times follow it, as after a single retiming; the second timing's fire times
+    since never come due (no claim ran under it)."""
+    old = make_scheduler(code("fire_all", every=10, x=1))
+    old.tick()
+    old.close()
+    make_due(store, seconds_ago=45)  # the interval's anchor too: fire times on -45 s + k·N
+    missed_from = Schedules(store).get("job").next_fire_at
+    assert missed_from is not None
+    make_scheduler(code("fire_all", every=20, x=2)).close()  # -25 s, -5 s: never claimed
+    make_scheduler(code("fire_all", every=20, x=3)).close()
+    assert Schedules(store).get("job").next_fire_at == missed_from
+    make_scheduler(code("fire_all", every=30, x=4), misfire_grace=GRACE * 10).tick()
+
+    rows = run_rows(store)
+    assert [row.fire_at - missed_from for row in rows] == [timedelta(0), timedelta(seconds=30)]
+    assert {row.state for row in rows} == {RunState.QUEUED.value}
+    assert all(row.kwargs == {"x": 4} for row in rows), "claimed under the definition in force"
+    job = Schedules(store).get("job")
+    assert job.next_fire_at == missed_from + timedelta(seconds=60), "the interval keeps its phase"
