@@ -202,6 +202,9 @@ class RunCounts:
     #: having recorded it: that consumer may have run it, so it ends ``lost``
     #: (``TAKEN_UNRECORDED``), never run again.
     lost_to_unrecorded_consumers: list[str] = field(default_factory=list)
+    #: Plain runs executed twice, at least once by the worker without the package
+    #: (which cannot refuse a second message of a run): see ``_check_plain_run``.
+    twice_with_foreign: list[str] = field(default_factory=list)
     #: Attempts recorded, and retries whose countdown was checked.
     retries_checked: int = 0
 
@@ -579,7 +582,14 @@ def _check_plain_run(
         verdict.lost.append(
             f"{where} (plain) ended {row.state}{held_by}: {row.error or row.reason}"
         )
-    if count > 1:
+    if count == 2 and by_foreign:
+        # The worker without the package ran a copy: it has no guard, so a second
+        # message of the run (the outbox sent again by a leader that took over before
+        # the first one was recorded as sent, or kombu handing out a delivery again)
+        # runs there, or runs where nothing recorded the first: the mixed fleet's
+        # documented second execution.
+        verdict.counts.twice_with_foreign.append(where)
+    elif count > 1:
         verdict.duplicated.append(f"{where} (plain): its effect happened {count} times")
     elif (
         count == 1 and row.state not in {RunState.SUCCEEDED, RunState.LOST} and not done_by_foreign

@@ -1252,7 +1252,9 @@ def _workload_rows(report: ChaosReport) -> list[tuple[str, str]]:
             f" {len(counts.waiting_for_visibility)} plain runs whose message the broker lost"
             " wait for the visibility timeout;"
             f" {len(counts.lost_to_unrecorded_consumers)} ended lost: their message came back"
-            " and it may have run them",
+            " and it may have run them;"
+            f" {len(counts.twice_with_foreign)} ran twice, once on it (it cannot refuse a"
+            " second message)",
         ),
         ("retries checked against their countdown", str(counts.retries_checked)),
         ("server restarts mid-run", _restarts(log)),

@@ -583,8 +583,12 @@ def test_the_fleet_mixes_pools_skewed_clocks_and_a_worker_without_the_package() 
     ("state", "effects", "by_foreign", "message_lost", "violation"),
     [
         (RunState.QUEUED, 1, True, False, set()),  # the worker without the package ran it
-        (RunState.QUEUED, 2, True, False, {"duplicated"}),  # ... and someone ran it again
-        (RunState.SUCCEEDED, 2, True, False, {"duplicated"}),  # sent again, run by a worker
+        # ... and a second message of it ran too (there, or on a worker that could not know
+        # of the first): the mixed fleet's documented second execution, counted apart
+        (RunState.QUEUED, 2, True, False, set()),
+        (RunState.SUCCEEDED, 2, True, False, set()),
+        (RunState.SUCCEEDED, 3, True, False, {"duplicated"}),  # copies are bounded: never 3
+        (RunState.SUCCEEDED, 2, False, False, {"duplicated"}),  # twice on workers that record
         (RunState.QUEUED, 0, False, True, set()),  # its message was lost: visibility timeout
         (RunState.QUEUED, 0, False, False, {"stuck"}),
         # sent again after it ran, and a worker with the package runs it a second time
@@ -601,6 +605,8 @@ def test_a_plain_run_on_the_shared_queue_counts_every_execution(
     )
     found = {name for name in ("lost", "duplicated", "stuck") if getattr(verdict, name)}
     assert found == violation
+    documented = effects == 2 and by_foreign
+    assert len(verdict.counts.twice_with_foreign) == int(documented), "counted apart"
 
 
 @pytest.mark.parametrize(("shared", "violation"), [(True, set()), (False, {"lost"})])
