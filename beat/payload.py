@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from beat.db import json_loads
 from beat.errors import InvalidSchedule
 
 #: Largest JSON encoding of a schedule's args and kwargs together (they travel in every message).
@@ -84,7 +85,7 @@ def decoded_json(text: str, what: str) -> Any:
     """The value of PostgreSQL's text of a ``jsonb`` column; InvalidSchedule if Python's
     ``json`` cannot read it (nested too deep)."""
     try:
-        return json.loads(text)
+        return json_loads(text)
     except RecursionError:
         raise InvalidSchedule(
             f"{what} is nested more than {MAX_JSON_DEPTH} levels deep (more than Python's"
