@@ -730,8 +730,13 @@ class LeaderStore(StoreConnection):
             ),
         )
         # A plain run's retry is held by the worker that received it (``running``, not
-        # started) until its countdown ends: sent again, it keeps its due time.
-        waits_for_retry = and_(~exhausted, runs.c.retry_due_at > func.now())
+        # started) until its countdown ends: sent again, it keeps its due time. A retry
+        # whose time had come (its worker died running it) is due again at that time,
+        # later than the delivery before it was published.
+        due_later = and_(
+            ~exhausted,
+            or_(runs.c.retry_due_at > func.now(), due_again() > runs.c.published_at),
+        )
         reap = (
             update(runs)
             .where(runs.c.id == expired.c.id)
@@ -746,9 +751,9 @@ class LeaderStore(StoreConnection):
                 lease_expires_at=None,
                 not_before=due_again(),
                 # As below: a delivery due later keeps no time of the ones before it.
-                published_at=case((waits_for_retry, None), else_=runs.c.published_at),
-                received_at=case((waits_for_retry, None), else_=runs.c.received_at),
-                started_at=case((waits_for_retry, None), else_=runs.c.started_at),
+                published_at=case((due_later, None), else_=runs.c.published_at),
+                received_at=case((due_later, None), else_=runs.c.received_at),
+                started_at=case((due_later, None), else_=runs.c.started_at),
             )
             .returning(*runs.c, func.now().label("now"))
         )
