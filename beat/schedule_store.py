@@ -775,7 +775,7 @@ def stored_schedule(row: Row[Any]) -> StoredSchedule:
     try:
         return schedule_from_row(row)
     except InvalidSchedule as exc:
-        return unreadable_schedule(row, str(exc))
+        return unreadable_schedule(row, preview(str(exc)))  # it may quote 10 MB
 
 
 def readable(stored: StoredSchedule) -> Schedule:
