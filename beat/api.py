@@ -18,7 +18,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import inspect
-import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -50,6 +49,9 @@ from beat.lease_status import LeaseStatus, read_lease
 from beat.limits import MAX_DURATION, MAX_INT4
 from beat.models import MisfirePolicy, Origin, OverlapPolicy, RunState, Schedule, ScheduleDefinition
 from beat.options import check_publish_options
+from beat.payload import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from beat.payload import MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES
+from beat.payload import check_payload
 from beat.policies import MAX_JITTER_SECONDS
 from beat.run_stats import MIN_BUCKET, RunStatsStore
 from beat.run_stats import Percentiles as Percentiles
@@ -65,17 +67,16 @@ from beat.schedule_store import (
     next_fire_after_retiming,
 )
 from beat.schedule_store import ScheduleFilter as ScheduleFilter
+from beat.schedule_store import StoredSchedule as StoredSchedule
+from beat.schedule_store import UnreadableSchedule as UnreadableSchedule
+from beat.schedule_store import preview as preview
 from beat.store import Store
 from beat.timing import Trigger
 
-#: Largest JSON encoding of a schedule's args and kwargs together (they travel in every message).
-MAX_PAYLOAD_BYTES = 64 * 1024
 #: Longest schedule name.
 MAX_NAME_LENGTH = 200
 #: Longest task name (a dotted path).
 MAX_TASK_NAME_LENGTH = 255
-#: Deepest nesting of args and kwargs (the list of args is level 1).
-MAX_JSON_DEPTH = 32
 #: Most runs one backfill creates: they are built, inserted and returned in one go
 #: (86,401 runs of a one-second schedule took 363 MB in the CLI).
 MAX_BACKFILL_RUNS = 10_000
@@ -107,33 +108,52 @@ MAX_STATS_BUCKETS = 500
 EVERY_SCHEDULE = ScheduleFilter()
 
 
+def problem_of(schedule: StoredSchedule) -> str | None:
+    """Why a stored schedule cannot be read (shown in place of its fire times); None
+    for one that can."""
+    return schedule.problem if isinstance(schedule, UnreadableSchedule) else None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScheduleDetails:
-    """A schedule with its next fire times and its latest runs (newest first)."""
+    """A schedule with its next fire times and its latest runs (newest first); one
+    whose row cannot be read has no fire times, and its problem."""
 
-    schedule: Schedule
+    schedule: StoredSchedule
     upcoming: list[datetime]
     recent_runs: list[RunRecord]
+
+    @property
+    def problem(self) -> str | None:
+        return problem_of(self.schedule)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScheduleSummary:
     """A schedule and its newest run (None before its first)."""
 
-    schedule: Schedule
+    schedule: StoredSchedule
     last_run: LastRun | None
+
+    @property
+    def problem(self) -> str | None:
+        return problem_of(self.schedule)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScheduleRow:
     """A row of the schedule list: a schedule, its newest run and its recent lateness."""
 
-    schedule: Schedule
+    schedule: StoredSchedule
     #: The newest run (by fire time); None before the first.
     last_run: LastRun | None
     #: Lateness in seconds (published_at - fire_at) of the newest ``SPARK_RUNS`` runs,
     #: oldest first; None for a run not (yet) published.
     recent_lateness: list[float | None]
+
+    @property
+    def problem(self) -> str | None:
+        return problem_of(self.schedule)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -210,7 +230,7 @@ def define(
         )
     _check_window(start_at, end_at, max_runs)
     _check_jitter(jitter, trigger)
-    payload_args, payload_kwargs = _check_payload(args, kwargs)
+    payload_args, payload_kwargs = check_payload(args, kwargs)
     publish_options = _check_options(options, queue)
     policy = _misfire_policy(misfire_policy)
     _check_count(max_attempts, "max_attempts")
@@ -414,77 +434,6 @@ def _check_task_name(task: str) -> None:
         raise InvalidSchedule(f"task name {task!r:.80} has control characters")
 
 
-def _check_payload(
-    args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if args is not None and (
-        isinstance(args, str | bytes | Mapping) or not isinstance(args, Sequence)
-    ):
-        raise InvalidSchedule(f"args must be a JSON array, got {type(args).__name__}: {args!r:.80}")
-    if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise InvalidSchedule(
-            f"kwargs must be a JSON object, got {type(kwargs).__name__}: {kwargs!r:.80}"
-        )
-    payload_args, payload_kwargs = list(args or ()), dict(kwargs or {})
-    if any(not isinstance(key, str) for key in payload_kwargs):
-        raise InvalidSchedule("kwargs keys must be strings")
-    _check_json_tree([payload_args, payload_kwargs])
-    try:
-        encoded = json.dumps([payload_args, payload_kwargs], allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidSchedule(
-            f"args and kwargs must be plain JSON (numbers, strings, lists, objects): {exc}"
-        ) from exc
-    size = len(encoded.encode())
-    if size > MAX_PAYLOAD_BYTES:
-        raise InvalidSchedule(
-            f"args and kwargs take {size} bytes as JSON, over the {MAX_PAYLOAD_BYTES}-byte limit:"
-            " pass a reference (an ID, a URL) instead of the data"
-        )
-    # Round-trip, so what is stored is exactly what JSON gives back (tuples become lists).
-    decoded_args, decoded_kwargs = json.loads(encoded)
-    return tuple(decoded_args), decoded_kwargs
-
-
-def _check_json_tree(payload: list[Any]) -> None:
-    """At most ``MAX_JSON_DEPTH`` levels (``json`` would raise RecursionError on a deep
-    one, and a self-containing list has no end), and text that PostgreSQL stores: UTF-8
-    without NUL. Walked without recursion."""
-    pending: list[tuple[object, int]] = [(part, 1) for part in payload]
-    while pending:
-        value, depth = pending.pop()
-        if isinstance(value, str):
-            _check_text(value)
-            continue
-        if isinstance(value, Mapping):
-            children: list[object] = [*value.keys(), *value.values()]
-        elif isinstance(value, list | tuple):
-            children = list(value)
-        else:
-            continue
-        if depth > MAX_JSON_DEPTH:
-            raise InvalidSchedule(
-                f"args and kwargs are nested more than {MAX_JSON_DEPTH} levels deep:"
-                " pass flatter data, or a reference (an ID) to it"
-            )
-        pending.extend((child, depth + 1) for child in children)
-
-
-def _check_text(value: str) -> None:
-    if "\x00" in value:
-        raise InvalidSchedule(
-            f"args and kwargs hold a NUL character (in {value!r:.60}), which PostgreSQL"
-            " cannot store: remove it"
-        )
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        raise InvalidSchedule(
-            f"args and kwargs hold text that is not UTF-8 (a lone surrogate, in {value!r:.60}):"
-            " fix its encoding"
-        ) from None
-
-
 def _check_options(options: Mapping[str, Any] | None, queue: str | None) -> dict[str, Any]:
     """The publish options, with ``queue`` (the CLI's --queue) among them."""
     checked = check_publish_options({} if options is None else options)
@@ -674,17 +623,25 @@ class Schedules:
         return self.store.get_schedule(name)
 
     def list(self) -> list[Schedule]:
+        """The schedules whose rows can be read (:meth:`stored` lists every row)."""
+        return [s for s in self.stored() if isinstance(s, Schedule)]
+
+    def stored(self) -> builtins.list[StoredSchedule]:
+        """Every schedule by name; one whose row cannot be read (written with psql) as
+        an :class:`UnreadableSchedule`, with its problem."""
         return self.store.list_schedules()
 
     def details(
         self, name: str, *, upcoming: int = UPCOMING_FIRES, recent: int = RECENT_RUNS
     ) -> ScheduleDetails:
-        """Schedule ``name``, its next ``upcoming`` fire times (see :func:`upcoming_fires`)
-        and its latest ``recent`` runs."""
-        schedule = self.get(name)
+        """Schedule ``name``, its next ``upcoming`` fire times (see :func:`upcoming_fires`;
+        none for a row that cannot be read) and its latest ``recent`` runs."""
+        schedule = self.store.stored_schedule(name)
         return ScheduleDetails(
             schedule=schedule,
-            upcoming=upcoming_fires(schedule, self.store.now(), upcoming),
+            upcoming=[]
+            if isinstance(schedule, UnreadableSchedule)
+            else upcoming_fires(schedule, self.store.now(), upcoming),
             # None asked (a page that reads its runs by pages of its own): no query.
             recent_runs=self._run_store.history(schedule_name=name, limit=recent) if recent else [],
         )
@@ -692,7 +649,7 @@ class Schedules:
     # ``builtins.list`` in annotations from here on: ``list`` is a method of this class.
     def summaries(self) -> builtins.list[ScheduleSummary]:
         """Every schedule, by name, with its newest run."""
-        found = self.list()
+        found = self.stored()
         last = self.last_runs()
         return [ScheduleSummary(schedule=s, last_run=last.get(s.name)) for s in found]
 
@@ -810,7 +767,7 @@ class Schedules:
 
     def _check_known_name(self, name: str) -> None:
         try:
-            self.get(name)
+            self.store.stored_schedule(name)  # one whose row cannot be read has runs too
             return
         except ScheduleNotFound:
             if self._run_store.history(schedule_name=name, limit=1):
@@ -900,7 +857,8 @@ class Schedules:
     def health(self) -> Health:
         """The checks of :func:`beat.health.health_checks`; never raises for a service
         that does not answer (its check fails)."""
-        return health_checks(self.store, self._read_lease)
+        grace = default_overdue_grace(self._setting("lock_ttl"))
+        return health_checks(self.store, self._read_lease, overdue_grace=grace)
 
     def _read_lease(self) -> LeaseStatus:
         config = self._redis_config()
@@ -979,7 +937,7 @@ class Schedules:
         return setting(name).default if self.config is None else getattr(self.config, name)
 
 
-def _schedule_row(schedule: Schedule, recent: RecentRuns) -> ScheduleRow:
+def _schedule_row(schedule: StoredSchedule, recent: RecentRuns) -> ScheduleRow:
     return ScheduleRow(schedule=schedule, last_run=recent.last_run, recent_lateness=recent.lateness)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -83,13 +83,18 @@ def leader_status(info: LeaderInfo | None, lease: LeaseStatus) -> str:
     )
 
 
-def health_checks(store: Store, read_lease: Callable[[], LeaseStatus]) -> Health:
-    """postgres, schema, redis, leader, schedules: each passes or says what is wrong.
+def health_checks(
+    store: Store, read_lease: Callable[[], LeaseStatus], *, overdue_grace: timedelta
+) -> Health:
+    """postgres, schema, redis, leader, claims, schedules: each passes or says what is
+    wrong.
 
     ``read_lease`` reads the lease's status from Redis (LeaseUnavailable if Redis
     does not answer); a check whose service does not answer leaves those that
-    depend on it not checked."""
+    depend on it not checked. ``overdue_grace``: how late a fire time may be before
+    the claims check fails (``beat.api.default_overdue_grace``)."""
     checks = _service_checks(store, read_lease)
+    checks = [*checks, _claims_check(store, checks, overdue_grace)]
     checks = [*checks, _quarantine_check(store, checks)]
     return Health(checks=[*checks, *_consumers_check(store, checks)])
 
@@ -124,6 +129,34 @@ def _leader_check(store: Store, lease: LeaseStatus) -> Check:
             name="leader", ok=True, detail=f"{info.holder} leads (epoch {info.epoch}{expiry})"
         )
     return Check(name="leader", ok=False, detail=leader_status(info, lease))
+
+
+def _claims_check(store: Store, checks: list[Check], grace: timedelta) -> Check:
+    """Red while enabled schedules wait unclaimed longer than ``grace`` after their fire
+    time, by the database's clock: a leader that leads but whose every claim fails
+    (one unreadable row once stopped them all) looks healthy by its lease alone."""
+    failed = [
+        check.name for check in checks if check.name in ("postgres", "schema") and not check.ok
+    ]
+    if failed:
+        return _not_checked("claims", f"the {failed[0]} check failed")
+    try:
+        found = store.overdue(grace=grace, limit=3)
+    except (HABeatError, SQLAlchemyError) as exc:
+        return Check(name="claims", ok=False, detail=first_line(exc))
+    late = f"{grace.total_seconds():g}s"
+    if not found.total:
+        return Check(name="claims", ok=True, detail=f"no schedule waits unclaimed past {late}")
+    oldest = ", ".join(
+        f"{entry.name} due {entry.overdue_by.total_seconds():.0f}s ago" for entry in found.schedules
+    )
+    count = "1 schedule is" if found.total == 1 else f"{found.total} schedules are"
+    return Check(
+        name="claims",
+        ok=False,
+        detail=f"{count} due and unclaimed for more than {late} (oldest: {oldest}): no leader"
+        " claims; if one leads, its log says why (`beat tick failed`)",
+    )
 
 
 def _quarantine_check(store: Store, checks: list[Check]) -> Check:

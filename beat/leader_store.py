@@ -29,7 +29,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
-from zoneinfo import ZoneInfo
 
 import psycopg
 from sqlalchemy import (
@@ -89,6 +88,7 @@ from beat.models import (
     UnpublishableRun,
 )
 from beat.options import check_publish_options
+from beat.payload import decoded_json, stored_payload
 from beat.pg_arrays import (
     array_param,
     bigint_array,
@@ -109,7 +109,14 @@ from beat.planning import (
 from beat.run_ids import new_run_id
 from beat.run_stats import RunStatsStore, SummaryReport
 from beat.run_store import due_again
-from beat.schedule_store import trigger_from_row
+from beat.schedule_store import (
+    SCHEDULE_TIMES,
+    finite,
+    infinite_times,
+    preview,
+    stored_times_problem,
+    trigger_from_row,
+)
 from beat.tables import (
     FINISHED_SQL,
     SCHEDULES_CHANNEL,
@@ -121,7 +128,7 @@ from beat.tables import (
     unrecorded_consumers,
     workers,
 )
-from beat.timing import Trigger
+from beat.timing import Trigger, parse_zone
 
 logger = logging.getLogger(__name__)
 
@@ -723,8 +730,13 @@ class LeaderStore(StoreConnection):
             ),
         )
         # A plain run's retry is held by the worker that received it (``running``, not
-        # started) until its countdown ends: sent again, it keeps its due time.
-        waits_for_retry = and_(~exhausted, runs.c.retry_due_at > func.now())
+        # started) until its countdown ends: sent again, it keeps its due time. A retry
+        # whose time had come (its worker died running it) is due again at that time,
+        # later than the delivery before it was published.
+        due_later = and_(
+            ~exhausted,
+            or_(runs.c.retry_due_at > func.now(), due_again() > runs.c.published_at),
+        )
         reap = (
             update(runs)
             .where(runs.c.id == expired.c.id)
@@ -739,9 +751,9 @@ class LeaderStore(StoreConnection):
                 lease_expires_at=None,
                 not_before=due_again(),
                 # As below: a delivery due later keeps no time of the ones before it.
-                published_at=case((waits_for_retry, None), else_=runs.c.published_at),
-                received_at=case((waits_for_retry, None), else_=runs.c.received_at),
-                started_at=case((waits_for_retry, None), else_=runs.c.started_at),
+                published_at=case((due_later, None), else_=runs.c.published_at),
+                received_at=case((due_later, None), else_=runs.c.received_at),
+                started_at=case((due_later, None), else_=runs.c.started_at),
             )
             .returning(*runs.c, func.now().label("now"))
         )
@@ -1030,7 +1042,7 @@ class LeaderStore(StoreConnection):
             )
             .scalar_subquery()
         )
-        query = select(func.extract("epoch", func.least(next_fire, next_jittered) - func.now()))
+        query = select(_seconds_until(func.least(next_fire, next_jittered)))
         with self._transaction() as conn:
             seconds = conn.execute(query).scalar_one_or_none()
         return None if seconds is None else float(seconds)
@@ -1040,7 +1052,7 @@ class LeaderStore(StoreConnection):
         due within ``horizon`` seconds, by fire second (``beat.claim_window``), each at
         its earliest fire time; the overdue ones count in the first. One range of the
         due index."""
-        until = func.extract("epoch", schedules.c.next_fire_at - func.now())
+        until = _seconds_until(schedules.c.next_fire_at)
         second = func.greatest(0, func.floor(until)).label("second")
         query = (
             select(func.greatest(0, func.min(until)), func.count())
@@ -1388,20 +1400,23 @@ def _due_query(batch: int) -> Any:
             schedules.c.cron,
             schedules.c.cron_both_days,
             schedules.c.every_seconds,
-            schedules.c.anchor_at,
-            schedules.c.run_at,
+            finite(schedules.c.anchor_at),
+            finite(schedules.c.run_at),
             schedules.c.timezone,
-            schedules.c.args,
-            schedules.c.kwargs,
-            schedules.c.options,
+            # As text: a value Python's json cannot read fails its row, not the claim.
+            schedules.c.args.cast(Text).label("args"),
+            schedules.c.kwargs.cast(Text).label("kwargs"),
+            schedules.c.options.cast(Text).label("options"),
             schedules.c.misfire_policy,
             schedules.c.max_attempts,
-            schedules.c.next_fire_at,
+            finite(schedules.c.next_fire_at),
             schedules.c.overlap_policy,
             schedules.c.jitter_seconds,
-            schedules.c.end_at,
+            finite(schedules.c.end_at),
             schedules.c.max_runs,
             schedules.c.runs_count,
+            # Infinite times are read as NULL above, and quarantine the row.
+            infinite_times(*SCHEDULE_TIMES),
         )
         .where(
             schedules.c.enabled,
@@ -1415,6 +1430,13 @@ def _due_query(batch: int) -> Any:
         .limit(batch)
         .with_for_update(skip_locked=True)
     )
+
+
+def _seconds_until(moment: Any) -> Any:
+    """SQL: seconds from now until ``moment`` (negative if past). A row written with
+    psql may hold ``-infinity`` or ``infinity``, which PostgreSQL cannot subtract from a
+    time: told as infinite seconds (such a row is due, and its claim quarantines it)."""
+    return func.extract("epoch", moment) - func.extract("epoch", func.now())
 
 
 def _seconds(name: str) -> Any:
@@ -1521,21 +1543,25 @@ def _due_from_row(row: Row[Any], triggers: dict[tuple[Any, ...], Trigger]) -> Du
         end_at,
         max_runs,
         runs_count,
+        infinite,
     ) = cast(tuple[Any, ...], row)
+    stored_times_problem(infinite)
     key = tuple(trigger_columns)
     trigger = triggers.get(key)
     if trigger is None:
         trigger = triggers[key] = trigger_from_row(row)
+    # A row written with psql may carry what the API refuses (args of 10 MB, options a
+    # schedule may not have): it is quarantined.
+    args, kwargs = stored_payload(args, kwargs)
     return DueSchedule(
         id=schedule_id,
         name=name,
         task=task,
         trigger=trigger,
-        zone=ZoneInfo(timezone),
+        zone=parse_zone(timezone),
         args=args,
         kwargs=kwargs,
-        # A row written with psql may carry options a schedule may not: it is quarantined.
-        options={} if options == {} else check_publish_options(options),
+        options={} if options == "{}" else check_publish_options(decoded_json(options, "options")),
         misfire_policy=_MISFIRE_POLICIES.get(misfire_policy) or MisfirePolicy(misfire_policy),
         max_attempts=max_attempts,
         next_fire_at=next_fire_at,
@@ -1599,7 +1625,7 @@ def _due_schedules(rows: Sequence[Row[Any]]) -> tuple[list[DueSchedule], list[Qu
         try:
             due.append(_due_from_row(row, triggers))
         except Exception as exc:  # bad data in one row must not stop every claim
-            reason = f"its stored definition cannot be read: {error_text(exc)}"
+            reason = preview(f"its stored definition cannot be read: {error_text(exc)}")
             unreadable.append(Quarantine(schedule_id=row.id, name=row.name, reason=reason))
     return due, unreadable
 

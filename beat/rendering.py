@@ -32,6 +32,8 @@ from beat.api import (
     QueueBacklog,
     ScheduleDetails,
     ScheduleSummary,
+    StoredSchedule,
+    UnreadableSchedule,
     WorkerPresence,
 )
 from beat.health import ClusterStatus, Health
@@ -43,12 +45,16 @@ from beat.timing import Cron, Every, Once
 
 #: Longest error text in a table cell (the documents give it whole).
 ERROR_WIDTH = 60
+#: Longest problem of a row that cannot be read in a line of ``schedules list``.
+PROBLEM_WIDTH = 100
 
 
 # -- schedules: documents and text -----------------------------------------------------
 
 
-def spec_text(schedule: Schedule) -> str:
+def spec_text(schedule: StoredSchedule) -> str:
+    if isinstance(schedule, UnreadableSchedule):
+        return schedule.timing
     trigger = schedule.definition.trigger
     if isinstance(trigger, Cron):
         return f"cron {trigger.describe()}"
@@ -58,7 +64,9 @@ def spec_text(schedule: Schedule) -> str:
     return f"at {trigger.at.isoformat()}"
 
 
-def schedule_document(schedule: Schedule) -> dict[str, Any]:
+def schedule_document(schedule: StoredSchedule) -> dict[str, Any]:
+    if isinstance(schedule, UnreadableSchedule):
+        return unreadable_document(schedule)
     definition = schedule.definition
     return {
         "name": definition.name,
@@ -82,13 +90,16 @@ def schedule_document(schedule: Schedule) -> dict[str, Any]:
         "quarantined_at": iso(schedule.quarantined_at),
         "next_fire_at": iso(schedule.next_fire_at),
         "last_fire_at": iso(schedule.last_fire_at),
+        "problem": None,
     }
 
 
-def enabled_text(schedule: Schedule, *, with_reason: bool = False) -> str:
+def enabled_text(schedule: StoredSchedule, *, with_reason: bool = False) -> str:
     if schedule.quarantined_at is not None:
         reason = f" since {time_text(schedule.quarantined_at)} UTC: {schedule.disabled_reason}"
         return "quarantined" + (reason if with_reason else "")
+    if isinstance(schedule, UnreadableSchedule):
+        return "yes" if schedule.enabled else "paused"
     return "yes" if schedule.definition.enabled else "paused"
 
 
@@ -130,6 +141,9 @@ def upcoming_text(schedule: Schedule, upcoming: Sequence[datetime]) -> str:
 def details_document(details: ScheduleDetails) -> dict[str, Any]:
     """A schedule's document, with its next fire times (UTC and in its zone) and its
     latest runs."""
+    if isinstance(details.schedule, UnreadableSchedule):
+        recent = {"upcoming": [], "recent_runs": runs_document(details.recent_runs)}
+        return unreadable_document(details.schedule) | recent
     zone = timing.parse_zone(details.schedule.definition.timezone)
     return schedule_document(details.schedule) | {
         "upcoming": [
@@ -143,10 +157,16 @@ def details_document(details: ScheduleDetails) -> dict[str, Any]:
 def details_text(details: ScheduleDetails) -> str:
     """A schedule's definition, next fire times and latest runs."""
     recent = details.recent_runs
+    if isinstance(details.schedule, UnreadableSchedule):
+        first = [unreadable_text(details.schedule)]
+    else:
+        first = [
+            definition_text(details.schedule),
+            "",
+            upcoming_text(details.schedule, details.upcoming),
+        ]
     parts = [
-        definition_text(details.schedule),
-        "",
-        upcoming_text(details.schedule, details.upcoming),
+        *first,
         "",
         f"latest runs ({len(recent)})",
     ]
@@ -162,20 +182,74 @@ def summaries_document(found: Sequence[ScheduleSummary]) -> list[dict[str, Any]]
 
 
 def summaries_table(found: Sequence[ScheduleSummary]) -> str:
-    rows = [
-        (
-            s.schedule.name,
-            s.schedule.definition.task,
-            spec_text(s.schedule),
-            s.schedule.definition.timezone,
-            enabled_text(s.schedule),
-            time_text(s.schedule.next_fire_at),
-            "-" if s.last_run is None else s.last_run.state.value,
-        )
-        for s in found
-    ]
+    rows = [_summary_row(s) for s in found]
     header = ("NAME", "TASK", "SCHEDULE", "ZONE", "ENABLED", "NEXT FIRE (UTC)", "LAST RUN")
     return _table(header, rows)
+
+
+# -- schedules whose rows cannot be read -------------------------------------------------
+
+
+def unreadable_document(schedule: UnreadableSchedule) -> dict[str, Any]:
+    """The document of a row that cannot be read: its values as stored (text, cut), and
+    its problem in place of its fire times."""
+    return {
+        "name": schedule.name,
+        "task": schedule.task,
+        "schedule": schedule.timing,
+        "timezone": schedule.timezone,
+        "args": schedule.args,
+        "kwargs": schedule.kwargs,
+        "options": schedule.options,
+        "enabled": schedule.enabled,
+        "origin": schedule.origin.value,
+        "runs_count": schedule.runs_count,
+        "disabled_reason": schedule.disabled_reason,
+        "quarantined_at": iso(schedule.quarantined_at),
+        "next_fire_at": iso(schedule.next_fire_at),
+        "last_fire_at": iso(schedule.last_fire_at),
+        "problem": schedule.problem,
+    }
+
+
+def _summary_row(summary: ScheduleSummary) -> tuple[str, ...]:
+    """A row of ``schedules list``: a row that cannot be read has its problem in place
+    of its next fire time."""
+    schedule = summary.schedule
+    last = "-" if summary.last_run is None else summary.last_run.state.value
+    if isinstance(schedule, UnreadableSchedule):
+        problem = _truncate(f"unreadable: {schedule.problem}", PROBLEM_WIDTH)
+        return (
+            schedule.name,
+            schedule.task,
+            schedule.timing,
+            schedule.timezone,
+            enabled_text(schedule),
+            problem,
+            last,
+        )
+    definition = schedule.definition
+    return (
+        schedule.name,
+        definition.task,
+        spec_text(schedule),
+        definition.timezone,
+        enabled_text(schedule),
+        time_text(schedule.next_fire_at),
+        last,
+    )
+
+
+def unreadable_text(schedule: UnreadableSchedule) -> str:
+    rows = [
+        ("name", schedule.name),
+        ("task", schedule.task),
+        ("schedule", schedule.timing),
+        ("zone", schedule.timezone),
+        ("enabled", enabled_text(schedule, with_reason=True)),
+        ("problem", f"its row cannot be read: {schedule.problem}"),
+    ]
+    return _table(("", ""), rows, show_header=False)
 
 
 def sync_document(report: SyncReport) -> dict[str, Any]:

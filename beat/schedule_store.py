@@ -21,10 +21,14 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    DateTime,
     Row,
     Select,
+    Text,
     any_,
     bindparam,
+    case,
+    cast,
     delete,
     false,
     func,
@@ -62,9 +66,11 @@ from beat.models import (
     ScheduleDefinition,
     TriggerKind,
 )
+from beat.options import check_publish_options
+from beat.payload import decoded_json, stored_payload
 from beat.run_store import RunRecord, record_from_row
 from beat.tables import FAILED_SQL, SCHEDULES_CHANNEL, runs, schedules
-from beat.timing import Cron, Every, Once, Trigger
+from beat.timing import Cron, Every, Once, Trigger, parse_zone
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +102,39 @@ class ScheduleFilter:
     #: Only the schedules whose newest run (by fire time) failed or was lost.
     failing: bool = False
     origin: Origin | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UnreadableSchedule:
+    """A stored schedule whose row cannot be read as a schedule: written around the
+    API (with psql), it holds what the API refuses (a time of ``infinity``, a cron that
+    never fires, an infinite interval, an unknown zone, args over the limits). It is
+    listed with its problem in place of its fire times, never hiding the others; the
+    claim quarantines it. Its values are as stored, as text, cut to ``PREVIEW_CHARS``."""
+
+    id: int
+    name: str
+    task: str
+    #: Why it cannot be read, and what to do.
+    problem: str
+    #: Its timing as stored, e.g. ``cron 0 0 30 2 *``.
+    timing: str
+    timezone: str
+    enabled: bool
+    origin: Origin
+    args: str
+    kwargs: str
+    options: str
+    #: None where the stored time cannot be read (``problem`` names it).
+    next_fire_at: datetime | None
+    last_fire_at: datetime | None
+    runs_count: int
+    disabled_reason: str | None
+    quarantined_at: datetime | None
+
+
+#: A row of the schedules table, as read.
+StoredSchedule = Schedule | UnreadableSchedule
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -166,7 +205,7 @@ class ScheduleStore(StoreConnection):
                 row = conn.execute(
                     insert(schedules)
                     .values(**definition_values(definition), next_fire_at=next_fire_at)
-                    .returning(schedules)
+                    .returning(*stored_columns())
                 ).one()
         except IntegrityError as exc:
             if is_unique_violation(exc, "beat_schedules_name_key"):
@@ -180,20 +219,29 @@ class ScheduleStore(StoreConnection):
         return schedule_from_row(row)
 
     def get_schedule(self, name: str) -> Schedule:
+        """Schedule ``name``; InvalidSchedule if its row cannot be read (see
+        :meth:`stored_schedule`)."""
+        return readable(self.stored_schedule(name))
+
+    def stored_schedule(self, name: str) -> StoredSchedule:
+        """Schedule ``name`` as stored: an :class:`UnreadableSchedule` if its row
+        cannot be read as a schedule."""
         with self._transaction() as conn:
-            row = conn.execute(select(schedules).where(schedules.c.name == name)).one_or_none()
+            row = conn.execute(
+                select(*stored_columns()).where(schedules.c.name == name)
+            ).one_or_none()
         if row is None:
             raise schedule_not_found(name)
-        return schedule_from_row(row)
+        return stored_schedule(row)
 
-    def list_schedules(self) -> list[Schedule]:
+    def list_schedules(self) -> list[StoredSchedule]:
         with self._transaction() as conn:
-            rows = conn.execute(select(schedules).order_by(schedules.c.name)).all()
-        return [schedule_from_row(row) for row in rows]
+            rows = conn.execute(select(*stored_columns()).order_by(schedules.c.name)).all()
+        return [stored_schedule(row) for row in rows]
 
     def page_schedules(
         self, where: ScheduleFilter, *, offset: int, limit: int
-    ) -> tuple[list[Schedule], int]:
+    ) -> tuple[list[StoredSchedule], int]:
         """The schedules matching ``where`` by name, ``limit`` of them from ``offset``,
         and how many match in all (counted in the same transaction)."""
         with self._transaction() as conn:
@@ -202,14 +250,14 @@ class ScheduleStore(StoreConnection):
             count = select(func.count()).select_from(schedules).where(*conditions)
             total = conn.execute(count).scalar_one()
             page = (
-                select(schedules)
+                select(*stored_columns())
                 .where(*conditions)
                 .order_by(schedules.c.name)
                 .offset(offset)
                 .limit(limit)
             )
             rows = conn.execute(page).all() if offset < total else []
-        return [schedule_from_row(row) for row in rows], total
+        return [stored_schedule(row) for row in rows], total
 
     def replace_schedule(
         self,
@@ -221,11 +269,11 @@ class ScheduleStore(StoreConnection):
         with self._transaction() as conn:
             now = conn.execute(select(func.now())).scalar_one()
             row = conn.execute(
-                select(schedules).where(schedules.c.name == name).with_for_update()
+                select(*stored_columns()).where(schedules.c.name == name).with_for_update()
             ).one_or_none()
             if row is None:
                 raise schedule_not_found(name)
-            current = schedule_from_row(row)
+            current = readable(stored_schedule(row))
             definition, next_fire_at = build(current, now)
             runs_count = row.runs_count
             if row.enabled and not definition.enabled:
@@ -253,7 +301,7 @@ class ScheduleStore(StoreConnection):
                     disabled_reason=None if definition.enabled else schedules.c.disabled_reason,
                     quarantined_at=None if definition.enabled else schedules.c.quarantined_at,
                 )
-                .returning(schedules)
+                .returning(*stored_columns())
             ).one()
         return schedule_from_row(updated)
 
@@ -287,6 +335,8 @@ class ScheduleStore(StoreConnection):
             )
             .where(schedules.c.enabled, schedules.c.next_fire_at.is_not(None))
             .where(schedules.c.next_fire_at < before)
+            # -infinity (written with psql) has no lateness; the claim quarantines it.
+            .where(func.isfinite(schedules.c.next_fire_at))
             .order_by(schedules.c.next_fire_at, schedules.c.name)
             .limit(limit)
         )
@@ -342,7 +392,7 @@ class ScheduleStore(StoreConnection):
             existing = {
                 row.name: row
                 for row in conn.execute(
-                    select(schedules)
+                    select(*stored_columns())
                     .where(
                         or_(schedules.c.name.in_(names), schedules.c.origin == Origin.CODE.value)
                     )
@@ -390,7 +440,11 @@ class ScheduleStore(StoreConnection):
             definition = _with_stored_anchor(definition, row)
             values_ = definition_values(definition) | {"code_hash": code_hash}
             values_.pop("enabled")  # a pause made at runtime survives a code change
-            retimed = any(values_[name] != row._mapping[name] for name in TIMING_COLUMNS)
+            stored = stored_schedule(row)
+            # A row that cannot be read (written with psql) takes the code's timing anew.
+            retimed = isinstance(stored, UnreadableSchedule) or any(
+                values_[name] != row._mapping[name] for name in TIMING_COLUMNS
+            )
             next_fire_at = row.next_fire_at
             if retimed:
                 next_fire_at = next_fire_after_retiming(
@@ -403,7 +457,8 @@ class ScheduleStore(StoreConnection):
                 conn,
                 row,
                 next_fire_at,
-                retimed=_timing(definition) != _timing(schedule_from_row(row).definition),
+                retimed=isinstance(stored, UnreadableSchedule)
+                or _timing(definition) != _timing(stored.definition),
             )
             conn.execute(
                 update(schedules)
@@ -442,6 +497,7 @@ class ScheduleStore(StoreConnection):
             .returning(*runs.c)
         )
         with self._transaction() as conn:
+            _check_runnable(conn, name)
             row = conn.execute(statement).one_or_none()
             if row is None:
                 return self._triggered_before(conn, name, chosen)
@@ -671,15 +727,134 @@ def definition_values(definition: ScheduleDefinition) -> dict[str, Any]:
     }
 
 
+#: What an :class:`UnreadableSchedule` keeps of each stored value it shows.
+PREVIEW_CHARS = 500
+
+
+def finite(column: Any) -> ColumnElement[Any]:
+    """SQL: a time column, NULL where it holds ``infinity`` or ``-infinity`` (which no
+    datetime holds: psycopg refuses the whole result that carries one)."""
+    return case((func.isfinite(column), column)).label(column.name)
+
+
+def infinite_times(*columns: Any) -> ColumnElement[str | None]:
+    """SQL: which of the time ``columns`` hold an infinity, e.g. ``end_at = infinity``;
+    NULL when none does."""
+    named = [
+        case((~func.isfinite(column), func.concat(f"{column.name} = ", cast(column, Text))))
+        for column in columns
+    ]
+    return func.nullif(func.concat_ws(", ", *named), "").label("infinite_times")
+
+
+#: The time columns of a schedule.
+SCHEDULE_TIMES = [column for column in schedules.c if isinstance(column.type, DateTime)]
+#: The payload columns, read as PostgreSQL's text of them: a value Python's ``json``
+#: cannot read (nested too deep) fails its row, not the whole result.
+_AS_TEXT = ("args", "kwargs", "options")
+
+
+def stored_columns() -> list[ColumnElement[Any]]:
+    """The columns of a schedule as :func:`stored_schedule` reads them: times that
+    psycopg can load (see :func:`finite`), the payload as text, and which times are
+    infinite."""
+    read: list[ColumnElement[Any]] = []
+    for column in schedules.c:
+        if column in SCHEDULE_TIMES:
+            read.append(finite(column))
+        elif column.name in _AS_TEXT:
+            read.append(cast(column, Text).label(column.name))
+        else:
+            read.append(column)
+    return [*read, infinite_times(*SCHEDULE_TIMES)]
+
+
+def stored_schedule(row: Row[Any]) -> StoredSchedule:
+    """A row of :func:`stored_columns` as a schedule, or, when it holds what the API
+    refuses, as an :class:`UnreadableSchedule` with its problem."""
+    try:
+        return schedule_from_row(row)
+    except InvalidSchedule as exc:
+        return unreadable_schedule(row, preview(str(exc)))  # it may quote 10 MB
+
+
+def readable(stored: StoredSchedule) -> Schedule:
+    """``stored`` if it could be read; InvalidSchedule saying what to do otherwise."""
+    if isinstance(stored, UnreadableSchedule):
+        raise InvalidSchedule(
+            f"schedule {stored.name!r:.200} cannot be read: {stored.problem}; fix its row,"
+            f" or remove it (`celery -A app schedules remove {stored.name:.200}`)"
+        )
+    return stored
+
+
+def stored_times_problem(infinite: str | None) -> None:
+    """InvalidSchedule if a row's times hold an infinity (``infinite_times``)."""
+    if infinite is not None:
+        raise InvalidSchedule(
+            f"{infinite} cannot be read (no date is infinite): write a time, or NULL"
+        )
+
+
+def _check_runnable(conn: Connection, name: str) -> None:
+    """InvalidSchedule if schedule ``name`` exists and its row cannot be read: a run
+    of it would carry what the API refuses (10 MB of args) to the broker."""
+    row = conn.execute(select(*stored_columns()).where(schedules.c.name == name)).one_or_none()
+    if row is not None:
+        readable(stored_schedule(row))
+
+
+def unreadable_schedule(row: Row[Any], problem: str) -> UnreadableSchedule:
+    return UnreadableSchedule(
+        id=row.id,
+        name=row.name,
+        task=row.task,
+        problem=problem,
+        timing=_stored_timing(row),
+        timezone=row.timezone,
+        enabled=row.enabled,
+        origin=Origin(row.origin),
+        args=preview(row.args),
+        kwargs=preview(row.kwargs),
+        options=preview(row.options),
+        next_fire_at=row.next_fire_at,
+        last_fire_at=row.last_fire_at,
+        runs_count=row.runs_count,
+        disabled_reason=row.disabled_reason,
+        quarantined_at=row.quarantined_at,
+    )
+
+
+def _stored_timing(row: Row[Any]) -> str:
+    """A row's timing as stored, for people to read."""
+    if row.trigger_kind == TriggerKind.CRON.value:
+        return preview(f"cron {row.cron}")
+    if row.trigger_kind == TriggerKind.EVERY.value:
+        return f"every {row.every_seconds:g}s"
+    return f"at {'-' if row.run_at is None else row.run_at.isoformat()}"
+
+
+def preview(text_: str) -> str:
+    """At most ``PREVIEW_CHARS`` of ``text_``, saying how long it is when cut."""
+    if len(text_) <= PREVIEW_CHARS:
+        return text_
+    return f"{text_[:PREVIEW_CHARS]}… ({len(text_):,} characters in all)"
+
+
 def schedule_from_row(row: Row[Any]) -> Schedule:
+    """A row of :func:`stored_columns` as a schedule; InvalidSchedule naming what the
+    API would refuse in it."""
+    stored_times_problem(row.infinite_times)
+    parse_zone(row.timezone)
+    args, kwargs = stored_payload(row.args, row.kwargs)
     definition = ScheduleDefinition(
         name=row.name,
         task=row.task,
         trigger=trigger_from_row(row),
         timezone=row.timezone,
-        args=tuple(row.args),
-        kwargs=row.kwargs,
-        options=row.options,
+        args=tuple(args),
+        kwargs=kwargs,
+        options=check_publish_options(decoded_json(row.options, "options")),
         enabled=row.enabled,
         misfire_policy=MisfirePolicy(row.misfire_policy),
         max_attempts=row.max_attempts,

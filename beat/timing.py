@@ -177,22 +177,26 @@ def parse_cron(expression: str) -> Cron:
 
 
 def parse_zone(name: str) -> ZoneInfo:
-    """The IANA time zone called ``name``; InvalidSchedule if there is none."""
-    unknown = InvalidSchedule(
-        f"unknown time zone {name!r}: use an IANA name such as 'Europe/Berlin' or 'UTC'"
-    )
+    """The IANA time zone called ``name``; InvalidSchedule if there is none. (The claim
+    reads every due row's zone: the error is made only when raised.)"""
     if not isinstance(name, str) or not name:
-        raise unknown
+        raise _unknown_zone(name)
     if name == "localtime":
         # A file in the zone database that follows each machine's own setting:
         # nodes configured differently would disagree on when a job fires.
-        raise unknown
+        raise _unknown_zone(name)
     try:
         return ZoneInfo(name)
     # ZoneInfo refuses paths with ValueError, missing keys with ZoneInfoNotFoundError,
     # and non-zone files in the database directory with ValueError or OSError.
     except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-        raise unknown from exc
+        raise _unknown_zone(name) from exc
+
+
+def _unknown_zone(name: object) -> InvalidSchedule:
+    return InvalidSchedule(
+        f"unknown time zone {name!r:.200}: use an IANA name such as 'Europe/Berlin' or 'UTC'"
+    )
 
 
 def every(seconds: float, *, anchor: datetime) -> Every:

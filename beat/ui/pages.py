@@ -26,7 +26,7 @@ import tornado.web
 from sqlalchemy.exc import SQLAlchemyError
 
 from beat import rendering, timing
-from beat.api import ScheduleFilter, Schedules
+from beat.api import ScheduleFilter, Schedules, UnreadableSchedule, preview
 from beat.errors import (
     HABeatError,
     InvalidSchedule,
@@ -35,7 +35,7 @@ from beat.errors import (
     StoreError,
 )
 from beat.leader_store import UnrecordedConsumer
-from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState
+from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState, Schedule
 from beat.tables import ALL_QUEUES
 from beat.ui import charts, forms, wording
 from beat.ui.security import (
@@ -356,17 +356,40 @@ class SchedulePage(BaseHandler):
         history = await self.call(
             self.schedules.run_page, name, before=before, limit=RUNS_PAGE_SIZE
         )
-        zone = timing.parse_zone(details.schedule.definition.timezone)
         self.render(
             "schedule.html",
             details=details,
             schedule=details.schedule,
-            definition=details.schedule.definition,
-            zone=zone,
             history=history,
             first_page=before is None,
-            json_dumps=json.dumps,
+            shown_json=shown_json,
+            **_definition_parts(details.schedule),
         )
+
+
+def _definition_parts(schedule: Schedule | UnreadableSchedule) -> dict[str, Any]:
+    """What the schedule's page shows of its definition: none (its row cannot be read:
+    its problem and stored values instead), or the definition and its zone."""
+    if isinstance(schedule, UnreadableSchedule):
+        return {
+            "definition": None,
+            "zone": None,
+            "enabled": schedule.enabled,
+            "origin": schedule.origin,
+        }
+    definition = schedule.definition
+    return {
+        "definition": definition,
+        "zone": timing.parse_zone(definition.timezone),
+        "enabled": definition.enabled,
+        "origin": definition.origin,
+    }
+
+
+def shown_json(value: object) -> str:
+    """``value`` as JSON, cut where it is long: a page shows a glimpse of 64 KiB of
+    args, not all of it."""
+    return preview(json.dumps(value))
 
 
 # -- the form -----------------------------------------------------------------------
@@ -431,17 +454,25 @@ class NewSchedulePage(FormPage):
 
 class EditSchedulePage(FormPage):
     async def get(self, name: str) -> None:
-        current = await self.call(self.schedules.get, name)
+        current = await self.current(name)
         self.render_form(forms.form_of(current), editing=name, status=200)
 
     @signed_form
     async def post(self, name: str) -> None:
-        current = await self.call(self.schedules.get, name)
+        current = await self.current(name)
         form = forms.submitted(_form_arguments(self))
         form.values["name"] = name
         changes = forms.update_arguments(form, current)
         write = functools.partial(self.schedules.update, name, **changes) if changes else None
         await self.save(form, write, name=name, editing=name, done="saved")
+
+    async def current(self, name: str) -> Schedule:
+        """Schedule ``name`` to edit; 400 if its row cannot be read (the form cannot
+        show what it holds: the error says to fix the row or remove it)."""
+        try:
+            return await self.call(self.schedules.get, name)
+        except InvalidSchedule as exc:
+            raise tornado.web.HTTPError(400, "%s", exc) from None
 
 
 def _form_arguments(handler: tornado.web.RequestHandler) -> dict[str, str]:

@@ -15,7 +15,9 @@ idempotent base) may end ``lost`` only when the plan killed the worker that
 held them; runs of schedules with ``expires`` may end ``expired`` (with a
 reason), and none starts after its expiry, nor ends ``expired`` before it. A
 retry never starts before the countdown it asked for (``chaos_attempts``). The
-harness's ad hoc chains must run every link exactly once and complete.
+harness's ad hoc chains must run every link exactly once and complete. A row
+written with psql that the API would refuse (``BadRow``) must be quarantined with
+its reason, and no run of it made.
 
 Every time is the database's: the columns the product writes with ``now()``,
 the effects' and attempts' ``at`` (written by PostgreSQL too), the fire times
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import pairwise
@@ -56,6 +58,8 @@ NON_TERMINAL = frozenset({RunState.PENDING, RunState.QUEUED, RunState.RUNNING, R
 FIRE_TIME_LIMIT = 1_000_000
 #: Lateness is reported for these schedules (one fire time a second: the finest grain).
 SECOND_KIND = "every 1 s"
+#: And for these: thousands of crons that fire together, every minute.
+CROWD_KIND = "crowd 1 min"
 ONE_MICROSECOND = timedelta(microseconds=1)
 #: A message sent this long before a Redis restart may still have been waiting in it
 #: (the long jobs keep workers busy: a chain's link waited 22 s in a queue under faults).
@@ -115,6 +119,15 @@ class Expectation:
             if claimed_at is not None and fire_at <= synced <= claimed_at:
                 return False
         return True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BadRow:
+    """A schedule written with psql that the API would refuse."""
+
+    name: str
+    #: What the reason of its quarantine must say.
+    reason: str
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -222,6 +235,9 @@ class Verdict:
     max_claim_gap_from: datetime | None = None
     max_lateness: float = 0.0
     p99_lateness: float = 0.0
+    #: Of the crowd's fire times (``CROWD_KIND``).
+    crowd_max_lateness: float = 0.0
+    crowd_p99_lateness: float = 0.0
     reclaim_times: list[float] = field(default_factory=list)
     restarted_runs: int = 0
     duplicate_deliveries: int = 0
@@ -272,6 +288,7 @@ def judge(
     *,
     window_end: datetime,
     seen: Observations,
+    bad_rows: Sequence[BadRow] = (),
 ) -> Verdict:
     """Check every guarantee for fire times up to ``window_end``; measure gaps and reclaims."""
     # Runs of other schedules (the project's demo jobs, synced from code at beat
@@ -306,11 +323,56 @@ def judge(
         rows, expectations, window_end
     )
     verdict.max_lateness, verdict.p99_lateness = _lateness(rows, expectations, window_end)
+    verdict.crowd_max_lateness, verdict.crowd_p99_lateness = _lateness(
+        rows, expectations, window_end, kind=CROWD_KIND
+    )
+    _check_bad_rows(verdict, store, bad_rows, all_rows)
     verdict.reclaim_times = _reclaim_times(rows, seen.kills)
     verdict.restarted_runs = sum(1 for row in rows if row.attempt - row.retries > 1)
     verdict.duplicate_deliveries = sum(row.duplicate_deliveries for row in rows)
     _count_message_loss(verdict.counts, all_rows, seen.deleted)
     return verdict
+
+
+def _check_bad_rows(
+    verdict: Verdict, store: Store, bad_rows: Sequence[BadRow], all_rows: list[Any]
+) -> None:
+    """Each bad row is quarantined (disabled) with its reason, and never fired."""
+    if not bad_rows:
+        return
+    with store.engine.connect() as conn:
+        stored = {
+            row.name: row
+            for row in conn.execute(
+                text(
+                    "SELECT name, enabled, quarantined_at, disabled_reason FROM beat_schedules"
+                    " WHERE name = ANY(:names)"
+                ),
+                {"names": [bad.name for bad in bad_rows]},
+            )
+        }
+    fired = Counter(row.schedule_name for row in all_rows)
+    verdict.unexpected += bad_row_violations(bad_rows, stored, fired)
+
+
+def bad_row_violations(
+    bad_rows: Sequence[BadRow], stored: Mapping[str, Any], fired: Mapping[str, int]
+) -> list[str]:
+    """What went wrong with each bad row: ``stored`` has its row (``enabled``,
+    ``quarantined_at``, ``disabled_reason``), ``fired`` its count of runs."""
+    found = []
+    for bad in bad_rows:
+        row = stored.get(bad.name)
+        if row is None or row.quarantined_at is None or row.enabled:
+            found.append(f"bad row {bad.name} was not quarantined")
+        elif bad.reason not in (row.disabled_reason or ""):
+            found.append(
+                f"bad row {bad.name} was quarantined for {row.disabled_reason!r:.300},"
+                f" not for {bad.reason!r}"
+            )
+        if fired.get(bad.name):
+            found.append(f"bad row {bad.name} made {fired[bad.name]} runs")
+    return found
 
 
 def _run_rows(store: Store) -> list[Any]:
@@ -779,16 +841,21 @@ def _max_claim_gap(
 
 
 def _lateness(
-    rows: list[Any], expectations: Sequence[Expectation], window_end: datetime
+    rows: list[Any],
+    expectations: Sequence[Expectation],
+    window_end: datetime,
+    *,
+    kind: str = SECOND_KIND,
 ) -> tuple[float, float]:
-    """Max and 99th percentile of (publish time - fire time) of the 1-second fire times
-    (the README's LATENESS: until the run was handed to the broker).
+    """Max and 99th percentile of (publish time - fire time) of the fire times of the
+    schedules of ``kind``, the 1-second ones by default (the README's LATENESS: until
+    the run was handed to the broker).
 
     A republish (outbox, reaper) rewrites ``published_at``; but a schedule's fire
     times are published in order, so a fire time was first published no later than
     any later one's recorded ``published_at``: the minimum over it and the later
     ones is its first publish time (exact unless it was republished, then a bound)."""
-    seconds = {e.name for e in expectations if e.kind == SECOND_KIND}
+    seconds = {e.name for e in expectations if e.kind == kind}
     by_schedule: dict[str, list[Any]] = defaultdict(list)
     for row in rows:
         if row.schedule_name in seconds and row.fire_at <= window_end and row.published_at:

@@ -69,6 +69,7 @@ from tests.chaos.workload import (
     ChainSender,
     CodeSchedule,
     WorkloadShape,
+    create_crowd,
     create_tables,
     create_workload,
     sent_chains,
@@ -230,6 +231,8 @@ class ChaosReport:
     logs_tail: str = ""
     #: Violations by the fault kinds their run lived through (see ``by_fault``).
     by_fault: dict[str, Counter[str]] = field(default_factory=dict)
+    #: Rows written with psql among the crowd (each judged: quarantined, never fired).
+    bad_rows: int = 0
 
     @property
     def violations(self) -> list[str]:
@@ -1012,6 +1015,8 @@ def _run(
     expectations = create_workload(
         store, config.workload, until=store.now() + timedelta(seconds=planned_end)
     )
+    crowd, bad_rows = create_crowd(store, config.workload)
+    expectations += crowd
     log = InjectionLog()
     injector = Injector(chaos, store, log, code_schedule=code_schedule, config=config)
     chains = ChainSender(store, chaos.cluster.app, config.workload.chain_every, config.seed)
@@ -1036,7 +1041,7 @@ def _run(
         worker_pauses=log.worker_pauses,
         foreign_queues=frozenset({PLAIN_QUEUE} if config.foreign_worker else ()),
     )
-    verdict = judge(store, expectations, window_end=window_end, seen=seen)
+    verdict = judge(store, expectations, window_end=window_end, seen=seen, bad_rows=bad_rows)
     log.foreign_refusals = foreign_refusals(chaos)
     lives = run_lives(store, verdict.violations)
     report = ChaosReport(
@@ -1049,6 +1054,7 @@ def _run(
         quiescence_seconds=quiescence,
         total_seconds=time.monotonic() - started,
         by_fault=by_fault(verdict.violations, lives, log.timeline),
+        bad_rows=len(bad_rows),
     )
     if report.violations:
         report.logs_tail = chaos.cluster.logs()
@@ -1221,6 +1227,13 @@ def _workload_rows(report: ChaosReport) -> list[tuple[str, str]]:
         ),
         ("retrying runs", f"{counts.retried_runs} runs retried {counts.retries} times in all"),
         ("expired runs", str(counts.expired)),
+        (
+            "crowd firing every minute",
+            f"{report.config.workload.crowd_schedules} crons beside {report.bad_rows} rows"
+            " written with psql (each quarantined with its reason, none fired); lateness max"
+            f" {report.verdict.crowd_max_lateness:.2f} s,"
+            f" p99 {report.verdict.crowd_p99_lateness:.2f} s",
+        ),
         (
             "ad hoc chains",
             f"{counts.chains_completed} of {counts.chains_sent} completed"

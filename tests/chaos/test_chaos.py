@@ -38,6 +38,7 @@ from tests.chaos import servers
 from tests.chaos.broker import delete_messages
 from tests.chaos.checks import (
     FOREIGN_PREFIX,
+    BadRow,
     DeletedMessage,
     Expectation,
     Observations,
@@ -52,6 +53,7 @@ from tests.chaos.checks import (
     _check_retry_countdowns,
     _check_runs,
     _message_lost,
+    bad_row_violations,
 )
 from tests.chaos.faults import FaultKind, durations, make_plan
 from tests.chaos.harness import (
@@ -65,7 +67,7 @@ from tests.chaos.harness import (
     run_chaos,
 )
 from tests.chaos.servers import MissingBinaries, find_binaries
-from tests.chaos.workload import CodeSchedule, expectation_of
+from tests.chaos.workload import BAD_ROWS, CodeSchedule, expectation_of
 from tests.conftest import IN_CI, SessionEnv
 from tests.e2e.proxy import CuttableProxy
 
@@ -728,3 +730,28 @@ def test_violations_are_counted_under_the_faults_their_run_lived_through() -> No
         NOT_PLACED: Counter({"lost": 1}),
     }
     assert "executed twice" in format_by_fault(table)[1]
+
+
+def test_a_bad_row_must_be_quarantined_for_its_reason_and_never_fire() -> None:
+    """Issue 29: the rows written with psql among the crowd (``BAD_ROWS``)."""
+    bad = [BadRow(name=name, reason=reason) for name, (_, _, reason) in BAD_ROWS.items()]
+    at = START
+    right = {
+        row.name: SimpleNamespace(enabled=False, quarantined_at=at, disabled_reason=row.reason)
+        for row in bad
+    }
+    assert bad_row_violations(bad, right, {}) == []
+    wrong = right | {
+        "bad-end-infinity": SimpleNamespace(
+            enabled=True, quarantined_at=None, disabled_reason=None
+        ),
+        "bad-zone-on-mars": SimpleNamespace(
+            enabled=False, quarantined_at=at, disabled_reason="its fire times cannot be planned"
+        ),
+    }
+    found = bad_row_violations(bad, wrong, {"bad-kwargs-10mb": 1})
+    assert [line.split(" was ")[0].split(" made ")[0] for line in found] == [
+        "bad row bad-end-infinity",
+        "bad row bad-kwargs-10mb",
+        "bad row bad-zone-on-mars",
+    ]

@@ -9,6 +9,12 @@ ones after ``PLAIN_RETRY_COUNTDOWN``), schedules whose runs expire (an idempoten
 and a plain task), and long jobs (idempotent and plain, 20 s) for faults to land
 in. The code schedule lives in a JSON file that ``tests.chaos.jobs`` reads when a
 beat starts; a deploy rewrites it while every beat is down.
+
+Among a crowd of thousands of crons that fire together every minute (a burst the
+leader claims in batches), rows written with psql around every check of the API
+(``BAD_ROWS``: an ``infinity``, a cron that never fires, 10 MB of kwargs, an unknown
+zone, args nested deeper than Python's json reads) are due in the same burst: each
+must be quarantined with its reason, none may fire, and every good one fires.
 """
 
 from __future__ import annotations
@@ -27,12 +33,21 @@ from celery import Celery, chain
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from beat.api import Schedules, first_fire_at
+from beat.api import Schedules, define, first_fire_at
 from beat.errors import HABeatError
 from beat.models import Schedule
+from beat.schedule_store import definition_values
 from beat.store import Store
+from beat.tables import schedules as schedules_table
 from beat.timing import next_fire_after, parse_zone
-from tests.chaos.checks import ONE_MICROSECOND, SECOND_KIND, Expectation, SentChain
+from tests.chaos.checks import (
+    CROWD_KIND,
+    ONE_MICROSECOND,
+    SECOND_KIND,
+    BadRow,
+    Expectation,
+    SentChain,
+)
 from tests.chaos.plain_jobs import PLAIN_QUEUE, PLAIN_RETRY_COUNTDOWN
 
 
@@ -65,6 +80,9 @@ class WorkloadShape:
     long_job_every: float = 10.0
     #: Seconds between two ad hoc chains sent by the harness (0: none).
     chain_every: float = 3.0
+    #: Crons of a quick job that all fire at every minute, among which ``BAD_ROWS`` are
+    #: written with psql, due in the same burst (0: neither).
+    crowd_schedules: int = 2000
 
     def runs_per_second(self) -> float:
         """Fire times this workload makes per second (the runs the summary counts as
@@ -78,6 +96,7 @@ class WorkloadShape:
             + self.plain_retrying_schedules / 4
             + 2 * self.long_schedules / self.long_job_every
             + 1 / 3  # the code schedule a deploy changes: every 2 to 4 s
+            + self.crowd_schedules / 60
         )
         return per_second
 
@@ -91,6 +110,69 @@ def create_workload(store: Store, shape: WorkloadShape, until: datetime) -> list
         schedule = schedules.create(name, task, allow_unregistered=True, **fields)
         expectations.append(expectation_of(kind, schedule, plain=kind in PLAIN_KINDS))
     return expectations
+
+
+def create_crowd(store: Store, shape: WorkloadShape) -> tuple[list[Expectation], list[BadRow]]:
+    """The crowd of crons firing every minute (written in one statement, each checked by
+    the API's ``define``), and the bad rows written with psql among them, due at the
+    crowd's first fire time; the crowd's expectations and the bad rows."""
+    if not shape.crowd_schedules:
+        return [], []
+    now = store.now()
+    values = []
+    for index in range(shape.crowd_schedules):
+        definition = define(
+            f"crowd-{index:05d}", "e2e.record", cron="* * * * *", args=[f"k{index}"], now=now
+        )
+        values.append(
+            definition_values(definition) | {"next_fire_at": first_fire_at(definition, now)}
+        )
+    with store.engine.begin() as conn:
+        conn.execute(schedules_table.insert(), values)
+    crowd = [s for s in Schedules(store).list() if s.name.startswith("crowd-")]
+    burst = min(s.next_fire_at for s in crowd if s.next_fire_at is not None)
+    return [expectation_of(CROWD_KIND, s) for s in crowd], write_bad_rows(store, due=burst)
+
+
+#: Rows written with psql, past every check of the API: name -> (columns, values, what
+#: the reason of its quarantine must say).
+BAD_ROWS: dict[str, tuple[str, str, str]] = {
+    "bad-end-infinity": (
+        "trigger_kind, every_seconds, anchor_at, end_at",
+        "'every', 1, now(), 'infinity'",
+        "end_at = infinity",
+    ),
+    "bad-cron-february-30": ("trigger_kind, cron", "'cron', '0 0 30 2 *'", "it never fires"),
+    "bad-kwargs-10mb": (
+        "trigger_kind, cron, kwargs",
+        "'cron', '* * * * *', jsonb_build_object('blob', repeat('x', 10000000))",
+        "over the 65536-byte limit",
+    ),
+    "bad-zone-on-mars": (
+        "trigger_kind, cron, timezone",
+        "'cron', '* * * * *', 'Mars/Olympus_Mons'",
+        "unknown time zone",
+    ),
+    "bad-args-1500-deep": (
+        "trigger_kind, cron, args",
+        "'cron', '* * * * *', (repeat('[', 1500) || repeat(']', 1500))::jsonb",
+        "nested more than 32 levels",
+    ),
+}
+
+
+def write_bad_rows(store: Store, *, due: datetime) -> list[BadRow]:
+    """Write ``BAD_ROWS`` as psql would, each due at ``due``."""
+    with store.engine.begin() as conn:
+        for name, (columns, values, _) in BAD_ROWS.items():
+            conn.execute(
+                text(
+                    f"INSERT INTO beat_schedules (name, task, next_fire_at, {columns})"
+                    f" VALUES (:name, 'e2e.record', :due, {values})"
+                ),
+                {"name": name, "due": due},
+            )
+    return [BadRow(name=name, reason=reason) for name, (_, _, reason) in BAD_ROWS.items()]
 
 
 PLAIN_KIND = "plain"

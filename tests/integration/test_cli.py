@@ -549,6 +549,7 @@ def test_health_fails_without_a_leader_and_passes_while_one_leads(
         "schema": True,
         "redis": True,
         "leader": False,
+        "claims": True,
         "schedules": True,
     }
     human = cli("health")
@@ -562,7 +563,7 @@ def test_health_fails_without_a_leader_and_passes_while_one_leads(
 
     healthy = cli("health")
     assert healthy.exit_code == 0, healthy.stderr
-    assert len(healthy.stdout.splitlines()) == 5
+    assert len(healthy.stdout.splitlines()) == 6
     assert all(line.startswith("ok") for line in healthy.stdout.splitlines())
     report = as_json(cli("health", "--json"))
     assert report["healthy"] is True
@@ -593,6 +594,7 @@ def test_health_names_every_failing_check(test_env: SessionEnv) -> None:
         "schema",
         "redis",
         "leader",
+        "claims",
         "schedules",
     ]
     assert "PostgreSQL at" in lines[0]

@@ -414,3 +414,35 @@ def test_a_retry_put_back_in_the_outbox_that_never_starts_again_reads_as_never_e
     _check_never_early(verdict, [row])
     assert verdict.early == []
     assert (row.attempt, row.retries) == (1, 1), "the attempt that ran is still counted"
+
+
+def test_a_retry_whose_worker_died_running_it_after_its_due_time_keeps_no_earlier_time(
+    run_store: RunStore, store: Store
+) -> None:
+    """Chaos run seed 1 (50 s, with 2,000 crons firing together): a retry was running when
+    its worker stopped past its lease, after the retry was due. The reaper put it back
+    due at its retry time but kept the times of the first delivery (published before the
+    retry was due); the next delivery's mark was lost, and the row read as published
+    10.091 s before it was due."""
+    from tests.chaos.checks import Verdict, _check_never_early
+    from tests.integration.test_store import planner
+
+    Schedules(store).create("retrying", "t", at=datetime.now(UTC), allow_unregistered=True)
+    assert store.take_leadership(1, "leader")
+    [run] = store.claim_due(1, batch=10, plan=planner).runs
+    assert store.mark_published([run.id]) == 1
+    assert isinstance(start(run_store, run.id, "a", may_create=False), Started)
+    assert run_store.finish(run.id, owner="a", state=RunState.RETRYING, retries=1, retry_in=0.3)
+    time.sleep(0.4)  # the retry is due; worker b runs it, then stops past its lease
+    assert start(run_store, run.id, "b", retries=1, may_create=False) == Started(attempt=2)
+    expire_leases(store)
+
+    reclaim = store.reclaim(1, stale_queued_after=3600, limit=100)
+
+    assert [again.id for again in reclaim.runs] == [run.id]
+    [row] = run_rows(store)
+    assert row.state == RunState.PENDING.value
+    assert row.not_before == row.retry_due_at
+    verdict = Verdict()
+    _check_never_early(verdict, [row])
+    assert verdict.early == [], "no time of a delivery before its retry was due is kept"

@@ -1,5 +1,6 @@
 """A due schedule's row is read by position (``beat.leader_store._due_from_row``): each
-field must come from the column of its name in ``_due_query``, whatever the order."""
+field must come from the column of its name in ``_due_query``, whatever the order. The
+payload comes as PostgreSQL's text of the ``jsonb`` columns."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ def test_each_field_comes_from_the_column_of_its_name() -> None:
         "anchor_at": None,
         "run_at": None,
         "timezone": "Europe/Paris",
-        "args": [1, 2],
-        "kwargs": {"k": "v"},
-        "options": {"queue": "reports"},
+        "args": "[1, 2]",
+        "kwargs": '{"k": "v"}',
+        "options": '{"queue": "reports"}',
         "misfire_policy": MisfirePolicy.SKIP.value,
         "max_attempts": 5,
         "next_fire_at": at,
@@ -37,6 +38,7 @@ def test_each_field_comes_from_the_column_of_its_name() -> None:
         "end_at": at + timedelta(days=9),
         "max_runs": 40,
         "runs_count": 3,
+        "infinite_times": None,
     }
     assert sorted(names) == sorted(values), "a column was added or removed: read it too"
     Row = namedtuple("Row", names)  # type: ignore[misc]
@@ -69,9 +71,9 @@ def test_rows_of_one_trigger_share_it_and_other_triggers_do_not() -> None:
             "cron": cron,
             "cron_both_days": False,
             "timezone": "UTC",
-            "args": [],
-            "kwargs": {},
-            "options": {},
+            "args": "[]",
+            "kwargs": "{}",
+            "options": "{}",
             "misfire_policy": MisfirePolicy.FIRE_ONCE.value,
             "max_attempts": 1,
             "next_fire_at": at,
