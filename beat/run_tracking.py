@@ -707,8 +707,8 @@ def _start_then_trace(start: PlainStart, trace: Callable[..., Any], *args: Any) 
     return _not_run()
 
 
-#: Task ID → seconds until the retry it asked for was due, for a retry Celery could not
-#: publish (``_note_unsent_retries``).
+#: Task ID → when the retry it asked for is due (``time.monotonic()``), for a retry
+#: Celery could not publish (``_note_unsent_retries``).
 _unsent_retries: dict[str, float] = {}
 
 
@@ -727,14 +727,14 @@ def _note_unsent_retries(task: Any) -> None:
     parameters = inspect.signature(ask)
 
     def retry(*args: Any, **kwargs: Any) -> Any:
+        # Read before the publish, which may take a while to fail.
+        asked = parameters.bind_partial(*args, **kwargs).arguments
+        when = asked.get("eta") or asked.get("countdown")
+        due = time.monotonic() + seconds_until(task.default_retry_delay if when is None else when)
         try:
             return ask(*args, **kwargs)
         except Reject:  # only its publish raises this: the retry was not sent
-            asked = parameters.bind_partial(*args, **kwargs).arguments
-            when = asked.get("eta") or asked.get("countdown")
-            _unsent_retries[task.request.id] = seconds_until(
-                task.default_retry_delay if when is None else when
-            )
+            _unsent_retries[task.request.id] = due
             raise
 
     retry.habeat_notes_unsent = True  # type: ignore[attr-defined]
@@ -788,11 +788,13 @@ def _plain_run_ended(
     **_: Any,
 ) -> None:
     run_id = _running_plain.pop(task_id or "", None)
-    unsent_retry_in = _unsent_retries.pop(task_id or "", None)
+    unsent_retry_due = _unsent_retries.pop(task_id or "", None)
     if run_id is None or task is None:
         return
-    outcome, error = _plain_outcome(state, retval, unsent_retry=unsent_retry_in is not None)
-    retry_in = retry_delay(retval) if isinstance(retval, Retry) else unsent_retry_in
+    outcome, error = _plain_outcome(state, retval, unsent_retry=unsent_retry_due is not None)
+    retry_due = (
+        time.monotonic() + retry_delay(retval) if isinstance(retval, Retry) else unsent_retry_due
+    )
     store = _store_of(task)
     attempt_retries = task.request.retries or 0
 
@@ -802,7 +804,10 @@ def _plain_run_ended(
             state=outcome,
             error=None if outcome is RunState.SUCCEEDED else error,
             attempt_retries=attempt_retries,
-            retry_in=retry_in,
+            # What is left of the countdown when the write lands (PostgreSQL may have
+            # been down for a while): the retry's message waits for the countdown
+            # from when it was asked, and the recorded due time must not be later.
+            retry_in=None if retry_due is None else retry_due - time.monotonic(),
         )
 
     # A plain run is never run again: its outcome must reach PostgreSQL, also through
