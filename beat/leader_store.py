@@ -749,7 +749,8 @@ class LeaderStore(StoreConnection):
                 claimed_at=func.now(),
                 lease_owner=None,
                 lease_expires_at=None,
-                not_before=due_again(),
+                # A run that ends here is not sent again: its not_before stays.
+                not_before=case((exhausted, runs.c.not_before), else_=due_again()),
                 # As below: a delivery due later keeps no time of the ones before it.
                 published_at=case((due_later, None), else_=runs.c.published_at),
                 received_at=case((due_later, None), else_=runs.c.received_at),

@@ -811,6 +811,9 @@ def _outcome(
     }
     if state is RunState.RETRYING:
         values["retry_due_at"] = _lease_until(max(0.0, retry_in or 0.0))
+        # The retry is a message of its own: the copies lost-message recovery sent of
+        # the one before it do not count against it (``LeaderStore.requeue_missing``).
+        values["recovery_sends"] = 0
     else:
         values["finished_at"] = func.now()
     if retries is not None:

@@ -446,3 +446,62 @@ def test_a_retry_whose_worker_died_running_it_after_its_due_time_keeps_no_earlie
     verdict = Verdict()
     _check_never_early(verdict, [row])
     assert verdict.early == [], "no time of a delivery before its retry was due is kept"
+
+
+def test_a_plain_retry_ended_lost_by_the_reaper_keeps_its_times_consistent(
+    run_store: RunStore, store: Store
+) -> None:
+    """Chaos sweep seed 7: a plain task's retry was running when its worker stopped past
+    its lease, after the retry was due; the reaper ended it ``lost`` (a plain body that
+    started is never sent again) but still moved its ``not_before`` to the retry's due
+    time, after the first publication it kept. The body then returned and recorded its
+    outcome, and the row read as published 25 s before it was due. A run that is not
+    sent again keeps its ``not_before``."""
+    from tests.chaos.checks import Verdict, _check_never_early
+    from tests.integration.test_store import planner
+
+    Schedules(store).create("plain", "t", at=datetime.now(UTC), allow_unregistered=True)
+    assert store.take_leadership(1, "leader")
+    [run] = store.claim_due(1, batch=10, plan=planner).runs
+    assert store.mark_published([run.id]) == 1
+    first = run_store.receive_plain(run.id, owner="a", worker="a", lease_seconds=30, retries=0)
+    assert isinstance(first, Started)
+    assert isinstance(run_store.start_plain(run.id, owner="a", attempt=first.attempt), Started)
+    assert run_store.finish_plain(run.id, state=RunState.RETRYING, attempt_retries=0, retry_in=0.3)
+    time.sleep(0.4)  # the retry is due; worker b takes it, starts it, then stops
+    retry = run_store.receive_plain(run.id, owner="b", worker="b", lease_seconds=30, retries=1)
+    assert isinstance(retry, Started)
+    assert isinstance(run_store.start_plain(run.id, owner="b", attempt=retry.attempt), Started)
+    expire_leases(store)
+    assert store.reclaim(1, stale_queued_after=3600, limit=100).runs == []
+    assert run_store.finish_plain(run.id, state=RunState.SUCCEEDED, attempt_retries=1)
+
+    [row] = run_rows(store)
+    assert row.state == RunState.SUCCEEDED.value
+    verdict = Verdict()
+    _check_never_early(verdict, [row])
+    assert verdict.early == [], "the row reads as published before it was due"
+
+
+def test_a_retry_starts_with_no_recovery_sends_of_the_message_before_it(
+    run_store: RunStore, store: Store
+) -> None:
+    """A retry is a message of its own: copies lost-message recovery sent of the
+    message before it do not count against it (``MAX_SENDS``). Before, an unsent retry
+    of a run whose first message had been recovered twice ended ``lost`` at its first
+    recovery, as if a consumer that records nothing had taken 3 copies."""
+    from tests.integration.test_store import planner
+
+    Schedules(store).create("plain", "t", at=datetime.now(UTC), allow_unregistered=True)
+    assert store.take_leadership(1, "leader")
+    [run] = store.claim_due(1, batch=10, plan=planner).runs
+    assert store.mark_published([run.id]) == 1
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE beat_runs SET recovery_sends = 2"))
+    taken = run_store.receive_plain(run.id, owner="a", worker="a", lease_seconds=30, retries=0)
+    assert isinstance(taken, Started)
+    assert isinstance(run_store.start_plain(run.id, owner="a", attempt=taken.attempt), Started)
+    assert run_store.finish_plain(run.id, state=RunState.RETRYING, attempt_retries=0, retry_in=1)
+
+    [row] = run_rows(store)
+    assert (row.state, row.recovery_sends) == (RunState.RETRYING.value, 0)
