@@ -18,7 +18,7 @@ from celery.exceptions import Reject, Retry
 from beat import run_tracking
 from beat.errors import StoreError
 from beat.models import RunState
-from beat.run_tracking import _note_unsent_retries, _plain_outcome, _unsent_retries
+from beat.run_tracking import _plain_outcome, _unsent_retries, note_unsent_retries
 
 DEFAULT_DELAY = 42
 
@@ -42,9 +42,10 @@ def unreachable_broker_task() -> Iterator[Any]:
     def job(self: Any) -> None:
         return None
 
-    job.push_request(id="task-1", retries=0, called_directly=False)
-    yield job
-    job.pop_request()
+    task = app.tasks[job.name]  # the task itself, as a worker has it
+    task.push_request(id="task-1", retries=0, called_directly=False)
+    yield task
+    task.pop_request()
     _unsent_retries.clear()
 
 
@@ -55,7 +56,7 @@ def unreachable_broker_task() -> Iterator[Any]:
 def test_a_retry_that_could_not_be_published_keeps_the_countdown_it_asked_for(
     unreachable_broker_task: Any, asked: dict[str, Any], expected: float
 ) -> None:
-    _note_unsent_retries(unreachable_broker_task)
+    note_unsent_retries(unreachable_broker_task)
     with pytest.raises(Reject):
         unreachable_broker_task.retry(**asked)
     assert expected - 1 < _unsent_retries.pop("task-1") - time.monotonic() <= expected
@@ -64,16 +65,57 @@ def test_a_retry_that_could_not_be_published_keeps_the_countdown_it_asked_for(
 def test_an_unpublished_retry_with_an_eta_keeps_the_seconds_until_it(
     unreachable_broker_task: Any,
 ) -> None:
-    _note_unsent_retries(unreachable_broker_task)
+    note_unsent_retries(unreachable_broker_task)
     with pytest.raises(Reject):
         unreachable_broker_task.retry(eta=datetime.now(UTC) + timedelta(seconds=30))
     assert 29 < _unsent_retries.pop("task-1") - time.monotonic() <= 30
 
 
+@pytest.mark.parametrize(
+    "asked",
+    [{"args": [1]}, {"kwargs": {"cursor": 2}}, {"queue": "slow"}, {"headers": {"h": 1}}],
+)
+def test_an_unpublished_retry_that_changes_its_message_is_not_kept(
+    unreachable_broker_task: Any, asked: dict[str, Any]
+) -> None:
+    """The leader sends the run's own message: a retry that asked for other arguments
+    or options cannot be sent as Celery would have, and ends ``failed`` as before."""
+    note_unsent_retries(unreachable_broker_task)
+    with pytest.raises(Reject):
+        unreachable_broker_task.retry(countdown=5, **asked)
+    assert "task-1" not in _unsent_retries
+
+
+def test_a_countdown_wins_over_an_eta_as_in_celerys_message(
+    unreachable_broker_task: Any,
+) -> None:
+    note_unsent_retries(unreachable_broker_task)
+    with pytest.raises(Reject):
+        unreachable_broker_task.retry(countdown=20, eta=datetime.now(UTC) + timedelta(seconds=5))
+    assert 19 < _unsent_retries.pop("task-1") - time.monotonic() <= 20
+
+
+def test_a_task_that_overrides_retry_is_not_wrapped() -> None:
+    """Its countdown may be computed out of sight: an unsent retry of it ends ``failed``."""
+    app = app_on("memory://")
+
+    class Jittered(app.Task):  # type: ignore[name-defined,misc]
+        def retry(self, *args: Any, **kwargs: Any) -> Any:
+            return super().retry(*args, countdown=3600, **kwargs)
+
+    @app.task(bind=True, base=Jittered, shared=False)
+    def job(self: Any) -> None:
+        return None
+
+    task = app.tasks[job.name]
+    note_unsent_retries(task)
+    assert not getattr(task.retry, "habeat_notes_unsent", False)
+
+
 def test_noting_twice_wraps_the_retry_once(unreachable_broker_task: Any) -> None:
-    _note_unsent_retries(unreachable_broker_task)
+    note_unsent_retries(unreachable_broker_task)
     wrapped = unreachable_broker_task.retry
-    _note_unsent_retries(unreachable_broker_task)
+    note_unsent_retries(unreachable_broker_task)
     assert unreachable_broker_task.retry is wrapped
 
 
@@ -84,13 +126,14 @@ def test_a_published_retry_is_not_noted() -> None:
     def job(self: Any) -> None:
         return None
 
-    _note_unsent_retries(job)
-    job.push_request(id="task-2", retries=0, called_directly=False)
+    task = app.tasks[job.name]
+    note_unsent_retries(task)
+    task.push_request(id="task-2", retries=0, called_directly=False)
     try:
         with pytest.raises(Retry):
-            job.retry(countdown=5)
+            task.retry(countdown=5)
     finally:
-        job.pop_request()
+        task.pop_request()
     assert "task-2" not in _unsent_retries
 
 
