@@ -52,14 +52,22 @@ def masked_url(url: str) -> str:
         shown = f"{_masked_userinfo(userinfo)}@"
     else:  # not a URL: who knows what comes before an @
         shown = "***@"
-    return f"{head}{separator}{shown}{_PARAMETER.sub(_masked_parameter, place)}"
+    return f"{head}{separator}{shown}{_masked_parameters(place)}"
 
 
 #: A user name shown as it is; any other (one holding ``@``, ``/``, ``=``...) may be a
 #: secret in the wrong place.
 _PLAIN_USER = re.compile(r"[\w.~%+-]*")
 #: ``key=value`` in a query (``&``/``;``) or a libpq string (spaces; values may be quoted).
-_PARAMETER = re.compile(r"(?P<key>[^=&;?#\s]+)=(?P<value>'(?:[^'\\]|\\.)*'|[^&;#\s]*)")
+_PARAMETER = re.compile(
+    r"(?P<key>[^=&;?#\s]+)(?P<equals>\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'|[^&;#\s]*)"
+)
+#: A parameter named as a secret, its value (unquoted) running to the next separator:
+#: a space written unencoded in it must not show the rest.
+_SECRET_PARAMETER = re.compile(
+    r"(?P<key>[^=&;?#\s]*(?:pass|pwd|secret|token)[^=&;?#\s]*)\s*=\s*(?:'(?:[^'\\]|\\.)*'|[^&;#']*)",
+    re.IGNORECASE,
+)
 #: Names of parameters that carry a secret.
 _SECRET_NAME = re.compile(r"pass|pwd|secret|token", re.IGNORECASE)
 
@@ -73,6 +81,10 @@ def _masked_userinfo(userinfo: str) -> str:
 def _masked_parameter(found: re.Match[str]) -> str:
     key = found["key"]
     return f"{key}=***" if _SECRET_NAME.search(unquote_plus(key)) else found[0]
+
+
+def _masked_parameters(text: str) -> str:
+    return _SECRET_PARAMETER.sub(r"\g<key>=***", _PARAMETER.sub(_masked_parameter, text))
 
 
 def psycopg_conninfo(url: str) -> str:

@@ -33,6 +33,9 @@ HIDDEN_FORMS = [
     f"host=db dbname=habeat password={SECRET}",
     f"host=db dbname=habeat password='{SECRET} x'",
     f"{SECRET}@db:5432",
+    # libpq allows spaces around '='; a space written unencoded in a URL's query value
+    f"host=db dbname=habeat password = {SECRET}",
+    f"redis://10.0.0.7:6379/0?password=pw {SECRET}&db=1",
 ]
 
 

@@ -119,3 +119,13 @@ def test_a_write_that_does_not_check_its_token_is_refused() -> None:
     assert asyncio.run(post("/unmarked", f"_xsrf={token}")) == 405
     assert asyncio.run(post("/marked", f"_xsrf={token}")) == 200
     assert asyncio.run(post("/marked", "_xsrf=deadbeef")) == 403
+
+
+def test_a_token_has_one_spelling() -> None:
+    """``int(text, 16)`` also reads `` 1f``, ``+1f``, ``0x1f`` and ``1_f``: each is refused."""
+    tokens = FormTokens(secret=b"k" * 32, clock=lambda: 0x1F)
+    good = tokens.issue("ops")
+    assert tokens.valid(good, "ops")
+    issued, _, signature = good.partition(".")
+    for spelling in (f" {issued}", f"+{issued}", f"0x{issued}", f"{issued[:1]}_{issued[1:]}"):
+        assert not tokens.valid(f"{spelling}.{signature}", "ops"), spelling
