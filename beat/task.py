@@ -357,8 +357,16 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         retries: int | None = None,
         retry_in: float | None = None,
     ) -> bool:
-        """Record the outcome; with ``self.db`` used, in its transaction (success commits it)."""
+        """Record the outcome; with ``self.db`` used, in its transaction (success commits it).
+        Nothing is recorded once the lease was lost (``_Execution._lose``): the outcome,
+        whatever it is, is refused, the effects made through ``self.db`` are rolled back,
+        and the leader's reaper sends the run again."""
         session = execution.session
+        if execution.lost.is_set():
+            if session is not None:
+                session.rollback()
+                session.close()
+            return False
         try:
             if session is not None and state is not RunState.SUCCEEDED:
                 session.rollback()  # the effects of a failed attempt are not kept

@@ -418,14 +418,17 @@ def _attempts(store: Store) -> list[Any]:
 
 def _check_retry_countdowns(verdict: Verdict, attempts: Sequence[Any]) -> None:
     """No retry starts before the countdown its previous attempt asked for: the first
-    attempt of each retry count, by the database's clock, is at least that far after the
-    first attempt before it (which recorded itself before asking, so this is a bound)."""
-    first: dict[str, dict[int, Any]] = defaultdict(dict)
+    attempt of each retry count after the first attempt before it (which recorded
+    itself before asking, so this is a bound) is at least that far after it, by the
+    database's clock. A retry count recorded before any attempt of the count below it
+    belongs to another copy of the run (one the worker without the package ran, whose
+    first attempt could not record itself), not to the retry that attempt asked for."""
+    by_level: dict[str, dict[int, list[Any]]] = defaultdict(lambda: defaultdict(list))
     for attempt in sorted(attempts, key=lambda a: a.at):
-        first[attempt.task_id].setdefault(attempt.retries, attempt)
-    for task_id, levels in first.items():
-        for retries, attempt in levels.items():
-            following = levels.get(retries + 1)
+        by_level[attempt.task_id][attempt.retries].append(attempt)
+    for task_id, levels in by_level.items():
+        for retries, [attempt, *_] in list(levels.items()):
+            following = next((a for a in levels.get(retries + 1, []) if a.at >= attempt.at), None)
             if following is None or attempt.countdown is None:
                 continue
             verdict.counts.retries_checked += 1

@@ -697,11 +697,14 @@ def test_a_retry_started_before_its_countdown_is_early() -> None:
         attempt("early", 2, 18.5, None),
         # a redelivered first attempt: the retry is measured from the first one
         attempt("again", 0, 0, 10.0), attempt("again", 0, 6, 10.0), attempt("again", 1, 10.5, None),
+        # seed 20261207: a copy on the worker without the package reached retry 1 (a
+        # database error's autoretry) before the attempt 0 of the copy that asked for it
+        attempt("copy", 1, 0, None), attempt("copy", 0, 0.7, 10.0), attempt("copy", 1, 10.8, None),
     ]  # fmt: skip
     verdict = Verdict()
     _check_retry_countdowns(verdict, attempts)
     assert [item.split(":")[0] for item in verdict.early] == ["task early"]
-    assert verdict.counts.retries_checked == 4
+    assert verdict.counts.retries_checked == 5
 
 
 def test_violations_are_counted_under_the_faults_their_run_lived_through() -> None:
