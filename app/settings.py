@@ -30,7 +30,7 @@ DEFAULT_REDIS_URL: str = setting("redis_url").default
 #: Task modules of this project, always imported by workers and beat.
 TASK_MODULES = ("tasks.demo",)
 #: Modules that extend the worker itself: the run tracking (receipt of runs, plain
-#: tasks' runs, expired deliveries, see ``beat.run_tracking``) and the guard that
+#: tasks' runs, expired deliveries, see ``beat.delivery.tracking``) and the guard that
 #: sets aside messages it cannot decode or unpack, instead of dying on them.
 WORKER_MODULES = ("beat.worker",)
 #: Where a field of ``Settings`` names the scheduler's setting it fills.

@@ -1,11 +1,12 @@
 """A highly-available scheduler for Celery: schedules in PostgreSQL, one leader
 elected through a Redis lease fenced by an epoch that PostgreSQL checks."""
 
-from beat.api import Schedules, define
-from beat.code_schedules import periodic
+from beat.delivery.task import IdempotentTask
 from beat.errors import HABeatError
 from beat.models import MisfirePolicy, RunState, Schedule, ScheduleDefinition
-from beat.task import IdempotentTask
+from beat.ops.schedules import Schedules
+from beat.schedule.code import periodic
+from beat.schedule.define import define
 
 __all__ = [
     "HABeatError",

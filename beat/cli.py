@@ -6,8 +6,8 @@ Each but ui takes ``--json`` for scripts (one JSON document on stdout; for comma
 that change something, an object describing the result). Human output is an
 aligned table.
 
-Each command parses its options, calls one method of :class:`beat.api.Schedules`
-and renders what it returns with :mod:`beat.rendering`: no SQL and no Redis here.
+Each command parses its options, calls one method of :class:`beat.ops.schedules.Schedules`
+and renders what it returns with :mod:`beat.ops.rendering`: no SQL and no Redis here.
 
 Exit codes: 0 ok, 2 bad input (nothing written), 1 failure (e.g. a database
 that cannot be reached, or ``health`` finding a problem). Each error is one
@@ -33,9 +33,7 @@ from celery.bin.base import CeleryCommand
 
 # Celery imports this module in every ``celery`` command (it is the ``schedules``
 # entry point), which is how a worker gets run tracking without a setting.
-from beat import code_schedules, rendering, timing, worker  # noqa: F401
-from beat.api import MAX_BACKFILL_RUNS, Schedules
-from beat.db import masked_url
+from beat import worker  # noqa: F401
 from beat.errors import (
     ConfigError,
     HABeatError,
@@ -44,13 +42,18 @@ from beat.errors import (
     ScheduleNotFound,
 )
 from beat.models import MisfirePolicy, Origin, OverlapPolicy, RunState
-from beat.user_input import (
+from beat.ops import rendering
+from beat.ops.schedules import MAX_BACKFILL_RUNS, Schedules
+from beat.ops.user_input import (
     duration_seconds,
     is_duration,
     parse_duration,
     parse_time,
     with_wall_times_read,
 )
+from beat.schedule import code as code_schedules
+from beat.schedule import timing  # noqa: F401
+from beat.store.db import masked_url
 
 #: Errors that mean "your input is wrong" (exit 2); every other error exits 1.
 INPUT_ERRORS = (InvalidSchedule, ScheduleExists, ScheduleNotFound, ConfigError)
@@ -70,7 +73,7 @@ def _say(line: str, *, err: bool = False) -> None:
 
 
 def _show(text: str) -> None:
-    """Print text of several lines made by :mod:`beat.rendering` (or a JSON document):
+    """Print text of several lines made by :mod:`beat.ops.rendering` (or a JSON document):
     its lines kept, any character a terminal acts on escaped."""
     click.echo(rendering.terminal_text(text))
 

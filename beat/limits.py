@@ -13,3 +13,7 @@ MAX_DURATION: Final = timedelta(days=3650)
 
 #: Largest value of an ``integer`` column (max_runs, max_attempts): PostgreSQL refuses more.
 MAX_INT4: Final = 2**31 - 1
+
+#: Longest jitter of a schedule (a day): a longer delay is a mistake, and a huge one
+#: overflows the date arithmetic of every claim.
+MAX_JITTER_SECONDS: Final = 86_400.0

@@ -164,7 +164,7 @@ TICK_ERRORS = Counter(
     registry=REGISTRY,
 )
 
-# -- workers (beat.task.IdempotentTask, beat.poison_messages) ---------------------------
+# -- workers (beat.delivery.task.IdempotentTask, beat.delivery.poison) ---------------------------
 
 WORKER_DUPLICATE_DELIVERIES = Counter(
     "habeat_worker_duplicate_deliveries_total",

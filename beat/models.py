@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from beat.timing import Trigger
+from beat.schedule.timing import Trigger
 
 #: Why a plain run that a worker took ends ``lost`` when that worker dies.
 PLAIN_RUN_INTERRUPTED = (
@@ -88,7 +88,8 @@ def require_aware(value: datetime | None, what: str) -> None:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScheduleDefinition:
-    """What a user defines: validated by ``beat.api.define`` before anything is written."""
+    """What a user defines: validated by ``beat.schedule.define.define`` before anything is
+    written."""
 
     name: str
     task: str

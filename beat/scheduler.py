@@ -1,7 +1,7 @@
 """The Celery beat scheduler class: ``beat_scheduler = "beat.scheduler:HAScheduler"``
 (or ``celery beat -S ha``).
 
-This class adapts Celery's beat to the leader loop (``beat.leader_loop``): it
+This class adapts Celery's beat to the leader loop (``beat.leader.loop``): it
 reads the settings, checks the code-defined schedules at start, syncs them
 once connected, runs one pass of the loop per ``tick()`` behind an error
 boundary, and hands the lease over on ``close()``. The clients (PostgreSQL,
@@ -22,23 +22,24 @@ from typing import Any, NoReturn
 import redis
 from celery.beat import Scheduler
 
-from beat import code_schedules, metrics
-from beat.api import first_fire_at
-from beat.armed import ArmedRuns
-from beat.beat_presence import BeatPresence
+from beat import metrics
 from beat.config import BeatConfig
-from beat.db import masked_url
-from beat.dispatch import CeleryPublisher
 from beat.errors import ConfigError, StaleEpoch
-from beat.leader import LeaderLease
-from beat.leader_loop import LeaderLoop
-from beat.leader_store import Claim, LeaderStore, ScheduleChangeListener
-from beat.leadership import Leadership
-from beat.liveness import CrashDetection, SessionBeacon
-from beat.lost_messages import LostMessages
-from beat.overlapped_send import SHUTDOWN_WAIT
-from beat.reporting import MAX_BACKOFF, Reporter, TickErrors
-from beat.schedule_store import ScheduleStore
+from beat.leader.armed import ArmedRuns
+from beat.leader.leadership import Leadership
+from beat.leader.loop import LeaderLoop
+from beat.leader.lost_messages import LostMessages
+from beat.leader.overlapped_send import SHUTDOWN_WAIT
+from beat.leader.reporting import MAX_BACKOFF, Reporter, TickErrors
+from beat.lease.beacon import CrashDetection, SessionBeacon
+from beat.lease.holder import LeaderLease
+from beat.lease.presence import BeatPresence
+from beat.publish.dispatch import CeleryPublisher
+from beat.schedule import code as code_schedules
+from beat.schedule.define import first_fire_at
+from beat.store.db import masked_url
+from beat.store.leader import Claim, LeaderStore, ScheduleChangeListener
+from beat.store.schedules import ScheduleStore
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
 
     @property
     def presence(self) -> BeatPresence:
-        """This process's entry among the cluster's beat processes (``beat.beat_presence``)."""
+        """This process's entry among the cluster's beat processes (``beat.lease.presence``)."""
         if self._presence is None:
             config = self.config
             # A client of its own, with short timeouts: an unreachable Redis delays the

@@ -1,11 +1,11 @@
 """What this package adds to a Celery worker, installed by importing this module.
 
-- ``beat.run_tracking``: the receipt of runs beat published, plain tasks' runs
+- ``beat.delivery.tracking``: the receipt of runs beat published, plain tasks' runs
   taken, started and finished, expired deliveries recorded, and the worker's
   heartbeat (its presence and its receipt leases);
-- ``beat.poison_messages``: the guard that sets aside messages the worker cannot
+- ``beat.delivery.poison``: the guard that sets aside messages the worker cannot
   decode or unpack, instead of dying on them;
-- ``beat.task``: the idempotent task base's worker metrics endpoint.
+- ``beat.delivery.task``: the idempotent task base's worker metrics endpoint.
 
 Every ``celery`` command imports it, through the ``schedules`` command this
 package registers (Celery loads the ``celery.commands`` entry points before it
@@ -18,6 +18,8 @@ environment are left alone. A worker started without the ``celery`` command
 
 from __future__ import annotations
 
-from beat import poison_messages, run_tracking, task
+from beat.delivery import poison as poison_messages
+from beat.delivery import task
+from beat.delivery import tracking as run_tracking
 
 __all__ = ["poison_messages", "run_tracking", "task"]

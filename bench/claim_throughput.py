@@ -20,8 +20,8 @@ from sqlalchemy import func, select
 
 from beat.config import BeatConfig
 from beat.models import RunState
-from beat.store import Store
-from beat.tables import runs
+from beat.store.all_roles import Store
+from beat.store.tables import runs
 from bench.common import percentile, scratch
 from bench.lateness import insert_schedules
 from bench.scale import leader

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from beat.store import Store
+from beat.store.all_roles import Store
 from bench.common import (
     TASK,
     Arrival,

@@ -8,7 +8,7 @@ definitions (distinct arguments, one task and options: one template), the same w
 router function (it may read the arguments: a template per definition, built in the
 pass), the N runs of S definitions (first pass, then with all templates already built,
 then the same with kombu publishing each message rather than stamping its envelope
-from the first ones kombu built in the batch: ``beat.redis_envelopes``).
+from the first ones kombu built in the batch: ``beat.publish.redis_envelopes``).
 Prints µs per message; nothing is asserted.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 from app.factory import create_app
 from app.settings import Settings
-from beat import dispatch, messages
 from beat.models import RunToPublish, UnpublishableRun
+from beat.publish import dispatch, messages
 from bench.common import REDIS_URL, table
 
 

@@ -26,12 +26,12 @@ import psycopg
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from beat.api import ScheduleFilter, Schedules
 from beat.config import BeatConfig
-from beat.leader_loop import SUMMARY_BUDGET
-from beat.leader_store import LeaderStore
-from beat.run_store import RunCursor
-from beat.store import Store
+from beat.leader.loop import SUMMARY_BUDGET
+from beat.ops.schedules import ScheduleFilter, Schedules
+from beat.store.all_roles import Store
+from beat.store.leader import LeaderStore
+from beat.store.runs import RunCursor
 from beat.ui.server import BackgroundUI, UISettings
 from bench.common import ADMIN_URL, REDIS_URL, percentile, table
 from bench.ui_http import page_reads

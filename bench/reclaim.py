@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import text
 
-from beat.api import Schedules
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
 from bench.common import Process, Scratch, percentile, scratch, table, wait_for
 
 LEASE = 10.0

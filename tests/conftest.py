@@ -19,7 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from app.settings import Settings
-from beat.store import Store
+from beat.store.all_roles import Store
 
 #: A database the tests may connect to in order to create and drop their own.
 ADMIN_DATABASE_URL = os.environ.get(

@@ -4,12 +4,12 @@
   by the test, in small steps, calling the tickers registered on it at each step
   (a lease's renewer is one: it renews at its own cadence as time passes);
 - :class:`FakeLeaseServer` (the Redis key) and :class:`FakeLease`
-  (``beat.leadership.Lease``) with the semantics of ``beat.leader``;
-- :class:`FakeClaimStore` (``beat.leader_loop.ClaimStore`` and
-  ``beat.leadership.LeaderRow``): the leader's tables in memory. It decides
-  nothing itself: a claim is planned by ``beat.planning`` exactly as
+  (``beat.leader.leadership.Lease``) with the semantics of ``beat.lease.holder``;
+- :class:`FakeClaimStore` (``beat.leader.loop.ClaimStore`` and
+  ``beat.leader.leadership.LeaderRow``): the leader's tables in memory. It decides
+  nothing itself: a claim is planned by ``beat.claim.planning`` exactly as
   ``LeaderStore.claim_due`` plans it, and the rest follows the SQL of
-  ``beat.leader_store`` statement by statement;
+  ``beat.store.leader`` statement by statement;
 - :class:`RecordingPublisher`, :class:`FakeWaiter`, :class:`NoMessageRecovery`;
 - :class:`World`: processes wired like ``beat.scheduler.HAScheduler`` wires the
   real parts, sharing one store, one lease server and one clock, run in the
@@ -37,18 +37,25 @@ from typing import Any
 from unittest import mock
 from zoneinfo import ZoneInfo
 
-from beat import planning
-from beat.armed import ArmedRuns, DatabaseClock
-from beat.claim_window import DueSecond
+from beat.claim import planning
+from beat.claim.planning import (
+    Advance,
+    NewRun,
+    Release,
+    SchedulePlanner,
+    claim_horizon,
+    plan_claim,
+    release_of,
+)
+from beat.claim.window import DueSecond
 from beat.config import BeatConfig
-from beat.dispatch import BUILD_STEP, PublishResult
 from beat.errors import LeaseUnavailable, StaleEpoch, StoreUnavailable
-from beat.leader import DRIFT_MARGIN
-from beat.leader_loop import LeaderLoop
-from beat.leader_store import Claim, InQueue, LostRun, PruneReport, Reclaim
-from beat.leadership import Leadership
-from beat.liveness import Session
-from beat.lost_messages import Recovery
+from beat.leader.armed import ArmedRuns
+from beat.leader.leadership import Leadership
+from beat.leader.loop import LeaderLoop
+from beat.leader.lost_messages import Recovery
+from beat.leader.reporting import Reporter, TickErrors
+from beat.lease.holder import DRIFT_MARGIN
 from beat.models import (
     ACTIVE_STATES,
     FINISHED_STATES,
@@ -61,18 +68,11 @@ from beat.models import (
     RunToPublish,
     UnpublishableRun,
 )
-from beat.planning import (
-    Advance,
-    NewRun,
-    Release,
-    SchedulePlanner,
-    claim_horizon,
-    plan_claim,
-    release_of,
-)
-from beat.reporting import Reporter, TickErrors
-from beat.run_stats import SETTLE, SummaryReport
-from beat.timing import Every, Once, Trigger
+from beat.publish.dispatch import BUILD_STEP, PublishResult
+from beat.records import DatabaseClock, Session
+from beat.schedule.timing import Every, Once, Trigger
+from beat.store.leader import Claim, InQueue, LostRun, PruneReport, Reclaim
+from beat.store.stats import SETTLE, SummaryReport
 
 #: The database's time when a manual clock starts.
 START = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -183,7 +183,7 @@ class ManualClock:
 
 class FakeLeaseServer:
     """The Redis side of the lease: the lock key (holder and expiry, ``PX`` semantics)
-    and the epoch counter, with the scripts of ``beat.leader`` as methods."""
+    and the epoch counter, with the scripts of ``beat.lease.holder`` as methods."""
 
     def __init__(self, clock: ManualClock) -> None:
         self.clock = clock
@@ -270,9 +270,10 @@ class _Renewer:
 
 
 class FakeLease:
-    """``beat.leadership.Lease`` over a :class:`FakeLeaseServer`, as ``beat.leader.LeaderLease``
-    does it: this process leads until ``ttl`` less the drift margin after the last
-    renewal it *sent*; the renewer runs every ttl/3 as the clock moves, while
+    """``beat.leader.leadership.Lease`` over a :class:`FakeLeaseServer`, as
+    ``beat.lease.holder.LeaderLease`` does it: this process leads until ``ttl`` less the
+    drift margin after the last renewal it *sent*; the renewer runs every ttl/3 as the
+    clock moves, while
     ``healthy()`` says so, and calls ``on_lost`` when it finds the lease gone."""
 
     def __init__(
@@ -300,7 +301,7 @@ class FakeLease:
         self.renewals: list[float] = []
         self._clock.add_ticker(self._tick)
 
-    # -- beat.leadership.Lease ---------------------------------------------------------
+    # -- beat.leader.leadership.Lease ---------------------------------------------------------
 
     def is_held(self) -> bool:
         return self._clock() < self._valid_until
@@ -500,7 +501,7 @@ class StoreCall:
 
 
 class FakeClaimStore:
-    """``LeaderStore`` in memory: the claim is planned by ``beat.planning.plan_claim``
+    """``LeaderStore`` in memory: the claim is planned by ``beat.claim.planning.plan_claim``
     and written as ``claim_due`` writes it; every other method follows its SQL.
 
     A call is one transaction: it waits ``latency`` seconds (through ``sleep``, so
@@ -632,7 +633,7 @@ class FakeClaimStore:
         run = self.runs[run_id]
         run.state, run.finished_at, run.lease_expires_at = state, self.clock.now(), None
 
-    # -- beat.leadership.LeaderRow ---------------------------------------------------------
+    # -- beat.leader.leadership.LeaderRow ---------------------------------------------------------
 
     def current_epoch(self) -> int:
         self._enter("current_epoch")
@@ -659,7 +660,7 @@ class FakeClaimStore:
         for listener in list(self._released):
             listener()
 
-    # -- beat.leader_loop.ClaimStore -------------------------------------------------------
+    # -- beat.leader.loop.ClaimStore -------------------------------------------------------
 
     def claim_due(
         self,
@@ -1099,7 +1100,7 @@ class Sent:
 
 
 class RecordingPublisher:
-    """``beat.leader_loop.Publisher`` that records what it sends. ``publish_at`` lets
+    """``beat.leader.loop.Publisher`` that records what it sends. ``publish_at`` lets
     time pass until the deadline (the real one sleeps), calls ``before_send``, then
     sends; a failing send returns the error in the result, as the real one does."""
 
@@ -1193,7 +1194,7 @@ class RecordingPublisher:
 
 
 class FakeWaiter:
-    """``beat.leader_loop.Waiter``: waits on the manual clock, woken by ``wake()``
+    """``beat.leader.loop.Waiter``: waits on the manual clock, woken by ``wake()``
     (a NOTIFY). With ``sleeps=False`` it only notes when the wait ends (``wake_at``),
     for a :class:`World` to run the process again then."""
 
@@ -1228,7 +1229,7 @@ class FakeWaiter:
 
 
 class NoMessageRecovery:
-    """``beat.leader_loop.MessageRecovery`` on a broker that loses nothing."""
+    """``beat.leader.loop.MessageRecovery`` on a broker that loses nothing."""
 
     def due(self) -> bool:
         return False
@@ -1247,7 +1248,7 @@ class NoMessageRecovery:
 
 
 class DeferredSends:
-    """``beat.overlapped_send.OverlappedSend`` at its latest, and on the loop's thread:
+    """``beat.leader.overlapped_send.OverlappedSend`` at its latest, and on the loop's thread:
     a burst's batch is sent only when the loop waits for it (before anything else it
     does but the next claim), so a test sees what the next claim or a fault meanwhile
     does to it."""

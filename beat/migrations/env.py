@@ -1,11 +1,11 @@
-"""Alembic environment: runs on the connection handed over by ``beat.schema``."""
+"""Alembic environment: runs on the connection handed over by ``beat.store.schema``."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
-from beat.tables import VERSION_TABLE, metadata
+from beat.store.tables import VERSION_TABLE, metadata
 
 
 def _run(connection: Connection) -> None:

@@ -1,2 +1,2 @@
 """The schedules UI: ``celery -A app schedules ui`` serves pages and a JSON API over
-:class:`beat.api.Schedules`, the facade the CLI uses (see ``beat.ui.server``)."""
+:class:`beat.ops.schedules.Schedules`, the facade the CLI uses (see ``beat.ui.server``)."""

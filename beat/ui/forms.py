@@ -1,9 +1,9 @@
 """The schedule form: its fields as text, read into the arguments of
-:meth:`beat.api.Schedules.create` and :meth:`~beat.api.Schedules.update`, and each
-error put beside the field it is about.
+:meth:`beat.ops.schedules.Schedules.create` and
+:meth:`~beat.ops.schedules.Schedules.update`, and each error put beside the field it is about.
 
 What a field means is the CLI's (``celery -A app schedules add --help``): the same
-parsers (``beat.user_input``) and the same validation (``beat.api.define``) apply,
+parsers (``beat.ops.user_input``) and the same validation (``beat.schedule.define.define``) apply,
 so a schedule the CLI refuses is refused here with the same words.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from beat.errors import InvalidSchedule
 from beat.models import MisfirePolicy, OverlapPolicy, Schedule
-from beat.timing import Cron, Every, Once
-from beat.user_input import duration_seconds, parse_time, with_wall_times_read
+from beat.ops.user_input import duration_seconds, parse_time, with_wall_times_read
+from beat.schedule.timing import Cron, Every, Once
 
 #: The timing kinds, in the order the form offers them.
 KINDS = ("cron", "every", "at")

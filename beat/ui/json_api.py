@@ -1,5 +1,5 @@
 """The UI's JSON API under ``/api/``: the documents of the CLI's ``--json``
-(``beat.rendering``), read-only, behind the same basic auth as the pages.
+(``beat.ops.rendering``), read-only, behind the same basic auth as the pages.
 
 - ``GET /api/schedules?q=&paused=yes|no&failing=yes&origin=code|api&offset=&limit=``:
   ``{"total", "offset", "limit", "schedules": [schedule document + "last_run" +
@@ -21,7 +21,7 @@ from typing import Any
 
 import tornado.web
 
-from beat import rendering
+from beat.ops import rendering
 from beat.ui.pages import WINDOWS, BaseHandler, UIContext, schedule_filter
 
 

@@ -1,7 +1,7 @@
 """The UI's pages: schedules, a schedule, its form, the cluster and the plots; and the
 actions (pause, resume, trigger, delete).
 
-Each handler reads its parameters, calls :class:`beat.api.Schedules` (off the event
+Each handler reads its parameters, calls :class:`beat.ops.schedules.Schedules` (off the event
 loop: the facade's calls block) and renders a template. Every request passes the
 basic-auth check first, from its headers, before any of its body is read; every write
 also the read-only check, the origin check and its form's signed token
@@ -25,8 +25,6 @@ import tornado.httputil
 import tornado.web
 from sqlalchemy.exc import SQLAlchemyError
 
-from beat import rendering, timing
-from beat.api import ScheduleFilter, Schedules, UnreadableSchedule, preview
 from beat.errors import (
     HABeatError,
     InvalidSchedule,
@@ -34,9 +32,12 @@ from beat.errors import (
     ScheduleNotFound,
     StoreError,
 )
-from beat.leader_store import UnrecordedConsumer
 from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState, Schedule
-from beat.tables import ALL_QUEUES
+from beat.ops import rendering
+from beat.ops.schedules import ScheduleFilter, Schedules, UnreadableSchedule, preview
+from beat.schedule import timing
+from beat.store.leader import UnrecordedConsumer
+from beat.store.tables import ALL_QUEUES
 from beat.ui import charts, forms, wording
 from beat.ui.security import (
     FORM_BODY_LIMIT,
@@ -534,7 +535,7 @@ class ClusterPage(BaseHandler):
 
 def unrecorded_consumers(schedules: Schedules) -> list[UnrecordedConsumer]:
     """The consumers of beat's queues that do not record runs, as the leader found them
-    (``beat.lost_messages``); none when they cannot be read (the overview names the
+    (``beat.leader.lost_messages``); none when they cannot be read (the overview names the
     database's problem)."""
     try:
         return schedules.store.unrecorded_consumers()

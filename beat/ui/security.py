@@ -28,7 +28,7 @@ _HEX = re.compile(r"[0-9a-f]{1,16}")
 #: The realm browsers show when they ask for a password.
 REALM = "habeat schedules"
 #: The largest request body read: a form's args and kwargs (64 KiB of JSON together,
-#: ``beat.api.MAX_PAYLOAD_BYTES``) percent-encoded (up to 3 bytes each), and the rest.
+#: ``beat.ops.schedules.MAX_PAYLOAD_BYTES``) percent-encoded (up to 3 bytes each), and the rest.
 #: A larger one is refused (413) before it is read, and no body is read before the
 #: password is checked.
 FORM_BODY_LIMIT = 256 * 1024

@@ -23,7 +23,7 @@ import tornado.web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from beat.api import Schedules
+from beat.ops.schedules import Schedules
 from beat.ui import json_api, pages
 from beat.ui.security import FORM_BODY_LIMIT, check_exposure
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from beat.timing import Cron, Every, Once, Trigger
+from beat.schedule.timing import Cron, Every, Once, Trigger
 
 _WEEKDAYS = ("Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
 _NUMBER = re.compile(r"\d{1,2}")

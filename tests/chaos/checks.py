@@ -1,10 +1,10 @@
 """The verdict of a chaos run, from PostgreSQL alone.
 
 The expected fire times come from the project's own schedule math
-(``beat.timing.fire_times``) applied to each schedule's trigger, from its first
+(``beat.schedule.timing.fire_times``) applied to each schedule's trigger, from its first
 fire time to the end of the checked window. A schedule a deploy redefined has
 one expectation per definition, each in force from the deploy's sync to the
-next. Faults are shorter than the misfire grace, so ``beat.policies`` plans
+next. Faults are shorter than the misfire grace, so ``beat.claim.policies`` plans
 every fire time as a run; a ``skipped`` row is a violation, except for a fire
 time a deploy's downtime missed, which may be recorded skipped with its reason.
 
@@ -44,14 +44,14 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import text
 
 from beat.models import RunState
-from beat.run_store import (
+from beat.schedule.timing import Trigger, fire_times
+from beat.store.all_roles import Store
+from beat.store.runs import (
     CANCELLED_ON_CONNECTION_LOSS,
     PLAIN_RUN_TERMINATED,
     TAKEN_UNRECORDED,
     run_id_for,
 )
-from beat.store import Store
-from beat.timing import Trigger, fire_times
 
 NON_TERMINAL = frozenset({RunState.PENDING, RunState.QUEUED, RunState.RUNNING, RunState.RETRYING})
 #: More fire times than any run produces: fire_times() needs a bound.

@@ -44,12 +44,12 @@ import psycopg
 from redis import Redis
 from sqlalchemy import text
 
-from beat.api import Schedules
 from beat.errors import HABeatError
-from beat.leader_store import MAX_INTERRUPTIONS
-from beat.lost_messages import CHECK_INTERVAL, CONFIRM_AFTER, UNTAKEN_AFTER
-from beat.run_store import run_id_for
-from beat.store import Store
+from beat.leader.lost_messages import CHECK_INTERVAL, CONFIRM_AFTER, UNTAKEN_AFTER
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
+from beat.store.leader import MAX_INTERRUPTIONS
+from beat.store.runs import run_id_for
 from tests.chaos.broker import delete_messages
 from tests.chaos.checks import (
     FOREIGN_PREFIX,

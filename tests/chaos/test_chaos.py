@@ -31,9 +31,9 @@ import pytest
 import redis
 
 from app.factory import create_app
-from beat.api import define
 from beat.models import RunState, Schedule
-from beat.run_store import CANCELLED_ON_CONNECTION_LOSS, TAKEN_UNRECORDED
+from beat.schedule.define import define
+from beat.store.runs import CANCELLED_ON_CONNECTION_LOSS, TAKEN_UNRECORDED
 from tests.chaos import servers
 from tests.chaos.broker import delete_messages
 from tests.chaos.checks import (

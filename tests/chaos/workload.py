@@ -33,13 +33,14 @@ from celery import Celery, chain
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from beat.api import Schedules, define, first_fire_at
 from beat.errors import HABeatError
 from beat.models import Schedule
-from beat.schedule_store import definition_values
-from beat.store import Store
-from beat.tables import schedules as schedules_table
-from beat.timing import next_fire_after, parse_zone
+from beat.ops.schedules import Schedules
+from beat.schedule.define import define, first_fire_at
+from beat.schedule.document import definition_values
+from beat.schedule.timing import next_fire_after, parse_zone
+from beat.store.all_roles import Store
+from beat.store.tables import schedules as schedules_table
 from tests.chaos.checks import (
     CROWD_KIND,
     ONE_MICROSECOND,

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from app.factory import create_app
-from beat.store import Store
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from beat.store import Store
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.e2e.cluster import Cluster
 

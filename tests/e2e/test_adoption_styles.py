@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import redis
 
-from beat.api import Schedules
-from beat.store import Store
-from beat.timing import Cron
+from beat.ops.schedules import Schedules
+from beat.schedule.timing import Cron
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 
 pytestmark = pytest.mark.e2e

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from beat.api import Schedules
 from beat.models import RunState
-from beat.run_store import CANCELLED_ON_CONNECTION_LOSS, PLAIN_RUN_TERMINATED
+from beat.ops.schedules import Schedules
+from beat.store.runs import CANCELLED_ON_CONNECTION_LOSS, PLAIN_RUN_TERMINATED
 from tests.chaos.servers import PrivatePostgres, PrivateRedis
 from tests.e2e.cluster import Cluster, wait_until
 from tests.e2e.test_crash_proof import private_cluster, servers

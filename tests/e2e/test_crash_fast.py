@@ -18,7 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from beat.models import RunState
-from beat.store import Store
+from beat.store.all_roles import Store
 from tests.e2e.cluster import Cluster, Process, wait_until
 from tests.e2e.proxy import CuttableProxy
 from tests.e2e.test_ha_cluster import (

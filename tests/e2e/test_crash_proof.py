@@ -23,7 +23,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from beat.models import RunState
-from beat.store import Store
+from beat.store.all_roles import Store
 from tests.chaos.harness import private_servers, workspace
 from tests.chaos.servers import POSTGRES_USER, PrivatePostgres, PrivateRedis, free_port, wait_for
 from tests.conftest import IN_CI, SessionEnv

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from beat.api import Schedules
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
 from tests.e2e.cluster import Cluster, Process, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -11,9 +11,9 @@ from itertools import pairwise
 
 import pytest
 
-from beat.api import Schedules
 from beat.models import RunState
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
 from tests.e2e.cluster import Cluster, Process, wait_until
 from tests.integration.helpers import run_rows
 

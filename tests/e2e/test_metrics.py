@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from beat.models import RunState
-from beat.store import Store
+from beat.store.all_roles import Store
 from tests.e2e.cluster import Cluster, Process, wait_until
 from tests.integration.helpers import run_rows
 

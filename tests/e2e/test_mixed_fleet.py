@@ -22,13 +22,14 @@ import redis
 from sqlalchemy import text
 
 from app.factory import create_app
-from beat import lost_messages, metrics
-from beat.api import Schedules
-from beat.leader_store import MAX_SENDS
+from beat import metrics
+from beat.leader import lost_messages
 from beat.models import RunState
-from beat.run_store import TAKEN_UNRECORDED
+from beat.ops.schedules import Schedules
 from beat.scheduler import HAScheduler
-from beat.store import Store
+from beat.store.all_roles import Store
+from beat.store.leader import MAX_SENDS
+from beat.store.runs import TAKEN_UNRECORDED
 from tests.e2e.cluster import Cluster, Process, wait_until
 from tests.integration.helpers import run_rows
 
@@ -119,7 +120,7 @@ def test_a_plain_task_taken_by_a_worker_without_the_package_runs_once_per_fire_t
     for worker in (foreign, upgraded):
         wait_until(lambda w=worker: "ready." in w.output(), timeout=60, interval=0.2)
     schedules = Schedules(store)
-    with caplog.at_level(logging.WARNING, logger="beat.lost_messages"):
+    with caplog.at_level(logging.WARNING, logger="beat.leader.lost_messages"):
         schedules.create(
             "plain-every-2s", "e2e.plain_record", every=2, args=["mixed"], allow_unregistered=True
         )
@@ -135,7 +136,7 @@ def test_a_plain_task_taken_by_a_worker_without_the_package_runs_once_per_fire_t
     assert len(fired) >= 5
     assert all(count == 1 for count in effects.values()), f"run twice: {effects}"
     assert set(effects) == fired, "each fire time ran once"
-    assert "beat.run_tracking" not in foreign.output()
+    assert "beat.delivery.tracking" not in foreign.output()
 
     hostname = f"foreign@{socket.gethostname()}"
     warnings = [

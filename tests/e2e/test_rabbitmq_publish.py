@@ -10,9 +10,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from beat.api import Schedules
 from beat.models import RunState
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
 from tests.clock_skew import skew_overrides
 from tests.e2e.cluster import Cluster, Process, wait_until
 from tests.e2e.rabbitmq import rabbitmq_vhost

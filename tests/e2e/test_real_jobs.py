@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import redis
 
-from beat.api import Schedules
-from beat.dispatch import ATTEMPT_HEADER, FIRE_AT_HEADER, SCHEDULE_HEADER
 from beat.models import RunState
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.publish.dispatch import ATTEMPT_HEADER, FIRE_AT_HEADER, SCHEDULE_HEADER
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.e2e.cluster import Cluster, wait_until
 from tests.integration.helpers import broker_messages, run_rows, task_ids

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import text
 
-from beat.api import Schedules
 from beat.models import RunState
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
 from tests.e2e.cluster import Cluster, wait_until
 from tests.integration.helpers import run_rows
 from tests.integration.test_rows_written_with_psql import (

@@ -15,9 +15,9 @@ import urllib.request
 import pytest
 from playwright.sync_api import Page, expect
 
-from beat.api import Schedules
 from beat.models import RunState
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
 from tests.e2e.cluster import Cluster, wait_until
 from tests.e2e.ui_browser import (
     FLOWER_URL,

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from beat.api import Schedules
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
 from tests.e2e.cluster import Cluster, wait_until
 from tests.e2e.ui_browser import PASSWORD, USER, browser, screenshot, start_ui
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from beat.api import Schedules
 from beat.models import RunState
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
 from tests.clock_skew import skew_overrides
 from tests.e2e.cluster import ROOT, Cluster, Process, wait_until
 from tests.integration.helpers import run_rows

@@ -16,9 +16,9 @@ import pytest
 import redis
 from sqlalchemy.engine import make_url
 
-from beat.api import Schedules
 from beat.models import RunState
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.e2e.cluster import Cluster, wait_until
 from tests.e2e.proxy import CuttableProxy

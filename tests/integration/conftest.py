@@ -10,7 +10,7 @@ import redis
 
 from app.factory import create_app
 from beat.scheduler import HAScheduler
-from beat.store import Store
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 
 SchedulerFactory = Callable[..., HAScheduler]

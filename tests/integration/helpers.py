@@ -16,9 +16,9 @@ from celery.bin.celery import celery as celery_main
 from click.testing import CliRunner, Result
 from sqlalchemy import text
 
-from beat import redis_envelopes
-from beat.api import Schedules
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.publish import redis_envelopes
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,14 +91,15 @@ def seconds(delta: timedelta) -> float:
 
 
 def slow_client_clock(monkeypatch: pytest.MonkeyPatch, behind: timedelta) -> None:
-    """Set the API's clock (``datetime.now`` in ``beat.api``) ``behind`` the database's."""
+    """Set the API's clock (``datetime.now`` in ``beat.ops.schedules``) ``behind`` the
+    database's."""
 
     class SlowClock(datetime):
         @classmethod
         def now(cls, tz: tzinfo | None = None) -> datetime:  # type: ignore[override]
             return datetime.now(tz) - behind
 
-    monkeypatch.setattr("beat.api.datetime", SlowClock)
+    monkeypatch.setattr("beat.ops.schedules.datetime", SlowClock)
 
 
 # -- the schedules command, in-process ------------------------------------------------------
@@ -142,7 +143,7 @@ def table_rows(store: Store) -> list[tuple[Any, ...]]:
 
 
 def count_stamped_pushes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the messages pushed from a stamped envelope (``beat.redis_envelopes``)
+    """Counts the messages pushed from a stamped envelope (``beat.publish.redis_envelopes``)
     from now on: one count, kept up to date."""
     counts = [0]
     original = redis_envelopes.Envelopes.push

@@ -22,11 +22,11 @@ from click.testing import Result
 from sqlalchemy import text
 
 from app.factory import create_app
-from beat.api import Schedules
 from beat.errors import InvalidSchedule
 from beat.models import RunState
+from beat.ops.schedules import Schedules
 from beat.scheduler import HAScheduler
-from beat.store import Store
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.integration.helpers import (
     as_json,

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 import redis
 
-from beat.liveness import SessionBeacon
-from beat.store import Store
+from beat.lease.beacon import SessionBeacon
+from beat.store.all_roles import Store
 from tests.chaos.harness import private_servers, workspace
 from tests.chaos.servers import PrivatePostgres, PrivateRedis
 

@@ -23,7 +23,7 @@ from kombu import Consumer, Exchange, Queue
 from kombu.message import Message
 
 from app.factory import create_app
-from beat.broker_inventory import held_task_ids, queue_of
+from beat.publish.inventory import held_task_ids, queue_of
 from tests.conftest import SessionEnv
 
 pytestmark = pytest.mark.integration

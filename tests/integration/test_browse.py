@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import event, insert, select, text
 
-from beat.api import SPARK_RUNS, Percentiles, RunStats, ScheduleFilter, Schedules
 from beat.errors import InvalidSchedule, ScheduleNotFound
 from beat.models import FINISHED_STATES, Origin, RunState
-from beat.run_store import RunRecord
-from beat.store import Store
-from beat.tables import runs
+from beat.ops.schedules import SPARK_RUNS, Percentiles, RunStats, ScheduleFilter, Schedules
+from beat.store.all_roles import Store
+from beat.store.runs import RunRecord
+from beat.store.tables import runs
 
 pytestmark = pytest.mark.integration
 

@@ -16,16 +16,17 @@ from kombu import Exchange, Queue
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from beat import dispatch
-from beat.api import Schedules, define
+from beat.claim.policies import plan_fires
 from beat.config import BeatConfig
 from beat.errors import ConfigError
-from beat.leader import lock_key
-from beat.leader_store import Claim
+from beat.lease.holder import lock_key
 from beat.models import DueSchedule, FirePlan, Origin, RunState
-from beat.policies import plan_fires
+from beat.ops.schedules import Schedules
+from beat.publish import dispatch
+from beat.schedule.define import define
 from beat.scheduler import HAScheduler
-from beat.store import Store
+from beat.store.all_roles import Store
+from beat.store.leader import Claim
 from tests.conftest import SessionEnv
 from tests.e2e.proxy import CuttableProxy
 from tests.integration.conftest import SchedulerFactory
@@ -419,7 +420,7 @@ def test_a_burst_is_claimed_far_enough_ahead_to_be_built_by_its_fire_time(
     store: Store, make_scheduler: SchedulerFactory, redis_client: redis.Redis, test_env: SessionEnv
 ) -> None:
     """2,000 schedules due at one instant. The fixed window (half a second) is less
-    than claiming and building them takes; the window widens (``beat.claim_window``):
+    than claiming and building them takes; the window widens (``beat.claim.window``):
     every run is claimed well before it, and none reaches the queue before its time."""
     count = 2000
     fire_at = db_now(store) + timedelta(seconds=6)

@@ -17,14 +17,14 @@ from typing import Protocol
 import pytest
 from sqlalchemy import select, text
 
-from beat.api import Schedules
+from beat.claim.planning import PlanningRules
 from beat.errors import StaleEpoch
-from beat.leader_loop import ClaimStore
-from beat.leadership import LeaderRow
+from beat.leader.leadership import LeaderRow
+from beat.leader.loop import ClaimStore
 from beat.models import OverlapPolicy, RunState, SkipKind
-from beat.planning import PlanningRules
-from beat.store import Store
-from beat.tables import schedules
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
+from beat.store.tables import schedules
 from tests.fakes import FakeClaimStore, ManualClock
 
 PLAN = PlanningRules(misfire_grace=60, max_catchup=100).plan_schedule

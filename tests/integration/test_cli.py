@@ -26,13 +26,13 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from app.factory import create_app
-from beat import schema
-from beat.api import Schedules
-from beat.leader import lock_key
+from beat.lease.holder import lock_key
 from beat.models import RunState
+from beat.ops.schedules import Schedules
+from beat.ops.user_input import parse_duration
 from beat.scheduler import HAScheduler
-from beat.store import Store
-from beat.user_input import parse_duration
+from beat.store import schema
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.integration.helpers import (
     as_json,

@@ -18,11 +18,11 @@ import redis
 from sqlalchemy import text
 
 from app.factory import create_app
-from beat.api import QueueBacklog, Schedules
-from beat.beat_presence import BeatPresence, beats_key, info_key, read_beats
 from beat.config import BeatConfig
-from beat.rendering import cluster_document
-from beat.store import Store
+from beat.lease.presence import BeatPresence, beats_key, info_key, read_beats
+from beat.ops.rendering import cluster_document
+from beat.ops.schedules import QueueBacklog, Schedules
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.integration.conftest import SchedulerFactory
 
@@ -178,7 +178,7 @@ def test_a_failing_refresh_neither_fails_a_pass_nor_unseats_the_leader(
     leader, standby = make_scheduler(standby_poll=0.1), make_scheduler(standby_poll=0.1)
     for scheduler in (leader, standby):
         scheduler._presence = unreachable_presence(scheduler.lease.holder, test_env)
-    caplog.set_level(logging.DEBUG, logger="beat.beat_presence")
+    caplog.set_level(logging.DEBUG, logger="beat.lease.presence")
 
     leader.tick()
     epoch = leader.epoch
@@ -188,7 +188,7 @@ def test_a_failing_refresh_neither_fails_a_pass_nor_unseats_the_leader(
     assert leader.epoch == epoch
     assert epoch is not None
     assert not standby.is_leader
-    logged = [record for record in caplog.records if record.name == "beat.beat_presence"]
+    logged = [record for record in caplog.records if record.name == "beat.lease.presence"]
     assert len(logged) == 2, "once per process for the whole streak of failures"
     assert holders(test_env) == []
 

@@ -13,12 +13,12 @@ import pytest
 from celery.schedules import crontab
 from sqlalchemy import text
 
-from beat.api import Schedules
 from beat.models import RunState
-from beat.rendering import spec_text
+from beat.ops.rendering import spec_text
+from beat.ops.schedules import Schedules
+from beat.schedule.timing import Cron, next_fire_after
 from beat.scheduler import HAScheduler
-from beat.store import Store
-from beat.timing import Cron, next_fire_after
+from beat.store.all_roles import Store
 from tests.integration.helpers import make_due, run_rows
 
 pytestmark = pytest.mark.integration

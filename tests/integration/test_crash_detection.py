@@ -19,13 +19,14 @@ import redis
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from beat import liveness
 from beat.errors import LeaseUnavailable
-from beat.leader import lock_key
-from beat.liveness import Session, SessionBeacon
+from beat.lease import beacon as liveness
+from beat.lease.beacon import SessionBeacon
+from beat.lease.holder import lock_key
 from beat.models import RunState
-from beat.run_store import RunStore, Started
-from beat.store import Store
+from beat.records import Session
+from beat.store.all_roles import Store
+from beat.store.runs import RunStore, Started
 from tests.conftest import SessionEnv
 from tests.e2e.proxy import CuttableProxy
 from tests.integration.conftest import SchedulerFactory
@@ -184,7 +185,7 @@ def test_behind_a_proxy_nothing_is_recorded_and_standbys_wait_for_the_lease(
     proxy = CuttableProxy("127.0.0.1", make_url(test_env.database_url).port or 5432)
     try:
         behind = make_url(test_env.database_url).set(port=proxy.port)
-        with caplog.at_level(logging.WARNING, logger="beat.liveness"):
+        with caplog.at_level(logging.WARNING, logger="beat.lease.beacon"):
             crashed = make_scheduler(
                 lock_ttl=LONG_TTL, database_url=behind.render_as_string(hide_password=False)
             )

@@ -10,7 +10,7 @@ import pytest
 import redis
 from kombu import Connection
 
-from beat.poison_messages import DeadLetters, Reason, SetAside
+from beat.delivery.poison import DeadLetters, Reason, SetAside
 from tests.conftest import SessionEnv
 
 pytestmark = pytest.mark.integration

@@ -15,10 +15,10 @@ import pytest
 import redis
 
 from app.factory import create_app
-from beat import dispatch
 from beat.errors import StaleEpoch
 from beat.models import RunToPublish
-from beat.redis_pushes import FOLD, fold_pushes
+from beat.publish import dispatch
+from beat.publish.redis_pushes import FOLD, fold_pushes
 from tests.conftest import SessionEnv
 from tests.integration.helpers import broker_messages, count_stamped_pushes, task_ids
 
@@ -108,8 +108,8 @@ def test_pushes_to_one_queue_are_folded_and_the_queue_holds_every_run_in_order(
     monkeypatch: pytest.MonkeyPatch,
     send: str,
 ) -> None:
-    """On kombu's Redis batch the layout ``beat.redis_pushes`` and
-    ``beat.redis_envelopes`` expect is there (else the pushes would not be folded, and
+    """On kombu's Redis batch the layout ``beat.publish.redis_pushes`` and
+    ``beat.publish.redis_envelopes`` expect is there (else the pushes would not be folded, and
     a burst's send would take about four times longer; nor stamped, and its build
     about twice as long)."""
     folds: list[tuple[bool, int]] = []
@@ -175,7 +175,7 @@ def test_finding_14_a_run_whose_message_cannot_be_built_is_rejected_alone(
         assert result.error is None
         assert result.published == [run.id for run in sent]
         assert [(entry.run.id, entry.error.split(":")[0]) for entry in result.rejected] == [
-            (bad.id, "ValueError"),  # refused by beat.options before Celery sees them
+            (bad.id, "ValueError"),  # refused by beat.schedule.options before Celery sees them
             (expired.id, "ValueError"),
             (unserialisable.id, "EncodeError"),
         ]

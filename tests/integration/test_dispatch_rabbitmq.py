@@ -14,8 +14,8 @@ from celery import Celery
 from kombu import Producer
 
 from app.factory import create_app
-from beat import dispatch
 from beat.models import RunToPublish
+from beat.publish import dispatch
 from tests.conftest import SessionEnv
 from tests.e2e.rabbitmq import rabbitmq_vhost
 from tests.integration.test_dispatch import runs

@@ -32,10 +32,10 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from app.factory import create_app
-from beat.api import Schedules
 from beat.errors import InvalidSchedule
-from beat.options import ALLOWED_OPTIONS, RESERVED_HEADERS
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.schedule.options import ALLOWED_OPTIONS, RESERVED_HEADERS
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.integration.helpers import invoke, table_rows
 

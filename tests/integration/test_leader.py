@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from beat.errors import LeaseUnavailable
-from beat.leader import LeaderLease, epoch_key, lock_key
+from beat.lease.holder import LeaderLease, epoch_key, lock_key
 from tests.conftest import SessionEnv
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import pytest
 from app.factory import create_app
 from beat import IdempotentTask
 from beat.models import RunState
-from beat.store import Store
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.integration.helpers import run_rows
 

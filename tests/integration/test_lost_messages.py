@@ -1,4 +1,4 @@
-"""The leader's search for lost messages (``beat.lost_messages``) against real Redis and
+"""The leader's search for lost messages (``beat.leader.lost_messages``) against real Redis and
 PostgreSQL: runs published as the leader publishes them, messages taken with kombu's
 own channel, the leader's looks driven by a fake clock, the workers' replies to Celery's
 remote control given by the test (one worker, which records runs)."""
@@ -16,10 +16,8 @@ from celery import Celery
 from sqlalchemy import text
 
 from app.factory import create_app
-from beat import dispatch, lost_messages
-from beat.api import Schedules
-from beat.leader_store import MAX_SENDS
-from beat.lost_messages import (
+from beat.leader import lost_messages
+from beat.leader.lost_messages import (
     CHECK_INTERVAL,
     DELIVERY_CLOCK_MARGIN,
     UNRECORDED_AFTER,
@@ -27,8 +25,11 @@ from beat.lost_messages import (
     LostMessages,
 )
 from beat.models import RunState, RunToPublish
-from beat.run_store import RunStore
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.publish import dispatch
+from beat.store.all_roles import Store
+from beat.store.leader import MAX_SENDS
+from beat.store.runs import RunStore
 from tests.conftest import SessionEnv
 from tests.integration.helpers import run_rows
 from tests.integration.test_store import planner

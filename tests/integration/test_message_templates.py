@@ -24,9 +24,9 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from app.factory import create_app
-from beat import dispatch, messages
-from beat.armed import DatabaseClock
 from beat.models import RunToPublish
+from beat.publish import dispatch, messages
+from beat.records import DatabaseClock
 from tests.conftest import SessionEnv
 from tests.integration.helpers import broker_messages, count_stamped_pushes, task_ids
 
@@ -391,7 +391,7 @@ def test_a_batch_of_a_template_s_runs_lands_as_send_task_publishes_it_stamped_fr
     run: RunToPublish,
 ) -> None:
     """kombu publishes the first three runs of the template in the batch; the others
-    are pushed as envelopes stamped from the third's (``beat.redis_envelopes``)."""
+    are pushed as envelopes stamped from the third's (``beat.publish.redis_envelopes``)."""
     runs = variants(run, 6)
     plain = published_batch(app, test_env, redis_client, monkeypatch, runs, templates=False)
     stamped_pushes = count_stamped_pushes(monkeypatch)

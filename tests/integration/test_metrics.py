@@ -23,13 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.factory import create_app
 from app.settings import Settings
 from beat import metrics
-from beat.api import Schedules
 from beat.config import BeatConfig
 from beat.errors import ConfigError
-from beat.leader import LeaderLease, lock_key
-from beat.leader_store import Claim
+from beat.lease.holder import LeaderLease, lock_key
+from beat.ops.schedules import Schedules
 from beat.scheduler import HAScheduler
-from beat.store import Store
+from beat.store.all_roles import Store
+from beat.store.leader import Claim
 from tests.conftest import SessionEnv
 from tests.integration.helpers import add_interval_schedules, make_due
 

@@ -1,4 +1,4 @@
-"""Array literals (``beat.pg_arrays``) read back by PostgreSQL as the driver's own
+"""Array literals (``beat.store.pg_arrays``) read back by PostgreSQL as the driver's own
 arrays would be: the driver's dumping of the same lists is the oracle."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from sqlalchemy import BigInteger, Integer, Text, bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.engine import Connection
 
-from beat.pg_arrays import (
+from beat.store.all_roles import Store
+from beat.store.pg_arrays import (
     array_param,
     bigint_array,
     integer_array,
@@ -26,8 +27,7 @@ from beat.pg_arrays import (
     time_array,
     uuid_array,
 )
-from beat.store import Store
-from beat.tables import TZ
+from beat.store.tables import TZ
 
 ZONES = [UTC, ZoneInfo("Europe/Paris"), ZoneInfo("Asia/Kolkata"), ZoneInfo("America/St_Johns")]
 

@@ -10,9 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from beat.api import Schedules
 from beat.models import RunState
-from beat.run_store import (
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
+from beat.store.runs import (
     CANCELLED_ON_CONNECTION_LOSS,
     PLAIN_RUN_TERMINATED,
     TAKEN_UNRECORDED,
@@ -20,7 +21,6 @@ from beat.run_store import (
     RunStore,
     Started,
 )
-from beat.store import Store
 from tests.integration.helpers import run_rows
 
 pytestmark = pytest.mark.integration

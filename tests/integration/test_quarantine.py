@@ -15,12 +15,12 @@ from celery.bin.celery import celery as celery_main
 from click.testing import CliRunner, Result
 from sqlalchemy import text
 
-from beat.api import Schedules
+from beat.claim.policies import plan_fires
 from beat.errors import InvalidSchedule
 from beat.models import RunState
-from beat.policies import plan_fires
+from beat.ops.schedules import Schedules
 from beat.scheduler import HAScheduler
-from beat.store import Store
+from beat.store.all_roles import Store
 from tests.integration.helpers import run_rows
 
 pytestmark = pytest.mark.integration

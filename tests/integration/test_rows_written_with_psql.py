@@ -18,10 +18,10 @@ import redis
 from sqlalchemy import text
 
 from app.factory import create_app
-from beat.api import MAX_PAYLOAD_BYTES, Schedules
 from beat.models import RunState
+from beat.ops.schedules import MAX_PAYLOAD_BYTES, Schedules
 from beat.scheduler import HAScheduler
-from beat.store import Store
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.integration.helpers import broker_messages, invoke, make_due, run_rows
 

@@ -1,4 +1,4 @@
-"""The summary of finished runs by minute (``beat.run_stats``), against real
+"""The summary of finished runs by minute (``beat.store.stats``), against real
 PostgreSQL: exact counts, percentiles within a bin of the truth, the seam between
 the summary and the live runs, concurrent summarisers, catch-up, retention."""
 
@@ -17,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import insert, select
 
-from beat.api import Schedules
-from beat.leader_store import LeaderStore
 from beat.models import FINISHED_STATES, RunState
-from beat.run_stats import SETTLE, RunStats, RunStatsStore, bin_of, histogram_percentiles
-from beat.store import Store
-from beat.tables import run_minutes, runs
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
+from beat.store.leader import LeaderStore
+from beat.store.stats import SETTLE, RunStats, RunStatsStore, bin_of, histogram_percentiles
+from beat.store.tables import run_minutes, runs
 
 pytestmark = pytest.mark.integration
 

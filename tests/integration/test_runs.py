@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from beat import run_tracking
-from beat.api import Schedules
+from beat.delivery import tracking as run_tracking
+from beat.delivery.tracking import WorkerHeartbeat
 from beat.errors import StaleEpoch
 from beat.models import RunState
-from beat.run_store import Refused, RunStore, Started
-from beat.run_tracking import WorkerHeartbeat
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
+from beat.store.runs import Refused, RunStore, Started
 from tests.integration.helpers import run_rows
 
 pytestmark = pytest.mark.integration
@@ -202,7 +202,7 @@ def test_finding_966478_a_run_whose_worker_was_killed_does_not_use_up_its_attemp
     """A run interrupted because its worker died (not seen since the run's last
     heartbeat) is sent again however often that happens, up to MAX_INTERRUPTIONS; a
     run whose worker lives on (its process crashed or hung under it) uses an attempt."""
-    from beat.leader_store import MAX_INTERRUPTIONS
+    from beat.store.leader import MAX_INTERRUPTIONS
 
     assert store.take_leadership(1, "leader")
     killed, poison, unknown = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
@@ -245,7 +245,7 @@ def test_a_worker_started_again_after_its_run_started_counts_as_interrupted(
 
 
 def skew_worker_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    """The worker code of this process (``beat.run_tracking``) reads a wall clock
+    """The worker code of this process (``beat.delivery.tracking``) reads a wall clock
     ``seconds`` off (ahead if positive), as on a host whose clock is set wrong."""
     shift = timedelta(seconds=seconds)
 

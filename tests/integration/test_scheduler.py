@@ -16,13 +16,13 @@ from celery.schedules import crontab
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from beat.api import Schedules
-from beat.code_schedules import periodic
-from beat.leader import lock_key
-from beat.leader_store import Claim
+from beat.lease.holder import lock_key
 from beat.models import FINISHED_STATES, Origin, RunState
+from beat.ops.schedules import Schedules
+from beat.schedule.code import periodic
 from beat.scheduler import HAScheduler
-from beat.store import Store
+from beat.store.all_roles import Store
+from beat.store.leader import Claim
 from tests.conftest import SessionEnv
 from tests.e2e.proxy import CuttableProxy
 from tests.integration.helpers import (

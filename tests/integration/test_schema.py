@@ -1,4 +1,4 @@
-"""The migrations create exactly the tables that beat/tables.py describes."""
+"""The migrations create exactly the tables that beat/store/tables.py describes."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from alembic.migration import MigrationContext
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
-from beat.schema import head_revision
-from beat.store import Store
-from beat.tables import VERSION_TABLE, metadata
+from beat.store.all_roles import Store
+from beat.store.schema import head_revision
+from beat.store.tables import VERSION_TABLE, metadata
 from tests.conftest import ADMIN_DATABASE_URL, SessionEnv
 
 pytestmark = pytest.mark.integration

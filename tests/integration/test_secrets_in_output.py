@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy.engine import make_url
 
 from app.factory import create_app
-from beat.store import Store
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.integration.helpers import ROOT, celery_cli, error_lines, invoke
 

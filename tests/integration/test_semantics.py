@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from beat.api import Schedules
+from beat.claim.policies import jitter_delay, plan_fires
 from beat.models import DueSchedule, FirePlan, RunState
-from beat.policies import jitter_delay, plan_fires
-from beat.run_store import RunStore, Started
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
+from beat.store.runs import RunStore, Started
 from tests.integration.helpers import make_due, run_rows, slow_client_clock
 
 pytestmark = pytest.mark.integration

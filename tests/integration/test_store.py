@@ -13,14 +13,15 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from beat.api import Schedules, first_fire_at
-from beat.db import psycopg_conninfo
+from beat.claim.policies import plan_fires
 from beat.errors import StaleEpoch, StoreUnavailable
-from beat.leader_store import Claim
 from beat.models import DueSchedule, FirePlan, RunState
-from beat.policies import plan_fires
-from beat.store import Store
-from beat.tables import SCHEDULES_CHANNEL
+from beat.ops.schedules import Schedules
+from beat.schedule.define import first_fire_at
+from beat.store.all_roles import Store
+from beat.store.db import psycopg_conninfo
+from beat.store.leader import Claim
+from beat.store.tables import SCHEDULES_CHANNEL
 from tests.conftest import SessionEnv
 from tests.integration.helpers import add_interval_schedules, make_due, run_rows
 

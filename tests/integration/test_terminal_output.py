@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from app.factory import create_app
-from beat.leader import lock_key
-from beat.store import Store
+from beat.lease.holder import lock_key
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.integration.helpers import celery_cli, invoke
 

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from beat.api import Schedules
+from beat.ops.schedules import Schedules
 from tests.integration import test_ui_http
 from tests.integration.raw_http import NoAnswer, exchange, request_bytes
 from tests.integration.test_ui_http import PASSWORD, UI, USER, basic

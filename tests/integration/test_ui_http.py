@@ -21,9 +21,9 @@ import redis
 from celery import Celery
 
 from app.factory import create_app
-from beat.api import Schedules
 from beat.config import BeatConfig
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
 from beat.ui.server import BackgroundUI, UISettings, registered_tasks
 from tests.conftest import SessionEnv
 from tests.integration.helpers import error_lines, invoke, table_rows

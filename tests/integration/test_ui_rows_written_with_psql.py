@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from beat.api import Schedules
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
 from tests.integration.test_rows_written_with_psql import (
     INFINITE_TIMES,
     NEVER_FIRING,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from beat.api import Schedules
+from beat.ops.schedules import Schedules
 from beat.ui.server import FORM_BODY_LIMIT
 from tests.integration import test_ui_http
 from tests.integration.raw_http import NoAnswer, RawReply, exchange, request_bytes

@@ -12,10 +12,10 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from beat.api import Schedules
+from beat.leader.overlapped_send import OverlappedSend
 from beat.models import RunState
-from beat.overlapped_send import OverlappedSend
-from beat.store import Store
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.integration.conftest import SchedulerFactory
 from tests.integration.helpers import broker_messages, run_rows, task_ids

@@ -6,10 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from beat.api import MAX_PAYLOAD_BYTES, define, first_fire_at
 from beat.errors import InvalidSchedule
 from beat.models import MisfirePolicy
-from beat.timing import Cron, Every, Once
+from beat.ops.schedules import MAX_PAYLOAD_BYTES
+from beat.schedule.define import define, first_fire_at
+from beat.schedule.timing import Cron, Every, Once
 
 
 def test_a_cron_schedule_is_defined_in_its_zone() -> None:

@@ -1,11 +1,11 @@
-"""How a beacon tells that a server sees its connection as it is (``beat.leader``):
+"""How a beacon tells that a server sees its connection as it is (``beat.lease.holder``):
 the address a server prints for its client must be the socket's own."""
 
 from __future__ import annotations
 
 import pytest
 
-from beat.leader import same_endpoint
+from beat.lease.holder import same_endpoint
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from beat.beat_presence import BeatPresence, BeatProcess, beats_from_entries, leader_first
+from beat.lease.presence import BeatPresence, BeatProcess, beats_from_entries, leader_first
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -69,7 +69,7 @@ def test_failed_refreshes_are_retried_per_interval_and_logged_once_a_streak(
 ) -> None:
     client, clock = FakeRedis(), Clock()
     mine = presence(client, clock)
-    caplog.set_level(logging.DEBUG, logger="beat.beat_presence")
+    caplog.set_level(logging.DEBUG, logger="beat.lease.presence")
     client.failing = True
     for now in (0.0, 1.0, 3.0, 6.0):
         clock.now = now

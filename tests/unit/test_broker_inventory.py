@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from beat.broker_inventory import _find, _task_ids
+from beat.publish.inventory import _find, _task_ids
 
 
 def envelope(task_id: str, **headers: Any) -> bytes:

@@ -1,4 +1,4 @@
-"""The claim window (``beat.claim_window``): how far ahead the leader claims before a
+"""The claim window (``beat.claim.window``): how far ahead the leader claims before a
 burst, checked against a simulated leader that claims at the planned times, and on
 the leader loop's fakes (``tests.fakes``) where a claim takes time per schedule."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from beat.claim_window import (
+from beat.claim.window import (
     SAFETY,
     SMALL_LEAD,
     DueSecond,
@@ -20,7 +20,7 @@ from beat.claim_window import (
     lead_time,
     seconds_until_claim,
 )
-from beat.dispatch import BUILD_STEP
+from beat.publish.dispatch import BUILD_STEP
 from tests.fakes import World, beat_config
 
 BASE = 1.0

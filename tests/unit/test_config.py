@@ -12,7 +12,7 @@ import redis
 from app.settings import Settings, scheduler_fields
 from beat.config import CONF_PREFIX, ENV_PREFIX, SETTINGS, BeatConfig, markdown_table, setting
 from beat.errors import ConfigError
-from beat.leader import LeaderLease
+from beat.lease.holder import LeaderLease
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 #: A conf that names the two URLs, so that only the setting under test is missing.

@@ -15,10 +15,10 @@ from celery.schedules import crontab, schedule, solar
 from hypothesis import assume, event, given, note
 from hypothesis import strategies as st
 
-from beat import code_schedules
-from beat.code_schedules import collect
 from beat.errors import ConfigError
-from beat.timing import Cron, Every, next_fire_after
+from beat.schedule import code as code_schedules
+from beat.schedule.code import collect
+from beat.schedule.timing import Cron, Every, next_fire_after
 from tests.unit.test_timing import PROPERTY_SETTINGS, START_INSTANTS, occurrences, transitions
 
 BERLIN = ZoneInfo("Europe/Berlin")

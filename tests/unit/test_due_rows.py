@@ -1,4 +1,4 @@
-"""A due schedule's row is read by position (``beat.leader_store._due_from_row``): each
+"""A due schedule's row is read by position (``beat.store.leader._due_from_row``): each
 field must come from the column of its name in ``_due_query``, whatever the order. The
 payload comes as PostgreSQL's text of the ``jsonb`` columns."""
 
@@ -8,9 +8,9 @@ from collections import namedtuple
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from beat.leader_store import _due_from_row, _due_query
 from beat.models import MisfirePolicy, OverlapPolicy
-from beat.timing import Cron
+from beat.schedule.timing import Cron
+from beat.store.leader import _due_from_row, _due_query
 
 
 def test_each_field_comes_from_the_column_of_its_name() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from beat.db import unreachable
+from beat.store.db import unreachable
 
 URL = "postgresql+psycopg://app:***@db:5432/habeat"
 

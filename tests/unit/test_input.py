@@ -9,15 +9,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from beat.api import (
-    MAX_JSON_DEPTH,
-    PAST_ONE_OFF_GRACE,
-    arguments_problem,
-    define,
-)
 from beat.errors import InvalidSchedule, one_line
 from beat.limits import MAX_DURATION, MAX_INT4
-from beat.user_input import duration_seconds, parse_duration, wall_time_in
+from beat.ops.schedules import MAX_JSON_DEPTH
+from beat.ops.user_input import duration_seconds, parse_duration, wall_time_in
+from beat.schedule.define import PAST_ONE_OFF_GRACE, arguments_problem, define
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 BERLIN = ZoneInfo("Europe/Berlin")

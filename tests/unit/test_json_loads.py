@@ -1,4 +1,4 @@
-"""``beat.db.json_loads`` against ``json.loads``, the oracle: the same value for every
+"""``beat.schedule.payload.json_loads`` against ``json.loads``, the oracle: the same value for every
 document, the same error for every text that is not one."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from beat.db import json_loads
+from beat.schedule.payload import json_loads
 
 documents = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

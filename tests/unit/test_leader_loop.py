@@ -1,4 +1,4 @@
-"""The rules of the leader loop (``beat.leader_loop``), on in-memory fakes
+"""The rules of the leader loop (``beat.leader.loop``), on in-memory fakes
 (``tests.fakes``): the real ``LeaderLoop``, ``Leadership``, ``ArmedRuns`` and
 planning, with a manual clock instead of time, PostgreSQL, Redis and a broker.
 Each test runs in milliseconds; nothing connects anywhere."""
@@ -16,14 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beat import metrics, reporting
-from beat.armed import DatabaseClock
+from beat import metrics
 from beat.errors import StoreUnavailable
-from beat.leader_loop import BURST_MAINTENANCE_INTERVAL, LEASE_EXPIRY_MARGIN, SUMMARY_INTERVAL
-from beat.leader_store import Claim
+from beat.leader import reporting
+from beat.leader.loop import BURST_MAINTENANCE_INTERVAL, LEASE_EXPIRY_MARGIN, SUMMARY_INTERVAL
 from beat.models import OverlapPolicy, RunState, RunToPublish
-from beat.run_stats import SummaryReport
-from beat.timing import Every
+from beat.records import DatabaseClock
+from beat.schedule.timing import Every
+from beat.store.leader import Claim
+from beat.store.stats import SummaryReport
 from tests.fakes import FakeRun, Process, Sent, World, beat_config, deterministic_run_ids
 
 #: Short settings, so that leases expire and standbys poll within seconds.
@@ -139,7 +140,7 @@ def test_runs_claimed_ahead_are_sent_at_their_fire_time_never_before(max_wait: f
 
 def test_the_leader_times_its_messages_expiry_by_the_database_s_clock_of_its_claims() -> None:
     """issue 38, finding 11: each send is given PostgreSQL's now as the last claim read
-    it, placed on the monotonic clock (``beat.armed.DatabaseClock``), never this host's wall
+    it, placed on the monotonic clock (``beat.records.DatabaseClock``), never this host's wall
     clock: the messages' time to live counts from it."""
     w = world(claim_ahead=2.0)
     w.store.add_schedule("due", every=60, in_seconds=-0.5)
@@ -161,7 +162,7 @@ def test_the_leader_times_its_messages_expiry_by_the_database_s_clock_of_its_cla
 def test_the_first_sends_after_a_takeover_are_timed_by_the_database_s_clock_it_read() -> None:
     """issue 38, finding 3 (the leader's first reading): a leader that takes over sends
     the outbox it inherits before its first claim; those messages are timed by
-    PostgreSQL's now as the takeover read it (``beat.armed.DatabaseClock``), not left
+    PostgreSQL's now as the takeover read it (``beat.records.DatabaseClock``), not left
     without one (no time to live, a task's own ``expires`` from the host's clock)."""
     w = world(outbox_grace=0.5)
     w.store.add_schedule("due", every=600, in_seconds=-0.1)

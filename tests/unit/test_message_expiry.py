@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from beat.armed import DatabaseClock
-from beat.dispatch import time_to_live
+from beat.publish.dispatch import time_to_live
+from beat.records import DatabaseClock
 from tests.clock_skew import skewed_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,8 +34,8 @@ PUBLISH = """
 import json, sys, time, uuid
 from datetime import datetime, timedelta
 from celery import Celery
-from beat import dispatch
-from beat.armed import DatabaseClock
+from beat.publish import dispatch
+from beat.leader.armed import DatabaseClock
 from beat.models import RunToPublish
 
 app = Celery("expiry", broker="memory://", set_as_current=False)

@@ -1,4 +1,4 @@
-"""``beat.overlapped_send.OverlappedSend`` on real threads (no server): one send in
+"""``beat.leader.overlapped_send.OverlappedSend`` on real threads (no server): one send in
 flight, its error raised by the next wait, a signal handler that waits too, and a
 shutdown that does not wait for a send that never ends."""
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from beat.overlapped_send import OverlappedSend
+from beat.leader.overlapped_send import OverlappedSend
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_a_shutdown_does_not_wait_for_a_send_that_never_ends(
     release = threading.Event()
     sends.start(lambda: release.wait(10) and None)
     started = time.monotonic()
-    with caplog.at_level(logging.ERROR, logger="beat.overlapped_send"):
+    with caplog.at_level(logging.ERROR, logger="beat.leader.overlapped_send"):
         sends.finish_quietly(timeout=0.2)
     assert time.monotonic() - started < 2
     assert "has not ended after 0.2s" in caplog.text
@@ -95,7 +95,8 @@ def test_a_pass_that_is_stopped_does_not_wait_long_for_a_stuck_send(
 ) -> None:
     # SIGTERM's SystemExit goes through run_once while a send may be stuck on a broker
     # that stopped answering: the process must still exit.
-    from beat import leader_loop, overlapped_send
+    from beat.leader import loop as leader_loop
+    from beat.leader import overlapped_send
     from tests.fakes import World, beat_config
 
     monkeypatch.setattr(overlapped_send, "SHUTDOWN_WAIT", 0.2)

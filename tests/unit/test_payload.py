@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beat.errors import InvalidSchedule
-from beat.payload import MAX_JSON_DEPTH, MAX_PAYLOAD_BYTES, check_payload, stored_payload
+from beat.schedule.payload import MAX_JSON_DEPTH, MAX_PAYLOAD_BYTES, check_payload, stored_payload
 
 # Text of every plane: an astral character takes 12 bytes in the API's encoding.
 TEXT = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"))

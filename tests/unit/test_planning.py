@@ -1,4 +1,4 @@
-"""The decisions of a claim (``beat.planning``): pure, no server."""
+"""The decisions of a claim (``beat.claim.planning``): pure, no server."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beat import planning
+from beat.claim import planning
+from beat.claim.planning import PlanningRules, Release, plan_claim, release_of
+from beat.claim.policies import plan_fires, plan_key
 from beat.models import DueSchedule, FirePlan, MisfirePolicy, OverlapPolicy, RunToPublish, SkipKind
-from beat.planning import PlanningRules, Release, plan_claim, release_of
-from beat.policies import plan_fires, plan_key
-from beat.timing import Trigger, every, parse_cron
+from beat.schedule.timing import Trigger, every, parse_cron
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 RULES = PlanningRules(misfire_grace=60, max_catchup=100)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kombu import Connection
 
-from beat.poison_messages import _task_id_of, _unpack_problem, envelope_problem
+from beat.delivery.poison import _task_id_of, _unpack_problem, envelope_problem
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from beat.claim.policies import last_fire_at_or_before, plan_fires
 from beat.models import DueSchedule, MisfirePolicy
-from beat.policies import last_fire_at_or_before, plan_fires
-from beat.timing import Trigger, every, once, parse_cron
+from beat.schedule.timing import Trigger, every, once, parse_cron
 
 UTCZ = ZoneInfo("UTC")
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)

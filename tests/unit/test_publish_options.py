@@ -1,4 +1,4 @@
-"""The publish options a schedule may carry (``beat.options``)."""
+"""The publish options a schedule may carry (``beat.schedule.options``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from celery import Celery
 
 from beat.errors import InvalidSchedule
-from beat.options import MAX_HEADERS_BYTES, check_publish_options, reserved_header
+from beat.schedule.options import MAX_HEADERS_BYTES, check_publish_options, reserved_header
 
 
 def test_every_header_celery_writes_into_a_message_is_reserved() -> None:

@@ -1,4 +1,4 @@
-"""Envelopes cut at their per-run values (``beat.redis_envelopes``): a stamp rendered
+"""Envelopes cut at their per-run values (``beat.publish.redis_envelopes``): a stamp rendered
 with any values is the document kombu's JSON encoder writes with those values in it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kombu.utils import json as kombu_json
 
-from beat.redis_envelopes import Path, Stamp, cut, encode
+from beat.publish.redis_envelopes import Path, Stamp, cut, encode
 
 scalars = st.one_of(
     st.none(),

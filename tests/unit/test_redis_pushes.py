@@ -1,4 +1,4 @@
-"""Folding a batch's LPUSHes (``beat.redis_pushes``): Redis ends the same, checked
+"""Folding a batch's LPUSHes (``beat.publish.redis_pushes``): Redis ends the same, checked
 against running each command alone on a model of Redis."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from beat.redis_pushes import FOLD, Command, folded
+from beat.publish.redis_pushes import FOLD, Command, folded
 
 KEYS = ["q1", "q2", "q3"]
 

@@ -1,4 +1,4 @@
-"""Run IDs drawn a batch at a time (``beat.run_ids``): what ``uuid4`` gives, never
+"""Run IDs drawn a batch at a time (``beat.claim.run_ids``): what ``uuid4`` gives, never
 the same twice, across batches, threads and forks."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 import threading
 import uuid
 
-from beat import run_ids
-from beat.run_ids import new_run_id
+from beat.claim import run_ids
+from beat.claim.run_ids import new_run_id
 
 
 def test_each_id_is_a_random_uuid_as_uuid4_makes_it() -> None:

@@ -6,7 +6,7 @@ import pytest
 from celery.app.utils import filter_hidden_settings
 
 import beat  # noqa: F401  (importing the package widens Celery's list of hidden settings)
-from beat.db import masked_url
+from beat.store.db import masked_url
 
 SECRET = "s3cret-pw"
 URLS = [

@@ -7,9 +7,9 @@ from celery import Celery
 
 from app.factory import create_app
 from app.settings import Settings
-from beat.code_schedules import collect
 from beat.config import BeatConfig, uses_this_scheduler
 from beat.errors import ConfigError
+from beat.schedule.code import collect
 
 
 def config_from(env: dict[str, str]) -> BeatConfig:

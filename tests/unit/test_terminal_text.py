@@ -1,4 +1,4 @@
-"""``beat.rendering.printable``, through which the CLI prints everything: nothing a
+"""``beat.ops.rendering.printable``, through which the CLI prints everything: nothing a
 terminal acts on survives it, printable text passes unchanged, and a table keeps one
 line a row whatever its cells hold (issue 29, finding 7)."""
 
@@ -9,7 +9,7 @@ import unicodedata
 from hypothesis import given
 from hypothesis import strategies as st
 
-from beat.rendering import _table, printable, terminal_text
+from beat.ops.rendering import _table, printable, terminal_text
 
 ACTED_ON = {"Cc", "Cf", "Cs", "Zl", "Zp"}
 any_text = st.text(st.characters(codec=None, exclude_categories=()))

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import beat.timing as timing
+import beat.schedule.timing as timing
 from beat.errors import InvalidSchedule
-from beat.timing import (
+from beat.schedule.timing import (
     MIN_INTERVAL_SECONDS,
     Cron,
     Every,

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from beat import timing
 from beat.errors import ConfigError
 from beat.models import MisfirePolicy, Origin, OverlapPolicy, Schedule, ScheduleDefinition
+from beat.schedule import timing
 from beat.ui import charts, forms, wording
 from beat.ui.security import (
     authorised,

@@ -1,5 +1,5 @@
 """Lost-message recovery's decision about consumers that do not record runs
-(``beat.lost_messages``), on a fake store and a fake broker."""
+(``beat.leader.lost_messages``), on a fake store and a fake broker."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from beat import lost_messages
-from beat.broker_inventory import Holdings
-from beat.leader_store import Reclaim, Unconfirmed, UnrecordedConsumer, WorkerPresence
-from beat.lost_messages import LostMessages
+from beat.leader import lost_messages
+from beat.leader.lost_messages import LostMessages
 from beat.models import RunToPublish
+from beat.publish.inventory import Holdings
+from beat.store.leader import Reclaim, Unconfirmed, UnrecordedConsumer, WorkerPresence
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 

@@ -15,10 +15,10 @@ import pytest
 from celery import Celery
 from celery.exceptions import Reject, Retry
 
-from beat import run_tracking
+from beat.delivery import tracking as run_tracking
+from beat.delivery.tracking import _plain_outcome, _unsent_retries, note_unsent_retries
 from beat.errors import StoreError
 from beat.models import RunState
-from beat.run_tracking import _plain_outcome, _unsent_retries, note_unsent_retries
 
 DEFAULT_DELAY = 42
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from beat.messages import ATTEMPT_HEADER
-from beat.run_tracking import (
+from beat.delivery.tracking import (
     DUE_HEADER,
     EXPIRES_HEADER,
     EXPIRY_MARGIN,
@@ -18,6 +17,7 @@ from beat.run_tracking import (
     retry_due,
     run_expiry,
 )
+from beat.publish.messages import ATTEMPT_HEADER
 
 EXPIRY = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 

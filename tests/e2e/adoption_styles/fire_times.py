@@ -17,9 +17,10 @@ from typing import Any
 
 from celery.schedules import maybe_schedule
 
-from beat import code_schedules, timing
 from beat.config import BeatConfig
 from beat.models import ScheduleDefinition
+from beat.schedule import code as code_schedules
+from beat.schedule import timing
 
 #: Wake-ups stepped per fire time before giving up (one that never comes due).
 MAX_WAKEUPS_PER_FIRE = 100

@@ -1,0 +1,191 @@
+"""Connections to the schedule database: the engine, transactions, and the
+translation of driver errors into domain errors that say what to do."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+from datetime import datetime
+from urllib.parse import unquote_plus
+
+import psycopg
+from sqlalchemy import (
+    Connection,
+    Engine,
+    create_engine,
+    func,
+    select,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from beat.errors import (
+    StoreUnavailable,
+)
+from beat.schedule.payload import json_loads
+
+logger = logging.getLogger(__name__)
+
+
+def masked_url(url: str) -> str:
+    """The URL with every secret hidden, for messages, logs and pages (never raises).
+
+    It is read as a driver that is most generous to secrets would: the user information
+    runs to the *last* ``@`` (redis-py reads ``redis://:pa@ss@host`` as the password
+    ``pa@ss``; a person's unencoded password may hold ``/``, ``?`` or ``#`` too), and
+    any parameter whose name speaks of a password, secret or token (``password``,
+    ``sslpassword``, redis-py's ``ssl_password``, however percent-encoded) is hidden,
+    in a query or a libpq ``key=value`` string alike. The user name stays when it is
+    plain; what is not is hidden with the password, as is all before an ``@`` in text
+    that is not a URL.
+    """
+    head, separator, rest = url.partition("://")
+    if not separator:
+        head, rest = "", url
+    userinfo, at, place = rest.rpartition("@")
+    if not at:
+        shown = ""
+    elif separator:
+        shown = f"{_masked_userinfo(userinfo)}@"
+    else:  # not a URL: who knows what comes before an @
+        shown = "***@"
+    return f"{head}{separator}{shown}{_masked_parameters(place)}"
+
+
+#: A user name shown as it is; any other (one holding ``@``, ``/``, ``=``...) may be a
+#: secret in the wrong place.
+_PLAIN_USER = re.compile(r"[\w.~%+-]*")
+#: ``key=value`` in a query (``&``/``;``) or a libpq string (spaces; values may be quoted).
+_PARAMETER = re.compile(
+    r"(?P<key>[^=&;?#\s]+)(?P<equals>\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'|[^&;#\s]*)"
+)
+#: A parameter named as a secret, its value (unquoted) running to the next separator:
+#: a space written unencoded in it must not show the rest.
+_SECRET_PARAMETER = re.compile(
+    r"(?P<key>[^=&;?#\s]*(?:pass|pwd|secret|token)[^=&;?#\s]*)\s*=\s*(?:'(?:[^'\\]|\\.)*'|[^&;#']*)",
+    re.IGNORECASE,
+)
+#: Names of parameters that carry a secret.
+_SECRET_NAME = re.compile(r"pass|pwd|secret|token", re.IGNORECASE)
+
+
+def _masked_userinfo(userinfo: str) -> str:
+    user, colon, _password = userinfo.partition(":")
+    shown = user if _PLAIN_USER.fullmatch(user) else "***"
+    return f"{shown}:***" if colon else shown
+
+
+def _masked_parameter(found: re.Match[str]) -> str:
+    key = found["key"]
+    return f"{key}=***" if _SECRET_NAME.search(unquote_plus(key)) else found[0]
+
+
+def _masked_parameters(text: str) -> str:
+    return _SECRET_PARAMETER.sub(r"\g<key>=***", _PARAMETER.sub(_masked_parameter, text))
+
+
+def psycopg_conninfo(url: str) -> str:
+    """A SQLAlchemy URL as psycopg's connection string, for connections held outside the
+    pool (LISTEN, the crash-detection beacon)."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def create_store_engine(url: str, *, pool_size: int = 5, connect_timeout: int = 5) -> Engine:
+    """An engine on ``url``; no connection is made until first use."""
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": connect_timeout, "application_name": "habeat"},
+        json_deserializer=json_loads,
+    )
+
+
+class StoreConnection:
+    """An engine plus the translation of driver errors into domain errors."""
+
+    def __init__(self, engine: Engine, *, setting: str = "habeat_database_url") -> None:
+        self.engine = engine
+        #: The setting that names this database, for hints (``BeatConfig.database_setting``).
+        self.setting = setting
+
+    @property
+    def url(self) -> str:
+        """The database's URL, secrets hidden (``masked_url``)."""
+        return masked_url(self.engine.url.render_as_string(hide_password=False))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    def ping(self) -> datetime:
+        """The database's time: proof that PostgreSQL answers."""
+        with self._transaction() as conn:
+            now: datetime = conn.execute(select(func.now())).scalar_one()
+        return now
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        with self._translated_errors(), self.engine.begin() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _translated_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except OperationalError as exc:
+            raise StoreUnavailable(unreachable(self.url, exc.orig, self.setting)) from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise StoreUnavailable(
+                    f"lost the connection to PostgreSQL at {self.url} ({first_line(exc.orig)})"
+                ) from exc
+            raise
+
+
+def is_unique_violation(exc: IntegrityError, constraint: str) -> bool:
+    diag = getattr(exc.orig, "diag", None)
+    return getattr(diag, "constraint_name", None) == constraint
+
+
+#: What PostgreSQL says when the server answered but the login was refused.
+_AUTHENTICATION_FAILED = re.compile(
+    r"password authentication failed|no password supplied|role \"[^\"]*\" does not exist"
+    r"|no pg_hba\.conf entry"
+)
+
+
+def unreachable(url: str, exc: BaseException | None, setting: str) -> str:
+    """Why PostgreSQL at ``url`` (masked) cannot be used, and the fix: wrong credentials
+    are not fixed by starting a server."""
+    reason = first_line(exc)
+    if isinstance(exc, psycopg.OperationalError) and _AUTHENTICATION_FAILED.search(str(exc)):
+        return (
+            f"PostgreSQL at {url} refused the login ({reason}):"
+            f" authentication failed, check the user and password in {setting}"
+        )
+    return (
+        f"PostgreSQL at {url} is unreachable ({reason}):"
+        f" start it (`docker compose up -d postgres`) or check {setting}"
+    )
+
+
+def first_line(exc: BaseException | None) -> str:
+    """The first line of an error's message (driver errors run over several lines)."""
+    text = str(exc).strip() if exc is not None else ""
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+#: SQL: the identity of the PostgreSQL server answering: its start time, and the
+#: statistics reset that a restored or promoted copy changes (``beat.lease.beacon``).
+SERVER_INCARNATION = (
+    "pg_postmaster_start_time()::text || ' ' || coalesce("
+    "(SELECT stats_reset::text FROM pg_stat_bgwriter), '')"
+)
+
+#: Timeouts that would end an idle session; set to 0 where the server has them.
+NO_IDLE_TIMEOUTS = (
+    "SELECT set_config(name, '0', false) FROM pg_settings"
+    " WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout')"
+)

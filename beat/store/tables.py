@@ -1,0 +1,324 @@
+"""The PostgreSQL tables, defined once (SQLAlchemy Core).
+
+The Alembic migrations in ``beat/migrations`` create exactly these; a test
+compares the two so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Double,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+
+from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState, TriggerKind
+
+metadata = MetaData()
+
+#: Alembic's own version table, named so that it cannot clash with the host application's.
+VERSION_TABLE = "beat_alembic_version"
+
+#: Channel notified whenever a schedule changes outside a claim (wakes the leader at once).
+SCHEDULES_CHANNEL = "beat_schedules_changed"
+
+
+#: SQL that holds for a finished run (the predicate of the retention index).
+FINISHED_SQL = f"state IN ({', '.join(repr(state.value) for state in FINISHED_STATES)})"
+#: SQL that holds for a run not finished (the predicate of the index of active runs).
+ACTIVE_SQL = "state IN ('pending', 'queued', 'running', 'retrying')"
+#: SQL that holds for a run that failed or was lost (the predicate of the failures index).
+FAILED_SQL = "state IN ('failed', 'lost')"
+
+
+def _in(column: str, values: type[enum.StrEnum]) -> str:
+    return f"{column} IN ({', '.join(repr(v.value) for v in values)})"
+
+
+TZ = DateTime(timezone=True)
+
+schedules = Table(
+    "beat_schedules",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("task", Text, nullable=False),
+    Column("trigger_kind", Text, nullable=False),
+    Column("cron", Text),
+    #: When both day fields of ``cron`` are restricted, a day must match both (how
+    #: Celery's crontab reads them) rather than either (cron's own rule).
+    Column("cron_both_days", Boolean, nullable=False, server_default=text("false")),
+    Column("every_seconds", Double),
+    Column("anchor_at", TZ),
+    Column("run_at", TZ),
+    Column("timezone", Text, nullable=False, server_default="UTC"),
+    Column("args", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("kwargs", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("options", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("enabled", Boolean, nullable=False, server_default=text("true")),
+    Column("origin", Text, nullable=False, server_default=Origin.API.value),
+    Column("code_hash", Text),
+    Column("misfire_policy", Text, nullable=False, server_default=MisfirePolicy.FIRE_ONCE.value),
+    Column("max_attempts", Integer, nullable=False, server_default=text("3")),
+    Column("next_fire_at", TZ),
+    Column("last_fire_at", TZ),
+    Column("overlap_policy", Text, nullable=False, server_default=OverlapPolicy.ALLOW.value),
+    Column("jitter_seconds", Double, nullable=False, server_default="0"),
+    #: The window: no fire time before start_at or after end_at, at most max_runs runs.
+    Column("start_at", TZ),
+    Column("end_at", TZ),
+    Column("max_runs", Integer),
+    Column("runs_count", Integer, nullable=False, server_default="0"),
+    #: Why the scheduler disabled the schedule (its window ended, or it was
+    #: quarantined), for people to read.
+    Column("disabled_reason", Text),
+    #: Set when the scheduler disabled the schedule because it could not be planned or
+    #: published (see ``disabled_reason``); health is red while any schedule is.
+    Column("quarantined_at", TZ),
+    Column("created_at", TZ, nullable=False, server_default=text("now()")),
+    Column("updated_at", TZ, nullable=False, server_default=text("now()")),
+    CheckConstraint(_in("trigger_kind", TriggerKind), name="ck_beat_schedules_trigger_kind"),
+    CheckConstraint(_in("origin", Origin), name="ck_beat_schedules_origin"),
+    CheckConstraint(_in("misfire_policy", MisfirePolicy), name="ck_beat_schedules_misfire_policy"),
+    CheckConstraint(
+        "(trigger_kind = 'cron' AND cron IS NOT NULL)"
+        " OR (trigger_kind = 'every' AND every_seconds > 0 AND anchor_at IS NOT NULL)"
+        " OR (trigger_kind = 'once' AND run_at IS NOT NULL)",
+        name="ck_beat_schedules_trigger_fields",
+    ),
+    CheckConstraint("max_attempts >= 1", name="ck_beat_schedules_max_attempts"),
+    CheckConstraint(_in("overlap_policy", OverlapPolicy), name="ck_beat_schedules_overlap_policy"),
+    CheckConstraint("jitter_seconds >= 0", name="ck_beat_schedules_jitter"),
+    CheckConstraint("max_runs IS NULL OR max_runs >= 1", name="ck_beat_schedules_max_runs"),
+)
+
+# Cost per tick is proportional to the runs due, not to the schedules stored.
+Index(
+    "ix_beat_schedules_due",
+    schedules.c.next_fire_at,
+    postgresql_where=text("enabled AND next_fire_at IS NOT NULL"),
+)
+
+runs = Table(
+    "beat_runs",
+    metadata,
+    # The run ID is the Celery task ID.
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("schedule_id", BigInteger, ForeignKey("beat_schedules.id", ondelete="SET NULL")),
+    Column("schedule_name", Text),
+    Column("task", Text, nullable=False),
+    Column("args", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("kwargs", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("options", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("fire_at", TZ),
+    Column("state", Text, nullable=False),
+    Column("reason", Text),
+    Column("epoch", BigInteger),
+    #: Times a worker has started the run (deliveries that passed the idempotency guard).
+    Column("attempt", Integer, nullable=False, server_default=text("0")),
+    #: Celery retries so far: a delivery from before the latest retry is a stale duplicate.
+    Column("retries", Integer, nullable=False, server_default=text("0")),
+    #: Deliveries refused by the idempotency guard.
+    Column("duplicate_deliveries", Integer, nullable=False, server_default=text("0")),
+    Column("duration_seconds", Double),
+    #: A jittered run is published no earlier than this.
+    Column("not_before", TZ),
+    Column("max_attempts", Integer, nullable=False, server_default=text("3")),
+    Column("claimed_at", TZ, nullable=False, server_default=text("now()")),
+    Column("published_at", TZ),
+    Column("started_at", TZ),
+    Column("finished_at", TZ),
+    Column("lease_owner", Text),
+    Column("lease_expires_at", TZ),
+    #: Written by the release before ``beat_beacons`` (left empty now).
+    Column("session_pid", Integer),
+    #: The beacon of the worker process running it (``beat_beacons.name``): once both
+    #: its halves are proven gone, the run is reclaimed without waiting for its lease.
+    #: NULL: not known, the lease decides.
+    Column("beacon", Text),
+    Column("worker", Text),
+    Column("error", Text),
+    #: The Celery task ID when the caller chose one that is not a UUID (``id`` is then
+    #: derived from it); None: the task ID is ``str(id)``.
+    Column("task_id", Text),
+    #: When a worker took the run's message (plain tasks are recorded at receipt).
+    Column("received_at", TZ),
+    #: The task does not use the idempotent base: once a worker took the run, it is
+    #: never published again.
+    Column("plain", Boolean, nullable=False, server_default=text("false")),
+    #: Attempts ended by their worker's death (killed, restarted): not the run's fault,
+    #: they do not use up ``max_attempts`` (at most ``MAX_INTERRUPTIONS`` are excused).
+    Column("interruptions", Integer, nullable=False, server_default=text("0")),
+    #: When the retry a worker asked for is due (``retrying``): past it, the leader
+    #: looks for its message.
+    Column("retry_due_at", TZ),
+    #: Times lost-message recovery sent the run again because no worker recorded it
+    #: and its message was not found (``beat.leader.lost_messages``): bounded.
+    Column("recovery_sends", Integer, nullable=False, server_default=text("0")),
+    UniqueConstraint("schedule_id", "fire_at", name="uq_beat_runs_schedule_fire_at"),
+    CheckConstraint(_in("state", RunState), name="ck_beat_runs_state"),
+)
+
+# The outbox: runs claimed but not yet published.
+Index(
+    "ix_beat_runs_pending",
+    runs.c.claimed_at,
+    postgresql_where=text("state = 'pending'"),
+)
+# Run history by schedule, newest first.
+Index("ix_beat_runs_schedule_name_fire_at", runs.c.schedule_name, runs.c.fire_at.desc())
+# The overlap policies look up a schedule's active runs in every claim.
+Index(
+    "ix_beat_runs_active_by_schedule",
+    runs.c.schedule_id,
+    postgresql_where=text(ACTIVE_SQL),
+)
+# Which schedules have failed runs: the "failing" filter of the schedule list probes
+# their newest run only, not every schedule's. Partial, so a claim's insert (a pending
+# run) adds no entry to it.
+Index("ix_beat_runs_failed_by_schedule", runs.c.schedule_name, postgresql_where=text(FAILED_SQL))
+# Runs stuck in the broker.
+Index(
+    "ix_beat_runs_queued_published_at",
+    runs.c.published_at,
+    postgresql_where=text("state = 'queued'"),
+)
+# Retries that are overdue (their message may be lost).
+Index(
+    "ix_beat_runs_retrying_due",
+    runs.c.retry_due_at,
+    postgresql_where=text("state = 'retrying'"),
+)
+# Leases to reclaim.
+Index(
+    "ix_beat_runs_running_lease",
+    runs.c.lease_expires_at,
+    postgresql_where=text("state = 'running'"),
+)
+# Finished runs by age, oldest first: retention deletes batches without a table scan.
+Index(
+    "ix_beat_runs_finished_age",
+    func.coalesce(runs.c.finished_at, runs.c.claimed_at),
+    postgresql_where=text(FINISHED_SQL),
+)
+
+#: The finished runs summarised minute by minute (``beat.store.stats``): one row per
+#: minute and state, keyed as the retention index is, by the minute the run finished
+#: (``coalesce(finished_at, claimed_at)``). The statistics of long windows read these
+#: instead of every run.
+run_minutes = Table(
+    "beat_run_minutes",
+    metadata,
+    Column("minute", TZ, primary_key=True),
+    Column("state", Text, primary_key=True),
+    Column("runs", BigInteger, nullable=False),
+    #: Runs with a lateness (published, with a fire time).
+    Column("published", BigInteger, nullable=False),
+    #: Their lateness counted in the bins of ``beat.store.stats.LATENESS_BINS``; NULL
+    #: when none was published.
+    Column("lateness_bins", ARRAY(Integer)),
+    Column("lateness_max", Double),
+    Column("lateness_sum", Double),
+    CheckConstraint(_in("state", RunState), name="ck_beat_run_minutes_state"),
+)
+
+#: How far the summary has gone: every minute before ``summarised_until`` is in
+#: ``beat_run_minutes`` (one row, created by the first summariser).
+run_summary = Table(
+    "beat_run_summary",
+    metadata,
+    Column("id", Boolean, primary_key=True, server_default=text("true")),
+    Column("summarised_until", TZ, nullable=False),
+    CheckConstraint("id", name="ck_beat_run_summary_one_row"),
+)
+
+leader = Table(
+    "beat_leader",
+    metadata,
+    # One row per lease key prefix, so several independent clusters can share a database.
+    Column("name", Text, primary_key=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("holder", Text, nullable=False),
+    Column("acquired_at", TZ, nullable=False, server_default=text("now()")),
+    #: Written by the release before ``beat_beacons`` (left empty now).
+    Column("session_pid", Integer),
+    Column("session_started_at", TZ),
+    #: The beacon the leader keeps for its term (``beat_beacons.name``): once both its
+    #: halves are proven gone, the leader's process is dead and a standby takes over
+    #: without waiting for the lease. NULL: not known, wait for the lease.
+    Column("beacon", Text),
+)
+
+workers = Table(
+    "beat_workers",
+    metadata,
+    # A worker's Celery node name (``worker1@host``): ``beat_runs.worker``.
+    Column("name", Text, primary_key=True),
+    Column("pid", Integer, nullable=False),
+    #: When the worker process that renews this row started, by the database's clock
+    #: (PostgreSQL's time less the process's monotonic uptime: a host clock decides nothing).
+    Column("booted_at", TZ, nullable=False),
+    #: Renewed by the worker's main process every third of the lease timeout.
+    Column("seen_at", TZ, nullable=False),
+    #: Written by the release before ``beat_beacons`` (left empty now).
+    Column("session_pid", Integer),
+    #: The beacon of the worker's main process (``beat_beacons.name``).
+    Column("beacon", Text),
+)
+
+#: The halves of each process's crash-detection beacon (``beat.lease.beacon``), written by
+#: the beacon's own database session whenever it opens a half again: whatever names
+#: the beacon follows its newest session.
+beacons = Table(
+    "beat_beacons",
+    metadata,
+    #: The beacon's name, also its Redis connection's (``CLIENT SETNAME``).
+    Column("name", Text, primary_key=True),
+    #: Its database session: ``pg_stat_activity.pid`` and ``backend_start``.
+    Column("session_pid", Integer, nullable=False),
+    Column("session_started_at", TZ, nullable=False),
+    #: The identity of the PostgreSQL server the session was opened on
+    #: (``beat.store.db.SERVER_INCARNATION``).
+    Column("postgres_server", Text, nullable=False),
+    #: The ``run_id`` of the Redis server its connection was opened on.
+    Column("redis_server", Text, nullable=False),
+    Column("recorded_at", TZ, nullable=False, server_default=text("now()")),
+)
+
+#: Consumers of beat's queues that do not record runs (a worker without this package),
+#: as the leader found them from Celery's remote control (``beat.leader.lost_messages``): while
+#: a row of a queue is kept (twice the visibility timeout after it was last seen),
+#: lost-message recovery sends no run of that queue again. Queue ``*`` with an empty
+#: consumer: no worker answered the control although some record runs (no run is sent
+#: again until they answer).
+#: The queue of a finding about every queue (``beat_unrecorded_consumers``).
+ALL_QUEUES = "*"
+
+unrecorded_consumers = Table(
+    "beat_unrecorded_consumers",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    #: The consumer's Celery node name (``celery@host``).
+    Column("consumer", Text, primary_key=True),
+    Column("first_seen_at", TZ, nullable=False, server_default=text("now()")),
+    #: The last check that found it (database time).
+    Column("seen_at", TZ, nullable=False, server_default=text("now()")),
+    #: The first check that no longer found it; NULL while it is found.
+    Column("gone_at", TZ),
+)
