@@ -225,8 +225,9 @@ def test_plan_kills_never_interrupt_one_run_more_than_the_product_excuses() -> N
     ], "with no busy worker left to kill, an aimed kill takes an idle one"
 
 
-def test_finding_chaos_sh_installs_the_dev_extra_before_running() -> None:
-    """After the quickstart (base package only), chaos.sh failed: No module named 'pytest'."""
+def test_chaos_sh_installs_the_dev_extra_before_running() -> None:
+    """After the quickstart (base package only), chaos.sh failed: No module named 'pytest'.
+    Finding chaos.sh."""
     script = (Path(__file__).resolve().parents[2] / "scripts" / "chaos.sh").read_text()
     install = script.index("pip install --quiet -e '.[dev]'")
     assert install < script.index("exec .venv/bin/python -m tests.chaos")

@@ -164,9 +164,10 @@ def assert_set_aside(
     assert {record["queue"] for record in kept} == {QUEUE}
 
 
-def test_finding_16_malformed_messages_are_set_aside_and_the_worker_goes_on(
+def test_malformed_messages_are_set_aside_and_the_worker_goes_on(
     cluster: Cluster, redis_client: redis.Redis, test_env: SessionEnv
 ) -> None:
+    """Malformed messages are set aside and a threads worker goes on. Finding 16 of issue 15."""
     port = free_port()
     worker = start_worker(cluster, "threads", port)
     messages = malformed_messages()
@@ -182,9 +183,10 @@ def test_finding_16_malformed_messages_are_set_aside_and_the_worker_goes_on(
         assert counted == expected, reason
 
 
-def test_finding_16_a_prefork_worker_survives_a_body_that_is_not_the_task_triple(
+def test_a_prefork_worker_survives_a_body_that_is_not_the_task_triple(
     cluster: Cluster, redis_client: redis.Redis, test_env: SessionEnv
 ) -> None:
+    """A prefork worker survives a body that is not the task triple. Finding 16 of issue 15."""
     worker = start_worker(cluster, "prefork", free_port())
     messages = malformed_messages()[:1]
     valid = send_after_each(cluster, redis_client, test_env, messages)

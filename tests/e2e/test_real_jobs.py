@@ -1,6 +1,6 @@
 """Jobs as real projects write them, on real `celery beat` and `celery worker`
 processes: plain tasks, retries, ``expires``, chains, caller-chosen task IDs and
-messages the broker lost. Each test is named after the finding it guards."""
+messages the broker lost. A test that guards a finding of issue 15 names it in its docstring."""
 
 from __future__ import annotations
 
@@ -49,9 +49,8 @@ def start_cluster(cluster: Cluster, *, workers: int = 1, **settings: str) -> Non
     wait_until(lambda: cluster.leading_process() is not None, timeout=30)
 
 
-def test_finding_1_a_plain_task_runs_once_and_its_run_is_recorded(
-    cluster: Cluster, store: Store
-) -> None:
+def test_a_plain_task_runs_once_and_its_run_is_recorded(cluster: Cluster, store: Store) -> None:
+    """A plain task runs once and its run is recorded. Finding 1 of issue 15."""
     start_cluster(cluster)
     Schedules(store).create(
         "plain", "e2e.plain_record", at=datetime.now(UTC), args=["p"], allow_unregistered=True
@@ -70,9 +69,8 @@ def test_finding_1_a_plain_task_runs_once_and_its_run_is_recorded(
     assert cluster.effects() == {str(run.id): 1}
 
 
-def test_finding_1_a_plain_run_whose_worker_dies_is_not_run_again(
-    cluster: Cluster, store: Store
-) -> None:
+def test_a_plain_run_whose_worker_dies_is_not_run_again(cluster: Cluster, store: Store) -> None:
+    """A plain run whose worker dies ends lost and is not run again. Finding 1 of issue 15."""
     start_cluster(cluster, workers=2)
     Schedules(store).create(
         "plain-slow",
@@ -98,9 +96,8 @@ def test_finding_1_a_plain_run_whose_worker_dies_is_not_run_again(
     assert cluster.effects() == {}, "the body that was killed never finished, and never ran again"
 
 
-def test_finding_1_a_plain_task_that_retries_ends_succeeded_once(
-    cluster: Cluster, store: Store
-) -> None:
+def test_a_plain_task_that_retries_ends_succeeded_once(cluster: Cluster, store: Store) -> None:
+    """A plain task that retries ends succeeded, its effect once. Finding 1 of issue 15."""
     start_cluster(cluster)
     Schedules(store).create(
         "plain-flaky",
@@ -120,9 +117,8 @@ def test_finding_1_a_plain_task_that_retries_ends_succeeded_once(
     assert cluster.effects() == {str(run.id): 1}
 
 
-def test_finding_2a_a_retry_that_expires_ends_the_run_expired(
-    cluster: Cluster, store: Store
-) -> None:
+def test_a_retry_that_expires_ends_the_run_expired(cluster: Cluster, store: Store) -> None:
+    """A retry that expires ends the run expired, with no effect. Finding 2a of issue 15."""
     start_cluster(cluster)
     Schedules(store).create(
         "expiring-retry",
@@ -161,9 +157,8 @@ def test_retries_with_no_countdown_all_succeed_once(cluster: Cluster, store: Sto
     assert sorted(effects.values()) == [1] * 6
 
 
-def test_finding_3_an_expired_run_ends_expired_and_never_runs_late(
-    cluster: Cluster, store: Store
-) -> None:
+def test_an_expired_run_ends_expired_and_never_runs_late(cluster: Cluster, store: Store) -> None:
+    """An expired run ends expired and never runs late. Finding 3 of issue 15."""
     cluster.settings = FAST
     cluster.beat("beat0")
     wait_until(lambda: cluster.leading_process() is not None, timeout=30)
@@ -185,9 +180,8 @@ def test_finding_3_an_expired_run_ends_expired_and_never_runs_late(
     assert cluster.effects() == {}
 
 
-def test_finding_7_a_chain_on_the_idempotent_base_survives_its_worker(
-    cluster: Cluster, store: Store
-) -> None:
+def test_a_chain_on_the_idempotent_base_survives_its_worker(cluster: Cluster, store: Store) -> None:
+    """A chain on the idempotent base survives its worker's death. Finding 7 of issue 15."""
     start_cluster(cluster, workers=2)
     app = cluster.app()
     first, second = str(uuid.uuid4()), str(uuid.uuid4())
@@ -209,9 +203,8 @@ def test_finding_7_a_chain_on_the_idempotent_base_survives_its_worker(
     assert cluster.effects() == {first: 1, second: 1}
 
 
-def test_finding_13_a_reclaimed_run_keeps_its_callers_task_id(
-    cluster: Cluster, store: Store
-) -> None:
+def test_a_reclaimed_run_keeps_its_callers_task_id(cluster: Cluster, store: Store) -> None:
+    """A reclaimed run keeps its caller's task ID. Finding 13 of issue 15."""
     start_cluster(cluster, workers=2)
     task_id = f"order-{uuid.uuid4().hex[:8]}"
     cluster.app().send_task("e2e.slow", args=["keyed", 5], task_id=task_id)
@@ -225,9 +218,10 @@ def test_finding_13_a_reclaimed_run_keeps_its_callers_task_id(
     assert cluster.effects() == {task_id: 1}, "the second attempt ran under the caller's task ID"
 
 
-def test_finding_11_a_beat_run_whose_record_was_pruned_does_not_run_again(
+def test_a_beat_run_whose_record_was_pruned_does_not_run_again(
     cluster: Cluster, store: Store
 ) -> None:
+    """A beat run whose record was pruned does not run again. Finding 11 of issue 15."""
     cluster.settings = FAST
     cluster.worker("worker0", concurrency=2)
     pruned = str(uuid.uuid4())
@@ -259,9 +253,10 @@ def _delete_from_broker(env: SessionEnv, queue: str = "celery") -> int:
 DEFAULT_VISIBILITY = {"HABEAT_LEASE_TIMEOUT": "4", "HABEAT_MAX_WAIT": "1"}
 
 
-def test_finding_4_a_message_the_broker_lost_is_sent_again_within_a_minute(
+def test_a_message_the_broker_lost_is_sent_again_within_a_minute(
     cluster: Cluster, store: Store, test_env: SessionEnv
 ) -> None:
+    """A message the broker lost is sent again within a minute. Finding 4 of issue 15."""
     cluster.settings = DEFAULT_VISIBILITY
     cluster.beat("beat0")
     wait_until(lambda: cluster.leading_process() is not None, timeout=30)
@@ -285,9 +280,10 @@ def test_finding_4_a_message_the_broker_lost_is_sent_again_within_a_minute(
     assert cluster.effects() == {str(run.id): 1}
 
 
-def test_finding_4_a_long_healthy_backlog_gets_no_copies(
+def test_a_long_healthy_backlog_gets_no_copies(
     cluster: Cluster, store: Store, test_env: SessionEnv
 ) -> None:
+    """A long but healthy backlog gets no copies. Finding 4 of issue 15."""
     cluster.settings = DEFAULT_VISIBILITY
     cluster.beat("beat0")
     wait_until(lambda: cluster.leading_process() is not None, timeout=30)
@@ -317,9 +313,10 @@ def test_finding_4_a_long_healthy_backlog_gets_no_copies(
     assert "the broker no longer holds its message" not in cluster.logs()
 
 
-def test_finding_2b_a_retry_whose_message_the_broker_lost_is_sent_again(
+def test_a_retry_whose_message_the_broker_lost_is_sent_again(
     cluster: Cluster, store: Store, test_env: SessionEnv
 ) -> None:
+    """A retry whose message the broker lost is sent again. Finding 2b of issue 15."""
     cluster.settings = DEFAULT_VISIBILITY
     cluster.beat("beat0")
     worker = cluster.worker("worker0", concurrency=2)

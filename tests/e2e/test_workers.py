@@ -132,9 +132,10 @@ def test_attempts_exhausted_end_lost_and_nothing_loops(cluster: Cluster, store: 
     assert "is lost" in cluster.processes[0].output()
 
 
-def test_finding_966478_a_run_whose_worker_is_killed_does_not_use_up_its_attempts(
+def test_a_run_whose_worker_is_killed_does_not_use_up_its_attempts(
     cluster: Cluster, store: Store
 ) -> None:
+    """A killed worker's run uses none of its attempts. Finding 966478 (chaos seed) of issue 15."""
     cluster.settings = FAST_RECLAIM | {"HABEAT_MAX_ATTEMPTS": "1"}
     cluster.beat("beat0")
     worker = cluster.worker("worker1", concurrency=1)

@@ -74,7 +74,7 @@ def closed_port() -> int:
         ),
     ],
 )
-def test_finding_4_a_published_message_is_found_in_its_queue(
+def test_a_published_message_is_found_in_its_queue(
     app: Celery,
     test_env: SessionEnv,
     redis_client: redis.Redis,
@@ -83,6 +83,7 @@ def test_finding_4_a_published_message_is_found_in_its_queue(
     queue: str,
     key_suffix: str,
 ) -> None:
+    """A published message is found in the queue it went to. Finding 4 of issue 15."""
     task_id = publish(app, task, **options)
 
     assert queue_of(app, task, options) == queue
@@ -95,9 +96,11 @@ def test_finding_4_a_published_message_is_found_in_its_queue(
 
 # Celery 5 still honours a task's own queue (deprecated for Celery 6).
 @pytest.mark.filterwarnings("ignore::celery.exceptions.CDeprecationWarning")
-def test_finding_4_queue_of_uses_the_options_of_a_registered_task(
+def test_queue_of_uses_the_options_of_a_registered_task(
     app: Celery, test_env: SessionEnv, redis_client: redis.Redis
 ) -> None:
+    """queue_of uses the options of a registered task. Finding 4 of issue 15."""
+
     @app.task(name="tasks.pinned", queue="pinned", shared=False)
     def pinned() -> None: ...
 
@@ -110,15 +113,17 @@ def test_finding_4_queue_of_uses_the_options_of_a_registered_task(
     assert queue_of(app, "tasks.pinned", {"queue": "named"}) == "named"
 
 
-def test_finding_4_queue_of_is_none_for_routes_it_cannot_resolve(app: Celery) -> None:
+def test_queue_of_is_none_for_routes_it_cannot_resolve(app: Celery) -> None:
+    """queue_of is None for routes it cannot resolve. Finding 4 of issue 15."""
     topic = {"exchange": "events", "exchange_type": "topic", "routing_key": "a.b"}
     assert queue_of(app, TASK, topic) is None
     assert queue_of(app, TASK, {"exchange": "jobs", "routing_key": "unbound"}) is None
 
 
-def test_finding_4_a_message_held_by_a_consumer_is_found(
+def test_a_message_held_by_a_consumer_is_found(
     app: Celery, test_env: SessionEnv, redis_client: redis.Redis
 ) -> None:
+    """A message held by a consumer (in the unacked hash) is found. Finding 4 of issue 15."""
     taken, waiting = publish(app), publish(app)  # the consumer takes the oldest
     received: list[Message] = []
 
@@ -142,9 +147,10 @@ def test_finding_4_a_message_held_by_a_consumer_is_found(
         assert held_task_ids(app, ["celery"], [waiting, taken]) == {waiting, taken}
 
 
-def test_finding_4_messages_the_broker_lost_are_reported_missing(
+def test_messages_the_broker_lost_are_reported_missing(
     app: Celery, test_env: SessionEnv, redis_client: redis.Redis
 ) -> None:
+    """Messages the broker lost are reported missing. Finding 4 of issue 15."""
     prefix = test_env.broker_key_prefix
     kept = [publish(app) for _ in range(3)]
     removed = publish(app)
@@ -166,9 +172,10 @@ def test_finding_4_messages_the_broker_lost_are_reported_missing(
     assert held == set(kept)
 
 
-def test_finding_4_queue_keys_follow_the_transport_options(
+def test_queue_keys_follow_the_transport_options(
     test_env: SessionEnv, redis_client: redis.Redis
 ) -> None:
+    """Queue keys follow the transport options. Finding 4 of issue 15."""
     app = create_app(test_env.settings())
     app.conf.broker_transport_options = {
         **app.conf.broker_transport_options,
@@ -182,9 +189,10 @@ def test_finding_4_queue_keys_follow_the_transport_options(
     app.close()
 
 
-def test_finding_4_long_queues_and_the_unacked_hash_are_read_in_pages(
+def test_long_queues_and_the_unacked_hash_are_read_in_pages(
     app: Celery, redis_client: redis.Redis
 ) -> None:
+    """Long queues and the unacked hash are read in pages. Finding 4 of issue 15."""
     published = [publish(app, priority=index % 4 * 3) for index in range(50)]
     with app.connection_for_write() as consumer:
         channel = consumer.default_channel
@@ -197,14 +205,16 @@ def test_finding_4_long_queues_and_the_unacked_hash_are_read_in_pages(
     assert set(taken) <= held
 
 
-def test_finding_4_a_task_id_with_quotes_is_found(app: Celery) -> None:
+def test_a_task_id_with_quotes_is_found(app: Celery) -> None:
+    """A task ID with quotes is found. Finding 4 of issue 15."""
     task_id = 'run "1" \\ of schedule'
     app.send_task(TASK, task_id=task_id)
 
     assert held_task_ids(app, ["celery"], [task_id, "run "]) == {task_id}
 
 
-def test_finding_4_a_broker_other_than_redis_is_not_read(test_env: SessionEnv) -> None:
+def test_a_broker_other_than_redis_is_not_read(test_env: SessionEnv) -> None:
+    """A broker other than Redis is not read. Finding 4 of issue 15."""
     # Nothing listens there: connecting would fail (or retry) instead of returning.
     app = create_app(test_env.settings(broker_url=f"amqp://guest@127.0.0.1:{closed_port()}//"))
 
@@ -213,9 +223,10 @@ def test_finding_4_a_broker_other_than_redis_is_not_read(test_env: SessionEnv) -
 
 
 @pytest.mark.skipif(not MEASURE, reason="set HABEAT_MEASURE_BROKER_SCAN=1 to measure")
-def test_finding_4_measure_a_scan_of_a_long_backlog(
+def test_a_scan_of_a_long_backlog_finds_what_it_holds_and_is_measured(
     app: Celery, test_env: SessionEnv, redis_client: redis.Redis
 ) -> None:
+    """Scanning a long backlog finds what it holds; prints time and peak. Finding 4 of issue 15."""
     backlog, candidates = 100_000, 1_000
     template = real_envelope(app, test_env, redis_client)
     ids = [str(uuid.uuid4()) for _ in range(backlog)]
@@ -259,11 +270,12 @@ def fill(client: redis.Redis, key: str, template: bytes, ids: list[str]) -> None
         client.lpush(key, *(text.format(id=task_id) for task_id in ids[start : start + 5000]))
 
 
-def test_finding_chaos_seed_1_a_delivery_older_than_delivered_since_does_not_hold_its_message(
+def test_a_delivery_older_than_delivered_since_does_not_hold_its_message(
     app: Celery, test_env: SessionEnv, redis_client: redis.Redis
 ) -> None:
     """A message left in the unacked hash by a consumer that died holds it only as long as
-    the caller allows: its ``unacked_index`` score is the time of the delivery."""
+    the caller allows: its ``unacked_index`` score is the time of the delivery.
+    Finding chaos seed 1 of issue 15."""
     stranded, recent, waiting = publish(app), publish(app), publish(app)
     index = f"{test_env.broker_key_prefix}unacked_index"
     with app.connection_for_write() as connection:

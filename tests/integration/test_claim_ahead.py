@@ -152,7 +152,7 @@ def queued(store: Store, name: str) -> bool:
     return any(row.state == RunState.QUEUED.value for row in run_rows(store, schedule_name=name))
 
 
-def test_finding_8_a_leader_paused_past_its_lease_sends_nothing_it_claimed_ahead(
+def test_a_leader_paused_past_its_lease_sends_nothing_it_claimed_ahead(
     store: Store,
     make_scheduler: SchedulerFactory,
     redis_client: redis.Redis,
@@ -161,7 +161,7 @@ def test_finding_8_a_leader_paused_past_its_lease_sends_nothing_it_claimed_ahead
 ) -> None:
     """The leader pauses as it starts waiting for the fire time of runs it claimed
     ahead; meanwhile its lease expires and another process leads. Woken, it must not
-    send them: the next leader publishes them from the outbox, once."""
+    send them: the next leader publishes them from the outbox, once. Finding 8 of issue 15."""
     created = Schedules(store).create("soon", "t", in_seconds=1.5, allow_unregistered=True)
     assert created.next_fire_at is not None
     paused = make_scheduler(claim_ahead=2.0)
@@ -198,11 +198,12 @@ def test_finding_8_a_leader_paused_past_its_lease_sends_nothing_it_claimed_ahead
     assert task_ids(broker_messages(redis_client, test_env.broker_key_prefix)) == [str(row.id)]
 
 
-def test_finding_10_a_run_routed_to_many_queues_reaches_none_before_its_fire_time(
+def test_a_run_routed_to_many_queues_reaches_none_before_its_fire_time(
     store: Store, make_scheduler: SchedulerFactory, redis_client: redis.Redis, test_env: SessionEnv
 ) -> None:
     """A message takes one Redis command per queue its exchange routes it to: kombu's
-    batch used to flush itself as the message was built, seconds before its time."""
+    batch used to flush itself as the message was built, seconds before its time.
+    Finding 10 of issue 15."""
     exchange = Exchange("reports", type="topic")
     queues = [Queue(f"reports-{index}", exchange, routing_key="reports.#") for index in range(20)]
     # The default longest wait: the tick that claims the run builds its message at once.
@@ -250,11 +251,12 @@ def broker_proxy(test_env: SessionEnv) -> Any:
     proxy.close()
 
 
-def test_finding_12_a_broker_error_on_a_claims_runs_due_now_leaves_its_runs_ahead_on_time(
+def test_a_broker_error_on_a_claims_runs_due_now_leaves_its_runs_ahead_on_time(
     store: Store, make_scheduler: SchedulerFactory, broker_proxy: Any
 ) -> None:
     """The error raised by the publish of the runs due now skipped the arming of the
-    runs claimed ahead in the same claim: they waited for the outbox's grace."""
+    runs claimed ahead in the same claim: they waited for the outbox's grace.
+    Finding 12 of issue 15."""
     proxy, broker_url = broker_proxy
     schedules = Schedules(store)
     schedules.create("now", "t", in_seconds=0, allow_unregistered=True)
@@ -282,14 +284,15 @@ def test_finding_12_a_broker_error_on_a_claims_runs_due_now_leaves_its_runs_ahea
     assert row.published_at >= fire_at
 
 
-def test_finding_12_runs_claimed_ahead_the_broker_refuses_are_sent_once_it_is_back(
+def test_runs_claimed_ahead_the_broker_refuses_are_sent_once_it_is_back(
     store: Store,
     make_scheduler: SchedulerFactory,
     broker_proxy: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The broker is down at the fire time: the send fails, and the runs must go out as
-    soon as it is back, not after the outbox's grace (10 s after they were claimed)."""
+    soon as it is back, not after the outbox's grace (10 s after they were claimed).
+    Finding 12 of issue 15."""
     proxy, broker_url = broker_proxy
     schedules = Schedules(store)
     schedules.create("now", "t", in_seconds=0, allow_unregistered=True)  # connects the pool

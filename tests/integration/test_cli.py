@@ -493,8 +493,9 @@ def test_prune_deletes_only_old_finished_runs_in_batches(cli: Cli, store: Store)
     assert again.stdout.startswith("deleted 0 finished runs older than ")
 
 
-def test_finding_15_retention_deletes_expired_runs_too(cli: Cli, store: Store) -> None:
-    """An expired run never runs: it is finished business, or it would pile up for ever."""
+def test_retention_deletes_expired_runs_too(cli: Cli, store: Store) -> None:
+    """An expired run never runs: it is finished business, or it would pile up for ever.
+    Finding 15 of issue 15."""
     insert_run(store, state=RunState.EXPIRED.value, fire_ago=40 * 86400, finished_ago=40 * 86400)
     recent = insert_run(store, state=RunState.EXPIRED.value, fire_ago=60, finished_ago=60)
 
@@ -742,9 +743,10 @@ def test_overlap_jitter_window_and_one_off_options(cli: Cli) -> None:
     assert bad.exit_code == 2
 
 
-def test_finding_9_in_counts_from_the_database_clock(
+def test_in_on_add_and_update_counts_from_the_database_clock(
     cli: Cli, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """--in on add and update counts from the database's clock. Finding 9 of issue 15."""
     slow_client_clock(monkeypatch, timedelta(seconds=120))
 
     as_json(cli("add", "soon", "tasks.demo.heartbeat", "--in", "90s", "--json"))
@@ -791,7 +793,8 @@ def assert_refused(cli: Cli, store: Store, args: list[str], *says: str) -> None:
     assert table_rows(store) == before
 
 
-def test_finding_5_backfill_refuses_fire_times_still_to_come(cli: Cli, store: Store) -> None:
+def test_backfill_refuses_fire_times_still_to_come(cli: Cli, store: Store) -> None:
+    """Backfill refuses fire times still to come. Finding 5 of issue 15."""
     as_json(cli("add", "minutely", "tasks.demo.heartbeat", "--cron", "* * * * *", "--json"))
     now = store.now()
     window = ["--from", (now - timedelta(minutes=30)).isoformat()]
@@ -802,10 +805,9 @@ def test_finding_5_backfill_refuses_fire_times_still_to_come(cli: Cli, store: St
     assert len(past) in (30, 31), "a window that has passed is backfilled"
 
 
-def test_finding_11_backfill_refuses_a_window_older_than_the_history_retention(
-    cli: Cli, store: Store
-) -> None:
-    """After retention deleted the runs of a window, backfill cannot tell they ran."""
+def test_backfill_refuses_a_window_older_than_the_history_retention(cli: Cli, store: Store) -> None:
+    """After retention deleted the runs of a window, backfill cannot tell they ran.
+    Finding 11 of issue 15."""
     as_json(cli("add", "hourly", "tasks.demo.heartbeat", "--cron", "0 * * * *", "--json"))
     hour = store.now().replace(minute=0, second=0, microsecond=0) - timedelta(days=31)
     for ago in range(3):

@@ -156,9 +156,10 @@ def test_a_broker_that_is_down_publishes_nothing_and_says_why(test_env: SessionE
         assert result.error is not None
 
 
-def test_finding_14_a_run_whose_message_cannot_be_built_is_rejected_alone(
+def test_a_run_whose_message_cannot_be_built_is_rejected_alone(
     test_env: SessionEnv, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A run whose message cannot be built is rejected alone. Finding 14 of issue 15."""
     app = create_app(test_env.settings())
     good = runs(10)
     bad = replace(good[1], options={"headers": "oops"})
@@ -184,11 +185,11 @@ def test_finding_14_a_run_whose_message_cannot_be_built_is_rejected_alone(
     assert stamped == [2 * (len(sent) - 3)]
 
 
-def test_finding_14_a_broker_error_while_a_message_is_built_stops_the_batch(
+def test_a_broker_error_while_a_message_is_built_stops_the_batch(
     test_env: SessionEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A connection error is the broker's, not the run's: nothing is rejected, and
-    the runs stay in the outbox."""
+    the runs stay in the outbox. Finding 14 of issue 15."""
     app = create_app(test_env.settings())
 
     def broker_gone(*args: object, **kwargs: object) -> None:
@@ -202,11 +203,12 @@ def test_finding_14_a_broker_error_while_a_message_is_built_stops_the_batch(
     assert isinstance(result.error, redis.ConnectionError)
 
 
-def test_finding_10_a_transport_that_cannot_batch_sends_nothing_before_the_deadline(
+def test_a_transport_that_cannot_batch_sends_nothing_before_the_deadline(
     test_env: SessionEnv, redis_client: redis.Redis
 ) -> None:
     """With ``retry_on_timeout`` kombu refuses to batch on Redis and publishes each
-    message as it is built: they must then be built at the deadline, not ahead."""
+    message as it is built: they must then be built at the deadline, not ahead.
+    Finding 10 of issue 15."""
     app = create_app(test_env.settings())
     options = app.conf.broker_transport_options
     app.conf.broker_transport_options = {**options, "retry_on_timeout": True}

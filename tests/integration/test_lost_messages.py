@@ -136,14 +136,15 @@ def sends_nothing_again(app: Celery, store: Store) -> bool:
     return two_looks(LostMessages(app, clock=clock), clock, store) == []
 
 
-def test_finding_chaos_seed_1_a_message_taken_by_a_worker_killed_before_its_receipt_is_sent_again(
+def test_a_message_taken_by_a_worker_killed_before_its_receipt_is_sent_again(
     app: Celery, test_env: SessionEnv, store: Store, redis_client: redis.Redis
 ) -> None:
     """Chaos seed 1: a run stayed ``queued`` (attempt 0) for the whole quiescence. Its
     message was delivered to a worker that was SIGKILLed before its ``task_received``
     handler recorded the receipt: no receipt lease for the reaper, and the message sat in
     kombu's unacked hash, which the leader counted as held by the broker, so it never sent
-    it again; kombu restores it only after the visibility timeout (an hour)."""
+    it again; kombu restores it only after the visibility timeout (an hour).
+    Finding chaos seed 1 of issue 15."""
     stranded_for = UNRECORDED_AFTER + DELIVERY_CLOCK_MARGIN + 30
     run = published_run(app, store, seconds_ago=stranded_for)
     task_id = taken_by_a_worker_that_dies(app, test_env, redis_client, delivered_ago=stranded_for)

@@ -80,9 +80,10 @@ def tick_for(scheduler: HAScheduler, seconds: float) -> None:
         assert scheduler.tick() == 0.0, "a tick failed"
 
 
-def test_finding_14_a_schedule_that_cannot_be_planned_or_published_is_quarantined_alone(
+def test_a_schedule_that_cannot_be_planned_or_published_is_quarantined_alone(
     make_scheduler: SchedulerFactory, store: Store
 ) -> None:
+    """A schedule that cannot be planned or sent is quarantined alone. Finding 14 of issue 15."""
     schedules = Schedules(store)
     schedules.create(
         "canary", "tasks.demo.add", every=1, start_at=datetime.now(UTC), allow_unregistered=True
@@ -139,9 +140,10 @@ def test_finding_14_a_schedule_that_cannot_be_planned_or_published_is_quarantine
     assert {"bad-jitter", "bad-headers"} <= fired
 
 
-def test_finding_14_a_huge_jitter_or_headers_that_are_no_object_are_refused_at_input(
+def test_a_huge_jitter_or_headers_that_are_no_object_are_refused_at_input(
     store: Store,
 ) -> None:
+    """A huge jitter or headers that are no object are refused at input. Finding 14 of issue 15."""
     schedules = Schedules(store)
     with pytest.raises(
         InvalidSchedule, match=r"jitter must be a number of seconds from 0 to 86400"
@@ -154,8 +156,9 @@ def test_finding_14_a_huge_jitter_or_headers_that_are_no_object_are_refused_at_i
     assert schedules.list() == []
 
 
-def test_finding_14_a_row_that_cannot_be_read_is_quarantined_in_the_claim(store: Store) -> None:
-    """A zone or a cron that only psql could write: the claim sets that row aside."""
+def test_a_row_that_cannot_be_read_is_quarantined_in_the_claim(store: Store) -> None:
+    """A zone or a cron that only psql could write: the claim sets that row aside.
+    Finding 14 of issue 15."""
     Schedules(store).create(
         "good", "tasks.demo.add", every=1, start_at=datetime.now(UTC), allow_unregistered=True
     )

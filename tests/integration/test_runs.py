@@ -196,12 +196,13 @@ def see_worker(store: Store, name: str, *, seen_ago: float, booted_ago: float = 
         )
 
 
-def test_finding_966478_a_run_whose_worker_was_killed_does_not_use_up_its_attempts(
+def test_a_run_whose_worker_was_killed_does_not_use_up_its_attempts(
     run_store: RunStore, store: Store
 ) -> None:
     """A run interrupted because its worker died (not seen since the run's last
     heartbeat) is sent again however often that happens, up to MAX_INTERRUPTIONS; a
-    run whose worker lives on (its process crashed or hung under it) uses an attempt."""
+    run whose worker lives on (its process crashed or hung under it) uses an attempt.
+    Finding 966478 (chaos seed) of issue 15."""
     from beat.store.leader import MAX_INTERRUPTIONS
 
     assert store.take_leadership(1, "leader")
@@ -298,13 +299,13 @@ def test_the_reaper_tells_a_restarted_worker_from_a_living_one_whatever_its_cloc
         assert [lost.id for lost in reclaim.lost] == [run_id], "its one attempt was used"
 
 
-def test_finding_2c_a_retry_delivered_before_its_attempt_ended_is_taken(
+def test_a_retry_delivered_before_its_attempt_ended_is_taken(
     run_store: RunStore, store: Store
 ) -> None:
     """Celery publishes a retry before the attempt that asked for it ends: with no
     countdown, the retry's delivery can reach the guard while the run is still
     ``running`` under that attempt's live lease. It carries a higher retry count, so
-    it is the retry, not a duplicate; an older delivery is still refused."""
+    it is the retry, not a duplicate; an older delivery is still refused. Finding 2c of issue 15."""
     run_id = uuid.uuid4()
     assert isinstance(start(run_store, run_id, "first"), Started)
 
@@ -371,14 +372,15 @@ def _retry_held_by_a_dead_worker(run_store: RunStore, store: Store) -> uuid.UUID
     return run.id
 
 
-def test_finding_chaos_early_a_republished_retry_keeps_no_time_of_the_delivery_before_it(
+def test_a_republished_retry_keeps_no_time_of_the_delivery_before_it(
     run_store: RunStore, store: Store
 ) -> None:
     """Chaos run 20261204: the reaper published a retry again (its worker had died holding
     the retry's message) and PostgreSQL crashed before the leader marked it published.
     The next delivery was taken by a worker, whose guard keeps a recorded publish time
     (coalesce): the row then paired the first publication (on time for the fire time) with
-    the retry's due time, and read as published 1.082 s before it was due."""
+    the retry's due time, and read as published 1.082 s before it was due.
+    Finding chaos early (seed 20261204) of issue 15."""
     from tests.chaos.checks import Verdict, _check_never_early
 
     run_id = _retry_held_by_a_dead_worker(run_store, store)

@@ -302,9 +302,10 @@ def count_runs(store: Store, *states: str) -> int:
         )
 
 
-def test_finding_15_retention_deletes_a_backlog_at_every_pass_until_it_is_gone(
+def test_retention_deletes_a_backlog_at_every_pass_until_it_is_gone(
     make_scheduler: SchedulerFactory, store: Store
 ) -> None:
+    """Retention deletes a backlog at every pass until it is gone. Finding 15 of issue 15."""
     backlog = 20_000
     for state in FINISHED:
         insert_old_runs(store, backlog // len(FINISHED), state)
@@ -331,7 +332,8 @@ def test_finding_15_retention_deletes_a_backlog_at_every_pass_until_it_is_gone(
     assert count_runs(store, *FINISHED) == 1, "caught up: the next prune is a minute later"
 
 
-def test_finding_15_prune_deletes_batch_after_batch_within_its_budget(store: Store) -> None:
+def test_prune_deletes_batch_after_batch_within_its_budget(store: Store) -> None:
+    """Prune deletes batch after batch within its time budget. Finding 15 of issue 15."""
     insert_old_runs(store, 20_000, "succeeded")
     first = store.prune(timedelta(days=30), batch=1000, budget=0.0)
     started = time.monotonic()

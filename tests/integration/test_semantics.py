@@ -147,9 +147,10 @@ def test_a_one_off_in_n_seconds(store: Store) -> None:
     assert timedelta(seconds=25) < delay <= timedelta(seconds=30)
 
 
-def test_finding_9_relative_times_count_from_the_database_clock(
+def test_relative_times_count_from_the_database_clock(
     store: Store, leader: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Relative times count from the database's clock. Finding 9 of issue 15."""
     slow_client_clock(monkeypatch, timedelta(seconds=120))
     schedules = Schedules(store)
 

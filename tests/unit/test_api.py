@@ -33,7 +33,8 @@ def test_every_and_at() -> None:
     assert define("once", "t", at=at, allow_past=True).trigger == Once(at=at)
 
 
-def test_finding_9_relative_times_count_from_the_given_now() -> None:
+def test_relative_times_count_from_the_given_now() -> None:
+    """Relative times count from the given now, not this host's. Finding 9 of issue 15."""
     now = datetime(2026, 1, 1, 12, tzinfo=UTC)  # the database's, not this host's
     assert define("soon", "t", in_seconds=90, now=now).trigger == Once(
         at=now + timedelta(seconds=90)

@@ -24,19 +24,23 @@ def unacked_entry(task_id: str) -> bytes:
     return json.dumps([json.loads(envelope(task_id)), "", "celery"]).encode()
 
 
-def test_finding_4_task_ids_are_read_from_envelopes_and_unacked_entries() -> None:
+def test_task_ids_are_read_from_envelopes_and_unacked_entries() -> None:
+    """Task IDs are read from envelopes and unacked entries. Finding 4 of issue 15."""
     page = [envelope("a"), unacked_entry("b"), envelope('with "quotes" and \\')]
 
     assert set(_task_ids(page)) == {"a", "b", 'with "quotes" and \\'}
 
 
-def test_finding_4_ids_quoted_inside_header_values_are_not_task_ids() -> None:
+def test_ids_quoted_inside_header_values_are_not_task_ids() -> None:
+    """IDs quoted inside header values are not task IDs. Finding 4 of issue 15."""
     page = [envelope("a", argsrepr='{"id": "not-a-task"}', kwargsrepr="{'id': 'x'}")]
 
     assert set(_task_ids(page)) == {"a"}
 
 
-def test_finding_4_reading_stops_once_every_id_is_found() -> None:
+def test_reading_stops_once_every_id_is_found() -> None:
+    """Reading stops once every ID is found. Finding 4 of issue 15."""
+
     def pages() -> Iterator[list[bytes]]:
         yield [envelope("a"), envelope("other")]
         yield [unacked_entry("b")]
@@ -45,5 +49,6 @@ def test_finding_4_reading_stops_once_every_id_is_found() -> None:
     assert _find({"a", "b"}, pages()) == {"a", "b"}
 
 
-def test_finding_4_ids_never_seen_are_left_out() -> None:
+def test_ids_never_seen_are_left_out() -> None:
+    """IDs never seen are left out. Finding 4 of issue 15."""
     assert _find({"a", "gone"}, iter([[envelope("a")], []])) == {"a"}

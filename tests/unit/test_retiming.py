@@ -24,16 +24,18 @@ RECOMPUTED = NOW + timedelta(minutes=3)
         (MISSED, {"end_at": NOW - timedelta(minutes=9)}, RECOMPUTED),  # after the new end
     ],
 )
-def test_finding_6_retiming_keeps_only_a_missed_fire_time_the_new_window_allows(
+def test_retiming_keeps_only_a_missed_fire_time_the_new_window_allows(
     current: datetime | None, window: dict[str, datetime], expected: datetime
 ) -> None:
+    """Retiming keeps only a missed fire time the new window allows. Finding 6 of issue 15."""
     definition = define(
         "job", "t", cron="*/5 * * * *", start_at=window.get("start_at"), end_at=window.get("end_at")
     )
     assert next_fire_after_retiming(current, RECOMPUTED, definition, NOW) == expected
 
 
-def test_finding_6_retiming_never_delays_an_earlier_new_fire_time() -> None:
+def test_retiming_never_delays_an_earlier_new_fire_time() -> None:
+    """Retiming never delays an earlier new fire time. Finding 6 of issue 15."""
     earlier = MISSED - timedelta(minutes=1)  # e.g. a one-off moved into the past
     definition = define("job", "t", at=earlier, allow_past=True)
     assert next_fire_after_retiming(MISSED, earlier, definition, NOW) == earlier

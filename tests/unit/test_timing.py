@@ -407,23 +407,28 @@ class TestOneValueRanges:
     """A range from a value to itself is that value (croniter reads it as the whole
     field), and the day fields' "either" holds for every way of writing them."""
 
-    def test_finding_17_one_hour_range_fires_only_in_that_hour(self) -> None:
+    def test_one_hour_range_fires_only_in_that_hour(self) -> None:
+        """A range of one hour fires only in that hour. Finding 17 of issue 15."""
         fires = fires_on(parse_cron("* 11-11 * * *"), UTC_ZONE, 2024, 6, 3)
         assert fires == [utc(2024, 6, 3, 11, minute) for minute in range(60)]
 
-    def test_finding_17_one_weekday_range_fires_on_that_weekday_only(self) -> None:
+    def test_one_weekday_range_fires_on_that_weekday_only(self) -> None:
+        """A range of one weekday fires on that weekday only. Finding 17 of issue 15."""
         fires = iterate(parse_cron("0 9 * * sat-sat"), UTC_ZONE, utc(2024, 6, 3), 3)  # a Monday
         assert fires == [utc(2024, 6, 8, 9), utc(2024, 6, 15, 9), utc(2024, 6, 22, 9)]
 
-    def test_finding_17_one_month_range_with_a_step_fires_in_that_month_only(self) -> None:
+    def test_one_month_range_with_a_step_fires_in_that_month_only(self) -> None:
+        """A range of one month with a step fires in that month only. Finding 17 of issue 15."""
         fires = iterate(parse_cron("0 0 1 12-12/4 *"), UTC_ZONE, utc(2024, 1, 1), 2)
         assert fires == [utc(2024, 12, 1), utc(2025, 12, 1)]
 
-    def test_finding_17_one_month_range_that_never_fires_is_refused(self) -> None:
+    def test_one_month_range_that_never_fires_is_refused(self) -> None:
+        """A range of one month that never fires is refused. Finding 17 of issue 15."""
         with pytest.raises(InvalidSchedule, match="never fires"):
             parse_cron("0 0 31 2-2 *")
 
-    def test_finding_17_nth_weekday_and_day_of_month_fire_on_either(self) -> None:
+    def test_nth_weekday_and_day_of_month_fire_on_either(self) -> None:
+        """An nth weekday and a day of month fire on either. Finding 17 of issue 15."""
         # The 1st of each month, and each second Monday: never refused as "never fires".
         fires = iterate(parse_cron("0 0 1 * 1#2"), UTC_ZONE, utc(2024, 1, 1), 5)
         assert fires == [
@@ -434,7 +439,8 @@ class TestOneValueRanges:
             utc(2024, 3, 11),
         ]
 
-    def test_finding_17_last_weekday_and_day_of_month_fire_on_either(self) -> None:
+    def test_last_weekday_and_day_of_month_fire_on_either(self) -> None:
+        """A last weekday and a day of month fire on either. Finding 17 of issue 15."""
         # The 15th, and the last Friday of each month.
         fires = iterate(parse_cron("0 0 15 * L5"), UTC_ZONE, utc(2024, 1, 1), 4)
         assert fires == [utc(2024, 1, 15), utc(2024, 1, 26), utc(2024, 2, 15), utc(2024, 2, 23)]
@@ -1206,9 +1212,10 @@ def zones_and_starts(draw: st.DrawFn) -> tuple[ZoneInfo, datetime]:
 
 @PROPERTY_SETTINGS
 @given(expression=finding_17_crons(), zone_and_start=zones_and_starts())
-def test_finding_17_fire_times_equal_a_brute_force_matchers(
+def test_cron_fire_times_equal_a_brute_force_matchers(
     expression: str, zone_and_start: tuple[ZoneInfo, datetime]
 ) -> None:
+    """Cron fire times equal a brute-force matcher's. Finding 17 of issue 15."""
     # Within a bounded window, so that rare expressions keep the oracle quick.
     check_against_the_brute_force_matcher(expression, *zone_and_start, days=45)
 
@@ -1338,7 +1345,8 @@ def test_every_is_anchor_plus_whole_periods(
         ("0 0 L 2 *", True),
     ],
 )
-def test_finding_17_never_fires_is_decided_by_the_calendar(expression: str, fires: bool) -> None:
+def test_cron_never_fires_is_decided_by_the_calendar(expression: str, fires: bool) -> None:
+    """Whether a cron never fires is decided by the calendar. Finding 17 of issue 15."""
     assert OracleCron.parse(expression).fires_in_a_calendar_cycle() is fires
     if fires:
         parse_cron(expression)
