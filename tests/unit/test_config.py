@@ -14,7 +14,7 @@ from beat.config import CONF_PREFIX, ENV_PREFIX, SETTINGS, BeatConfig, markdown_
 from beat.errors import ConfigError
 from beat.lease.holder import LeaderLease
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION_DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
 #: A conf that names the two URLs, so that only the setting under test is missing.
 BASE_CONF = {"broker_url": "redis://h/1", "habeat_database_url": "postgresql://d/b"}
 
@@ -260,11 +260,11 @@ def test_the_demo_app_reads_each_of_its_variables_as_the_scheduler_does() -> Non
         assert getattr(config, name) == value, name
 
 
-# -- the README shows the table ---------------------------------------------------------
+# -- the configuration reference shows the table ---------------------------------------
 
 
-def readme_table() -> str:
-    section = README.read_text(encoding="utf-8").split("\n## Configuration\n", 1)[1]
+def documented_table() -> str:
+    section = CONFIGURATION_DOC.read_text(encoding="utf-8").split("# Configuration\n", 1)[1]
     lines = section.split("\n## ", 1)[0].splitlines()
     start = next(index for index, line in enumerate(lines) if line.startswith("|"))
     end = next(
@@ -274,9 +274,9 @@ def readme_table() -> str:
     return "\n".join(lines[start:end])
 
 
-def test_the_readme_shows_the_settings_table() -> None:
-    assert readme_table() == markdown_table(), (
-        "README.md's Configuration table differs from beat.config.markdown_table():"
+def test_the_configuration_reference_shows_the_settings_table() -> None:
+    assert documented_table() == markdown_table(), (
+        "docs/reference/configuration.md's table differs from beat.config.markdown_table():"
         " paste the output of"
         " `python -c 'from beat.config import markdown_table; print(markdown_table())'`"
     )
