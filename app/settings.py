@@ -1,7 +1,7 @@
 """Typed settings from the environment, turned into the Celery app's configuration.
 
 The scheduler's ``HABEAT_*`` settings are read through its table
-(``beat.config.SETTINGS``, shown in the README's "Configuration" section): the same
+(``beat.config.SETTINGS``, shown in docs/reference/configuration.md): the same
 variables, defaults, parsers and errors as ``BeatConfig.from_celery_conf``. The
 fields below pick which of them this app reads itself and puts in ``app.conf``
 (``BeatConfig`` reads the others from the environment); it adds variables of its own:

@@ -213,7 +213,7 @@ def _json_option(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class OneLineUsageError(click.ClickException):
-    """A usage error printed as the one ``Error:`` line the README promises (click's own
+    """A usage error printed as the one ``Error:`` line docs/reference/cli.md promises (click's own
     takes four: usage, a hint, a blank line, the error)."""
 
     exit_code = 2

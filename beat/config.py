@@ -11,7 +11,7 @@ The lease's Redis defaults to the broker when the broker is Redis.
 The settings are one table (``SETTINGS``): each field of ``BeatConfig`` is declared
 with its default, the parser of its environment variable's text, the check of its
 value (whichever source it came from) and its meaning. ``from_celery_conf``,
-``validate``, the demo app's ``app.settings`` and the README's table
+``validate``, the demo app's ``app.settings`` and the configuration reference's table
 (``markdown_table``) come from it.
 """
 
@@ -136,12 +136,12 @@ class Setting:
     default: Any
     parse: Parser[Any]
     check: Check[Any] | None
-    #: One line for the README's table.
+    #: One line for the configuration reference's table.
     meaning: str
-    #: The variable the README names (``HABEAT_<NAME>`` unless the demo app named it
+    #: The variable the reference names (``HABEAT_<NAME>`` unless the demo app named it
     #: otherwise); ``HABEAT_<NAME>`` is read too.
     variable: str
-    #: The default as the README shows it, when the value alone would not say it.
+    #: The default as the configuration reference shows it, when the value alone would not say it.
     shown_default: str | None = None
 
     @property
@@ -182,7 +182,7 @@ class Setting:
         return None
 
     def markdown_row(self) -> str:
-        """This setting's row of the README's table."""
+        """This setting's row of the configuration reference's table."""
         variables = f"`{self.variables[0]}`"
         if len(self.variables) > 1:
             variables += " (or " + ", ".join(f"`{name}`" for name in self.variables[1:]) + ")"
@@ -289,7 +289,7 @@ class BeatConfig:
     claim_batch: int = _setting(
         # A burst is claimed batch after batch: a transaction's round trips and commit
         # are paid per batch. 2,000 claimed a burst of 100,000 about 15% faster than
-        # 1,000 (and 4,000 no faster) on a 2-core host (README, "Measured").
+        # 1,000 (and 4,000 no faster) on a 2-core host (docs/benchmarks).
         2000,
         "schedules claimed per transaction",
         parse=_whole_number,
@@ -492,7 +492,7 @@ def _rows(config_fields: tuple[Field[Any], ...]) -> tuple[Setting, ...]:
     return tuple(rows)
 
 
-#: The settings table: one row per setting, in the order the README lists them.
+#: The settings table: one row per setting, in the order docs/reference/configuration.md lists them.
 SETTINGS: tuple[Setting, ...] = _rows(fields(BeatConfig))
 _BY_NAME = {row.name: row for row in SETTINGS}
 
@@ -503,7 +503,7 @@ def setting(name: str) -> Setting:
 
 
 def markdown_table() -> str:
-    """The README's table of settings (its "Configuration" section shows this text)."""
+    """The table of settings that docs/reference/configuration.md shows."""
     lines = [
         "| setting | environment | default | meaning |",
         "| --- | --- | --- | --- |",

@@ -27,7 +27,8 @@ class HABeatError(Exception):
 
 
 class ConfigError(HABeatError):
-    """The configuration is invalid: check the environment variables named in the README."""
+    """The configuration is invalid: check the environment variables named in
+    docs/reference/configuration.md."""
 
 
 class InvalidSchedule(HABeatError):

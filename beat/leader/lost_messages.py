@@ -450,7 +450,7 @@ def _report_consumers(
         else:
             logger.warning(
                 "queue %s is consumed by %s, which does not record runs (a worker without"
-                " celery-habeat, or without beat.delivery.tracking in its imports): lost-message"
+                " celery-habeat, or without beat.worker in its imports): lost-message"
                 " recovery for %s falls back to the visibility timeout (%.0f s)",
                 consumer.queue,
                 consumer.consumer,

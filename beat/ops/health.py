@@ -206,7 +206,7 @@ def consumers_text(found: Sequence[UnrecordedConsumer]) -> str:
     return (
         f"{listed}: lost-message recovery for these queues falls back to the visibility"
         " timeout (a run taken there is not sent again, a message really lost waits for"
-        " it); install celery-habeat in those workers (beat.delivery.tracking in their imports)"
+        " it); install celery-habeat in those workers (beat.worker in their imports)"
         " or keep them off beat's queues"
     )
 

@@ -6,7 +6,7 @@ UI's own origin (``Origin`` and ``Sec-Fetch-Site``, when the client sends them: 
 browser always does) and carries a form token the server signed for the same user
 (``FormTokens``). Cookies are not isolated by port, so a page on another port of the
 same host could plant a cookie; the token is therefore no cookie at all. The threat
-model is docs/security.md.
+model is docs/guides/security.md.
 """
 
 from __future__ import annotations

@@ -259,3 +259,32 @@ def _isolated_env() -> dict[str, str]:
 def _run(command: list[str]) -> None:
     done = subprocess.run(command, env=_isolated_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_the_wheel_builds_without_a_warning_and_holds_every_module_and_its_data(
+    tmp_path: Path,
+) -> None:
+    """Every sub-package is listed (a forgotten one would be left out of the wheel, or
+    only warned of), and the UI's templates and stylesheet and the migrations' template
+    travel as data."""
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(tmp_path), str(ROOT)],
+        env=_isolated_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    output = built.stdout + built.stderr
+    for warning in ("would be ignored", "is absent from the `packages`", "SetuptoolsDeprecation"):
+        assert warning not in output
+    (wheel,) = tmp_path.glob("celery_habeat-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = set(archive.namelist())
+    source = ROOT / "beat"
+    expected = {
+        path.relative_to(ROOT).as_posix()
+        for pattern in ("**/*.py", "ui/templates/*.html", "ui/static/*.css", "**/*.mako")
+        for path in source.glob(pattern)
+        if "__pycache__" not in path.parts
+    } | {"beat/py.typed"}
+    assert expected - shipped == set()
