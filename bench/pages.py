@@ -30,8 +30,8 @@ from beat.config import BeatConfig
 from beat.leader.loop import SUMMARY_BUDGET
 from beat.ops.schedules import ScheduleFilter, Schedules
 from beat.store.all_roles import Store
+from beat.store.history import RunCursor
 from beat.store.leader import LeaderStore
-from beat.store.runs import RunCursor
 from beat.ui.server import BackgroundUI, UISettings
 from bench.common import ADMIN_URL, REDIS_URL, percentile, table
 from bench.ui_http import page_reads

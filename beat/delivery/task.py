@@ -48,14 +48,8 @@ from beat.errors import HABeatError, StoreUnavailable
 from beat.lease.beacon import process_session
 from beat.models import RunState
 from beat.publish.dispatch import published_by_beat
-from beat.store.runs import (
-    MISSING,
-    Refused,
-    RunStore,
-    Started,
-    run_id_for,
-    run_store_for,
-)
+from beat.store.run_guard import MISSING, Refused, Started
+from beat.store.runs import RunStore, run_id_for, run_store_for
 
 logger = logging.getLogger(__name__)
 

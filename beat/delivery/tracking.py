@@ -112,17 +112,13 @@ from beat.models import RunState
 from beat.publish.dispatch import published_by_beat
 from beat.publish.messages import ATTEMPT_HEADER, RETRY_INSTANTS_RECEIVER
 from beat.records import Session
-from beat.store.runs import (
+from beat.store.plain_runs import (
     CANCELLED_ON_CONNECTION_LOSS,
     PLAIN_RUN_TERMINATED,
     TAKEN_UNRECORDED,
-    Refused,
-    RunStore,
-    Started,
-    expiry_reason,
-    run_id_for,
-    run_store_for,
 )
+from beat.store.run_guard import Refused, Started, expiry_reason
+from beat.store.runs import RunStore, run_id_for, run_store_for
 
 logger = logging.getLogger(__name__)
 

@@ -54,12 +54,13 @@ from beat.schedule.payload import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from beat.schedule.payload import MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES
 from beat.store.all_roles import Store
 from beat.store.db import first_line
+from beat.store.history import LastRun, RecentRuns, RunRecord, Since
+from beat.store.history import RunPage as RunPage
 from beat.store.leader import LeaderInfo, PruneReport, QueueOf
 from beat.store.leader import QueueBacklog as QueueBacklog
 from beat.store.leader import WorkerPresence as WorkerPresence
 from beat.store.rows import preview as preview
-from beat.store.runs import LastRun, RecentRuns, RunRecord, RunStore, Since
-from beat.store.runs import RunPage as RunPage
+from beat.store.runs import RunStore
 from beat.store.schedules import OverdueSchedule as OverdueSchedule
 from beat.store.schedules import (
     OverdueSchedules,

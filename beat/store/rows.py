@@ -1,6 +1,7 @@
-"""The row mapping the stores share: the columns of a new run, how a schedule's
-trigger and stored times read back from its row (a time PostgreSQL holds as
-``infinity`` fails its own row only), and how a value nobody can read is shown.
+"""The row mapping the stores share: the columns of a new run, a run's lateness,
+how a schedule's trigger and stored times read back from its row (a time
+PostgreSQL holds as ``infinity`` fails its own row only), and how a value nobody
+can read is shown.
 No store imports another store's helpers: they come from here."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     DateTime,
+    Double,
     Row,
     Text,
     case,
@@ -28,6 +30,7 @@ from beat.models import (
 )
 from beat.schedule.timing import Cron, Every, Once, Trigger
 from beat.store.tables import (
+    runs,
     schedules,
 )
 
@@ -65,6 +68,13 @@ def new_run_values(
         "state": state.value,
         **columns,
     }
+
+
+def lateness_seconds() -> ColumnElement[float]:
+    """How late a run was handed to the broker, in seconds (``published_at - fire_at``);
+    NULL for a run not published or without a fire time. ``date_part`` gives a float
+    at once (``extract`` gives a numeric, a third slower over a million runs)."""
+    return func.date_part("epoch", runs.c.published_at - runs.c.fire_at, type_=Double)
 
 
 def trigger_from_row(row: Row[Any]) -> Trigger:

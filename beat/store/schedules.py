@@ -68,6 +68,7 @@ from beat.store.db import (
     first_line,
     is_unique_violation,
 )
+from beat.store.history import RunRecord, record_from_row
 from beat.store.rows import (
     SCHEDULE_TIMES,
     finite,
@@ -78,7 +79,6 @@ from beat.store.rows import (
     stored_times_problem,
     trigger_from_row,
 )
-from beat.store.runs import RunRecord, record_from_row
 from beat.store.tables import FAILED_SQL, SCHEDULES_CHANNEL, runs, schedules
 
 logger = logging.getLogger(__name__)

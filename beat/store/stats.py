@@ -82,7 +82,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.models import RunState
 from beat.store.db import StoreConnection
-from beat.store.runs import lateness_seconds
+from beat.store.rows import lateness_seconds
 from beat.store.tables import ACTIVE_SQL, FINISHED_SQL, TZ, run_minutes, run_summary, runs
 
 #: The narrowest bucket: a shorter window gets fewer buckets.

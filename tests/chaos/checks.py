@@ -46,12 +46,12 @@ from sqlalchemy import text
 from beat.models import RunState
 from beat.schedule.timing import Trigger, fire_times
 from beat.store.all_roles import Store
-from beat.store.runs import (
+from beat.store.plain_runs import (
     CANCELLED_ON_CONNECTION_LOSS,
     PLAIN_RUN_TERMINATED,
     TAKEN_UNRECORDED,
-    run_id_for,
 )
+from beat.store.runs import run_id_for
 
 NON_TERMINAL = frozenset({RunState.PENDING, RunState.QUEUED, RunState.RUNNING, RunState.RETRYING})
 #: More fire times than any run produces: fire_times() needs a bound.

@@ -33,7 +33,7 @@ import redis
 from app.factory import create_app
 from beat.models import RunState, Schedule
 from beat.schedule.define import define
-from beat.store.runs import CANCELLED_ON_CONNECTION_LOSS, TAKEN_UNRECORDED
+from beat.store.plain_runs import CANCELLED_ON_CONNECTION_LOSS, TAKEN_UNRECORDED
 from tests.chaos import servers
 from tests.chaos.broker import delete_messages
 from tests.chaos.checks import (

@@ -17,7 +17,7 @@ from sqlalchemy import text
 
 from beat.models import RunState
 from beat.ops.schedules import Schedules
-from beat.store.runs import CANCELLED_ON_CONNECTION_LOSS, PLAIN_RUN_TERMINATED
+from beat.store.plain_runs import CANCELLED_ON_CONNECTION_LOSS, PLAIN_RUN_TERMINATED
 from tests.chaos.servers import PrivatePostgres, PrivateRedis
 from tests.e2e.cluster import Cluster, wait_until
 from tests.e2e.test_crash_proof import private_cluster, servers

@@ -29,7 +29,7 @@ from beat.ops.schedules import Schedules
 from beat.scheduler import HAScheduler
 from beat.store.all_roles import Store
 from beat.store.leader import MAX_SENDS
-from beat.store.runs import TAKEN_UNRECORDED
+from beat.store.plain_runs import TAKEN_UNRECORDED
 from tests.e2e.cluster import Cluster, Process, wait_until
 from tests.integration.helpers import run_rows
 

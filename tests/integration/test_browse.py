@@ -21,7 +21,7 @@ from beat.errors import InvalidSchedule, ScheduleNotFound
 from beat.models import FINISHED_STATES, Origin, RunState
 from beat.ops.schedules import SPARK_RUNS, Percentiles, RunStats, ScheduleFilter, Schedules
 from beat.store.all_roles import Store
-from beat.store.runs import RunRecord
+from beat.store.history import RunRecord
 from beat.store.tables import runs
 
 pytestmark = pytest.mark.integration

@@ -26,7 +26,8 @@ from beat.lease.holder import lock_key
 from beat.models import RunState
 from beat.records import Session
 from beat.store.all_roles import Store
-from beat.store.runs import RunStore, Started
+from beat.store.run_guard import Started
+from beat.store.runs import RunStore
 from tests.conftest import SessionEnv
 from tests.e2e.proxy import CuttableProxy
 from tests.integration.conftest import SchedulerFactory

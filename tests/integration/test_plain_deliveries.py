@@ -13,14 +13,13 @@ from sqlalchemy import text
 from beat.models import RunState
 from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
-from beat.store.runs import (
+from beat.store.plain_runs import (
     CANCELLED_ON_CONNECTION_LOSS,
     PLAIN_RUN_TERMINATED,
     TAKEN_UNRECORDED,
-    Refused,
-    RunStore,
-    Started,
 )
+from beat.store.run_guard import Refused, Started
+from beat.store.runs import RunStore
 from tests.integration.helpers import run_rows
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,8 @@ from beat.errors import StaleEpoch
 from beat.models import RunState
 from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
-from beat.store.runs import Refused, RunStore, Started
+from beat.store.run_guard import Refused, Started
+from beat.store.runs import RunStore
 from tests.integration.helpers import run_rows
 
 pytestmark = pytest.mark.integration

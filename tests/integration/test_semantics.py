@@ -12,7 +12,8 @@ from beat.claim.policies import jitter_delay, plan_fires
 from beat.models import DueSchedule, FirePlan, RunState
 from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
-from beat.store.runs import RunStore, Started
+from beat.store.run_guard import Started
+from beat.store.runs import RunStore
 from tests.integration.helpers import make_due, run_rows, slow_client_clock
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,214 @@
+"""The records of plain tasks' runs.
+
+Plain tasks (not on the idempotent base) are taken at receipt, in the
+worker's main process (``receive_plain``): once taken, a plain run is never
+started again, whoever delivers it. Its body starts only if the delivery that
+took it still holds it (``start_plain``: the attempt its receipt numbered, under
+that receipt's owner, not started): a delivery whose receipt lease expired and
+whose run went to another worker does not run the body.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    and_,
+    func,
+    literal,
+    or_,
+    select,
+    update,
+)
+
+from beat.models import WAITING_STATES, RunState
+from beat.store.run_guard import (
+    Refused,
+    RunGuard,
+    Started,
+    expire_instead,
+    lease_until,
+    outcome,
+    refuse,
+)
+from beat.store.tables import runs, unrecorded_consumers
+
+#: Why a plain run ends ``lost`` when its body never returned: Celery's trace was unwound
+#: by a ``BaseException`` (a prefork pool process terminated with SIGTERM by a cancel or
+#: a revoke, or the body raised ``SystemExit``).
+PLAIN_RUN_TERMINATED = (
+    "its body did not return (terminated by Celery while it ran): it may have had its"
+    " effect; a plain task is not run again"
+)
+#: The same, when Celery says why: it cancels the requests it cannot acknowledge once
+#: the worker lost its broker connection (``worker_cancel_long_running_tasks_on_connection_loss``).
+CANCELLED_ON_CONNECTION_LOSS = (
+    "cancelled by Celery when the worker lost its broker connection: it may have had its effect"
+)
+
+#: A plain run whose message came back from a consumer that records no runs.
+TAKEN_UNRECORDED = (
+    "its message came back from the broker after a consumer took it, and no worker"
+    " recorded it, on a queue a consumer that records no runs takes from: that consumer"
+    " may have run it; a plain task is not run again"
+)
+
+
+def _plain_attempt(run_id: uuid.UUID, attempt_retries: int) -> tuple[Any, ...]:
+    """The plain run's attempt that Celery numbered ``attempt_retries``."""
+    return (runs.c.id == run_id, runs.c.plain, runs.c.retries == attempt_retries)
+
+
+class PlainRuns(RunGuard):
+    """The records of plain tasks' runs (see the module docstring)."""
+
+    def receive_plain(
+        self,
+        run_id: uuid.UUID,
+        *,
+        owner: str,
+        worker: str,
+        lease_seconds: float,
+        retries: int,
+        expires: datetime | None = None,
+        retry_due_at: datetime | None = None,
+        retry_due_in: float | None = None,
+    ) -> Started | Refused:
+        """A worker took the message of a plain run: hold it (under ``owner``'s lease,
+        renewed by ``heartbeat_received``) if it may start, else refuse the delivery;
+        past ``expires`` by the database's clock, the run ends ``expired`` (refused).
+
+        The message of a retry waits here for its countdown, until ``retry_due_at`` (the
+        instant by the database's clock the retrying worker put in the message) or,
+        without it, ``retry_due_in`` seconds (measured on this worker's clock from the
+        ETA): the run keeps that due time, so that if this worker dies, the retry is
+        not sent again before it. (The retry may arrive before the attempt that asked
+        for it has recorded its outcome, and then only the receipt knows the due
+        time.)"""
+        values: dict[str, Any] = {
+            "state": RunState.RUNNING.value,
+            "plain": True,
+            "received_at": func.now(),
+            "started_at": None,
+            "worker": worker,
+            "lease_owner": owner,
+            "lease_expires_at": lease_until(lease_seconds),
+        }
+        if retry_due_at is not None:
+            values["retry_due_at"] = func.greatest(runs.c.retry_due_at, retry_due_at)
+        elif retry_due_in is not None:
+            values["retry_due_at"] = func.greatest(
+                runs.c.retry_due_at, lease_until(max(0.0, retry_due_in))
+            )
+        return self._take(run_id, retries, values, expires)
+
+    def start_plain(
+        self, run_id: uuid.UUID, *, owner: str, attempt: int, expires: datetime | None = None
+    ) -> Started | Refused:
+        """The plain run's body starts now, if the delivery whose receipt numbered it
+        ``attempt`` under ``owner`` still holds it (no other delivery took it since) and
+        it has not expired by the database's clock (one statement); else the body must
+        not run: past ``expires``, the run ends ``expired``. Each receipt numbers its
+        own attempt, so only one start can pass; trying it again after a commit whose
+        reply was lost passes again (the start time kept)."""
+        held = and_(
+            runs.c.id == run_id,
+            runs.c.plain,
+            runs.c.state == RunState.RUNNING.value,
+            runs.c.attempt == attempt,
+            runs.c.lease_owner == owner,
+        )
+        statement = (
+            update(runs).where(held).values(started_at=func.coalesce(runs.c.started_at, func.now()))
+        )
+        if expires is not None:
+            statement = statement.where(func.now() < expires)
+        with self._transaction() as conn:
+            if conn.execute(statement.returning(runs.c.attempt)).scalar_one_or_none() is not None:
+                return Started(attempt=attempt)
+            not_started = and_(held, runs.c.started_at.is_(None))
+            return expire_instead(conn, run_id, not_started, expires) or refuse(conn, run_id)
+
+    def finish_plain(
+        self,
+        run_id: uuid.UUID,
+        *,
+        state: RunState,
+        error: str | None = None,
+        attempt_retries: int,
+        retry_in: float | None = None,
+    ) -> bool:
+        """Record the outcome of the plain run's attempt that Celery numbered
+        ``attempt_retries`` (its ``request.retries``), unless a later attempt (the retry
+        it asked for, received before this one ended) holds the run now."""
+        retries = attempt_retries + 1 if state is RunState.RETRYING else None
+        values = outcome(state, error=error, retries=retries, retry_in=retry_in)
+        # An outcome the body reached replaces a ``lost`` written while it ran (the
+        # reaper's, a cancel's); a ``lost`` itself replaces nothing but ``running``.
+        ended = [RunState.RUNNING.value]
+        if state is not RunState.LOST:
+            ended.append(RunState.LOST.value)
+        return self._changed_one(
+            update(runs)
+            .where(*_plain_attempt(run_id, attempt_retries), runs.c.state.in_(ended))
+            .values(**values)
+        )
+
+    def cancel_plain(self, run_id: uuid.UUID, *, attempt_retries: int) -> bool:
+        """Celery cancelled the attempt ``attempt_retries`` of a plain run on a lost broker
+        connection, terminating its body: the run ends ``lost`` with
+        ``CANCELLED_ON_CONNECTION_LOSS`` if its body started (it may have had its effect;
+        it is never run again), also over the ``PLAIN_RUN_TERMINATED`` its pool process
+        may have recorded first. A body that had returned recorded its outcome, which
+        stays; one that never started is left to its receipt lease (sent again)."""
+        return self._changed_one(
+            update(runs)
+            .where(
+                *_plain_attempt(run_id, attempt_retries),
+                runs.c.started_at.is_not(None),
+                or_(
+                    runs.c.state == RunState.RUNNING.value,
+                    and_(
+                        runs.c.state == RunState.LOST.value,
+                        runs.c.error == PLAIN_RUN_TERMINATED,
+                    ),
+                ),
+            )
+            .values(
+                **outcome(
+                    RunState.LOST, error=CANCELLED_ON_CONNECTION_LOSS, retries=None, retry_in=None
+                )
+            )
+        )
+
+    def end_taken_unrecorded(self, run_id: uuid.UUID, *, queue: str) -> bool:
+        """A delivery of a plain run that the broker hands out again (kombu restored it
+        after a consumer took it without acknowledging it): if no worker ever recorded
+        the run and a consumer that records no runs takes from ``queue``
+        (``beat_unrecorded_consumers``), that consumer may have run it, and nothing can
+        prove it did not. The run ends ``lost`` with the reason; True if it did (the
+        delivery must not run). Otherwise the consumer that took it was a worker that
+        records runs and died before it could (or handed it back): it may run."""
+        taken_unrecorded = (
+            select(literal(1))
+            .select_from(unrecorded_consumers)
+            .where(unrecorded_consumers.c.queue == queue)
+            .exists()
+        )
+        return self._changed_one(
+            update(runs)
+            .where(
+                runs.c.id == run_id,
+                runs.c.state.in_(WAITING_STATES),
+                runs.c.received_at.is_(None),
+                runs.c.lease_owner.is_(None),
+                taken_unrecorded,
+            )
+            .values(
+                state=RunState.LOST.value,
+                error=TAKEN_UNRECORDED,
+                finished_at=func.now(),
+            )
+        )
