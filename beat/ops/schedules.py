@@ -59,6 +59,7 @@ from beat.store.history import RunPage as RunPage
 from beat.store.leader import LeaderInfo, PruneReport, QueueOf
 from beat.store.leader import QueueBacklog as QueueBacklog
 from beat.store.leader import WorkerPresence as WorkerPresence
+from beat.store.percentiles import Percentiles as Percentiles
 from beat.store.rows import preview as preview
 from beat.store.runs import RunStore
 from beat.store.schedules import OverdueSchedule as OverdueSchedule
@@ -72,7 +73,6 @@ from beat.store.schedules import ScheduleFilter as ScheduleFilter
 from beat.store.schedules import StoredSchedule as StoredSchedule
 from beat.store.schedules import UnreadableSchedule as UnreadableSchedule
 from beat.store.stats import MIN_BUCKET, RunStatsStore
-from beat.store.stats import Percentiles as Percentiles
 from beat.store.stats import RunStats as RunStats
 from beat.store.stats import StatsBucket as StatsBucket
 

@@ -230,7 +230,7 @@ run_minutes = Table(
     Column("runs", BigInteger, nullable=False),
     #: Runs with a lateness (published, with a fire time).
     Column("published", BigInteger, nullable=False),
-    #: Their lateness counted in the bins of ``beat.store.stats.LATENESS_BINS``; NULL
+    #: Their lateness counted in the bins of ``beat.store.percentiles.LATENESS_BINS``; NULL
     #: when none was published.
     Column("lateness_bins", ARRAY(Integer)),
     Column("lateness_max", Double),

@@ -21,7 +21,8 @@ from beat.models import FINISHED_STATES, RunState
 from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
 from beat.store.leader import LeaderStore
-from beat.store.stats import SETTLE, RunStats, RunStatsStore, bin_of, histogram_percentiles
+from beat.store.percentiles import bin_of, histogram_percentiles
+from beat.store.stats import SETTLE, RunStats, RunStatsStore
 from beat.store.tables import run_minutes, runs
 
 pytestmark = pytest.mark.integration
