@@ -17,8 +17,8 @@ from beat import metrics
 from beat.errors import HABeatError, error_text
 from beat.leader.lost_messages import Recovery
 from beat.models import Quarantine, RunToPublish, UnpublishableRun
+from beat.store.code_sync import SyncReport
 from beat.store.leader import Claim, PruneReport, Reclaim
-from beat.store.schedules import SyncReport
 from beat.store.stats import SummaryReport
 
 logger = logging.getLogger("beat.scheduler")

@@ -39,9 +39,9 @@ from beat.ops.schedules import (
 )
 from beat.schedule import timing
 from beat.schedule.timing import Cron, Every, Once
+from beat.store.code_sync import SyncReport
 from beat.store.history import LastRun, RunRecord
 from beat.store.leader import PruneReport
-from beat.store.schedules import SyncReport
 
 #: Longest error text in a table cell (the documents give it whole).
 ERROR_WIDTH = 60

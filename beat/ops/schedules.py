@@ -53,6 +53,7 @@ from beat.schedule.define import (
 from beat.schedule.payload import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from beat.schedule.payload import MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES
 from beat.store.all_roles import Store
+from beat.store.code_sync import SyncReport, next_fire_after_retiming
 from beat.store.db import first_line
 from beat.store.history import LastRun, RecentRuns, RunRecord, Since
 from beat.store.history import RunPage as RunPage
@@ -63,18 +64,13 @@ from beat.store.percentiles import Percentiles as Percentiles
 from beat.store.rows import preview as preview
 from beat.store.runs import RunStore
 from beat.store.schedules import OverdueSchedule as OverdueSchedule
-from beat.store.schedules import (
-    OverdueSchedules,
-    QuarantinedSchedule,
-    SyncReport,
-    next_fire_after_retiming,
-)
+from beat.store.schedules import OverdueSchedules, QuarantinedSchedule
 from beat.store.schedules import ScheduleFilter as ScheduleFilter
-from beat.store.schedules import StoredSchedule as StoredSchedule
-from beat.store.schedules import UnreadableSchedule as UnreadableSchedule
 from beat.store.stats import MIN_BUCKET, RunStatsStore
 from beat.store.stats import RunStats as RunStats
 from beat.store.stats import StatsBucket as StatsBucket
+from beat.store.stored_schedules import StoredSchedule as StoredSchedule
+from beat.store.stored_schedules import UnreadableSchedule as UnreadableSchedule
 
 #: Most runs one backfill creates: they are built, inserted and returned in one go
 #: (86,401 runs of a one-second schedule took 363 MB in the CLI).
@@ -371,7 +367,7 @@ class Schedules:
     def sync_code(self, definitions: Sequence[tuple[ScheduleDefinition, str]]) -> SyncReport:
         """Make the schedules defined in code (``beat.schedule.code.collect``: each
         with the hash of its definition) those of the database, as beat does when it
-        starts: see :meth:`beat.store.schedules.ScheduleStore.sync_code_schedules`."""
+        starts: see :meth:`beat.store.code_sync.CodeSync.sync_code_schedules`."""
         return self.store.sync_code_schedules(definitions, first_fire_at)
 
     def _import_tasks(self) -> None:

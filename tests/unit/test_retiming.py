@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from beat.schedule.define import define
-from beat.store.schedules import next_fire_after_retiming
+from beat.store.code_sync import next_fire_after_retiming
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 MISSED = NOW - timedelta(minutes=7)
