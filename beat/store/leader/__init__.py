@@ -1,0 +1,41 @@
+"""What the leader writes, each statement fenced by its epoch."""
+
+from beat.store.leader.claim import (
+    MAX_INTERRUPTIONS,
+    MAX_SENDS,
+    Claim,
+    InQueue,
+    LeaderInfo,
+    LeaderStore,
+    LostRun,
+    PruneReport,
+    QueueBacklog,
+    QueueOf,
+    Reclaim,
+    ScheduleChangeListener,
+    Unconfirmed,
+    UnrecordedConsumer,
+    WorkerPresence,
+    _due_from_row,
+    _due_query,
+)
+
+__all__ = [
+    "MAX_INTERRUPTIONS",
+    "MAX_SENDS",
+    "Claim",
+    "InQueue",
+    "LeaderInfo",
+    "LeaderStore",
+    "LostRun",
+    "PruneReport",
+    "QueueBacklog",
+    "QueueOf",
+    "Reclaim",
+    "ScheduleChangeListener",
+    "Unconfirmed",
+    "UnrecordedConsumer",
+    "WorkerPresence",
+    "_due_from_row",
+    "_due_query",
+]
