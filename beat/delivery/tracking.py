@@ -288,7 +288,7 @@ class WorkerHeartbeat:
         """When this process started, by the database's clock: PostgreSQL's time less
         the monotonic seconds since, read once and kept, so every renewal of this
         process records the same instant. The reaper compares it with the start of a run
-        (``_worker_died`` in ``beat.store.leader``) to tell a restarted worker from the
+        (``_worker_died`` in ``beat.store.leader.reaper``) to tell a restarted worker from the
         same one: a wall clock set wrong would make either read as the other. The time
         the query takes counts as elapsed: the instant is early by at most that."""
         if self.booted_at is None:

@@ -1,6 +1,7 @@
-"""A due schedule's row is read by position (``beat.store.leader._due_from_row``): each
-field must come from the column of its name in ``_due_query``, whatever the order. The
-payload comes as PostgreSQL's text of the ``jsonb`` columns."""
+"""A due schedule's row is read by position
+(``beat.store.leader.due_rows._due_from_row``): each field must come from the column of
+its name in ``_due_query``, whatever the order. The payload comes as PostgreSQL's text
+of the ``jsonb`` columns."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from beat.models import MisfirePolicy, OverlapPolicy
 from beat.schedule.timing import Cron
-from beat.store.leader import _due_from_row, _due_query
+from beat.store.leader.due_rows import _due_from_row, _due_query
 
 
 def test_each_field_comes_from_the_column_of_its_name() -> None:

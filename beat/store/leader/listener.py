@@ -1,0 +1,62 @@
+"""The LISTEN connection that wakes the beat loop on a schedule change or a hand-over."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import psycopg
+
+from beat.errors import StoreUnavailable
+from beat.store.db import NO_IDLE_TIMEOUTS, masked_url, psycopg_conninfo, unreachable
+from beat.store.leader.term import LEADER_RELEASED_CHANNEL
+from beat.store.tables import SCHEDULES_CHANNEL
+
+
+class ScheduleChangeListener:
+    """A dedicated autocommit connection that LISTENs for schedule changes and hand-overs.
+
+    ``wait`` returns early when a schedule was changed outside a claim or a
+    leader released its lease; the beat loop waits here instead of sleeping.
+    """
+
+    CHANNELS = (SCHEDULES_CHANNEL, LEADER_RELEASED_CHANNEL)
+
+    def __init__(self, url: str, *, setting: str = "habeat_database_url") -> None:
+        self._conninfo = psycopg_conninfo(url)
+        self._masked = masked_url(url)
+        self._setting = setting
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a notification; True if one came."""
+        conn = self._connection()
+        try:
+            woken = any(True for _ in conn.notifies(timeout=max(timeout, 0.0), stop_after=1))
+            if woken:  # drain the rest, one wake-up is enough
+                for _ in conn.notifies(timeout=0.0):
+                    pass
+            return woken
+        except psycopg.Error as exc:
+            self.close()
+            raise StoreUnavailable(
+                f"lost the LISTEN connection to PostgreSQL at {self._masked}: {exc}"
+            ) from exc
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            try:
+                self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
+            except psycopg.Error as exc:
+                raise StoreUnavailable(unreachable(self._masked, exc, self._setting)) from exc
+            # Waiting for notifications is idle: a server's idle_session_timeout would end it.
+            self._conn.execute(NO_IDLE_TIMEOUTS)
+            for channel in self.CHANNELS:
+                self._conn.execute(f"LISTEN {channel}")
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
