@@ -92,7 +92,7 @@ def health_checks(
     ``read_lease`` reads the lease's status from Redis (LeaseUnavailable if Redis
     does not answer); a check whose service does not answer leaves those that
     depend on it not checked. ``overdue_grace``: how late a fire time may be before
-    the claims check fails (``beat.ops.schedules.default_overdue_grace``)."""
+    the claims check fails (``beat.ops.cluster.default_overdue_grace``)."""
     checks = _service_checks(store, read_lease)
     checks = [*checks, _claims_check(store, checks, overdue_grace)]
     checks = [*checks, _quarantine_check(store, checks)]

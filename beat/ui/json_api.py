@@ -22,7 +22,8 @@ from typing import Any
 import tornado.web
 
 from beat.ops import rendering
-from beat.ui.pages import WINDOWS, BaseHandler, UIContext, schedule_filter
+from beat.ui.base_handler import BaseHandler, UIContext
+from beat.ui.pages import WINDOWS, schedule_filter
 
 
 class JSONHandler(BaseHandler):

@@ -24,7 +24,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from beat.ops.schedules import Schedules
-from beat.ui import json_api, pages
+from beat.ui import base_handler, json_api, pages
 from beat.ui.security import FORM_BODY_LIMIT, check_exposure
 
 #: Where the UI listens unless told otherwise (Flower's default is 5555).
@@ -74,7 +74,7 @@ def make_application(
 ) -> tornado.web.Application:
     """The UI over ``schedules``; ``task_names`` lists the tasks a new schedule may run
     (the app's registered tasks)."""
-    context = pages.UIContext(
+    context = base_handler.UIContext(
         schedules=schedules,
         settings=settings,
         task_names=task_names,
@@ -87,7 +87,7 @@ def make_application(
     return tornado.web.Application(
         routes,
         template_path=str(_HERE / "templates"),
-        # writes carry a signed form token instead (pages.BaseHandler): Tornado's is a
+        # writes carry a signed form token instead (base_handler.BaseHandler): Tornado's is a
         # cookie, which a page on another port of the host can plant
         xsrf_cookies=False,
         default_handler_class=pages.NotFoundHandler,

@@ -91,7 +91,7 @@ def seconds(delta: timedelta) -> float:
 
 
 def slow_client_clock(monkeypatch: pytest.MonkeyPatch, behind: timedelta) -> None:
-    """Set the API's clock (``datetime.now`` in ``beat.ops.schedules``) ``behind`` the
+    """Set the API's clock (``datetime.now`` in ``beat.ops.schedule_commands``) ``behind`` the
     database's."""
 
     class SlowClock(datetime):
@@ -99,7 +99,7 @@ def slow_client_clock(monkeypatch: pytest.MonkeyPatch, behind: timedelta) -> Non
         def now(cls, tz: tzinfo | None = None) -> datetime:  # type: ignore[override]
             return datetime.now(tz) - behind
 
-    monkeypatch.setattr("beat.ops.schedules.datetime", SlowClock)
+    monkeypatch.setattr("beat.ops.schedule_commands.datetime", SlowClock)
 
 
 # -- the schedules command, in-process ------------------------------------------------------

@@ -11,7 +11,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from beat.ui.pages import BaseHandler, UIContext, signed_form
+from beat.ui.base_handler import BaseHandler, UIContext, signed_form
 from beat.ui.security import FormTokens, foreign_origin
 from beat.ui.server import UISettings
 

@@ -1,0 +1,60 @@
+"""The commands about the cluster: migrate the schema, who leads, and the health
+checks."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from beat.cli.group import _command, _schedules
+from beat.cli.options import _json_option
+from beat.cli.output import _echo_json, _errors_as_exit_codes, _say, _show
+from beat.ops import rendering
+
+
+@_command()
+@_json_option
+@click.pass_context
+def migrate(ctx: click.Context, as_json: bool) -> None:
+    """Create or upgrade the scheduler's tables (safe to run any time, from several places)."""
+    manager = _schedules(ctx, check_schema=False)
+    with _errors_as_exit_codes():
+        revision = manager.migrate()
+    if as_json:
+        _echo_json({"revision": revision, "database": manager.database_url})
+        return
+    _say(f"schema is at revision {revision} ({manager.database_url})")
+
+
+@_command()
+@_json_option
+@click.pass_context
+def leader(ctx: click.Context, as_json: bool) -> None:
+    """Which process leads: holder, epoch and since when (PostgreSQL), lease expiry (Redis)."""
+    manager = _schedules(ctx)
+    with _errors_as_exit_codes():
+        status = manager.cluster_status()
+    if as_json:
+        _echo_json(rendering.leader_document(status))
+        return
+    _show(rendering.leader_text(status))
+
+
+@_command()
+@_json_option
+@click.pass_context
+def health(ctx: click.Context, as_json: bool) -> None:
+    """Exit 0 if PostgreSQL answers, the schema is current, Redis answers, a leader
+    holds a valid lease and no schedule is quarantined; else exit 1 with one line per
+    failing check."""
+    manager = _schedules(ctx, check_schema=False)
+    with _errors_as_exit_codes():
+        report = manager.health()
+    if as_json:
+        _echo_json(rendering.health_document(report))
+    else:
+        for ok, line in rendering.health_lines(report):
+            _say(line, err=not ok)
+    if not report.ok:
+        sys.exit(1)

@@ -1,0 +1,203 @@
+"""The options of the ``schedules`` commands and how their values are read: JSON
+arguments, times, durations, bounded limits, ``--json``, and the options that define
+a schedule (shared by add and update)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+
+from beat.models import MisfirePolicy, OverlapPolicy
+from beat.ops.user_input import (
+    duration_seconds,
+    is_duration,
+    parse_duration,
+    parse_time,
+)
+
+_MISFIRE_POLICIES = [policy.value for policy in MisfirePolicy]
+
+
+def _json_argument(
+    kind: type, what: str
+) -> Callable[[click.Context, click.Parameter, str | None], Any]:
+    def parse(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+        if value is None:
+            return None
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON ({exc.msg}): give {what}") from None
+        except RecursionError:
+            raise click.BadParameter(f"nested too deeply to read: give {what}") from None
+        except ValueError as exc:  # e.g. an integer of more than 4300 digits
+            raise click.BadParameter(f"not usable JSON ({exc}): give {what}") from None
+        if not isinstance(parsed, kind):
+            raise click.BadParameter(f"must be {what}, got {type(parsed).__name__}")
+        return parsed
+
+    return parse
+
+
+def _parse_time(_ctx: click.Context, _param: click.Parameter, value: str | None) -> datetime | None:
+    """An ISO 8601 time; without an offset it is a wall time, read later in the zone of
+    the schedule (``with_wall_times_read``)."""
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _parse_aware_time(_ctx: click.Context, param: click.Parameter, value: str) -> datetime:
+    """An ISO 8601 time with its UTC offset (backfill windows are instants)."""
+    moment = _parse_time(_ctx, param, value)
+    assert moment is not None
+    if moment.utcoffset() is None:
+        raise click.BadParameter(f"{value!r} has no UTC offset: add one, e.g. {value}+00:00")
+    return moment
+
+
+def _parse_duration(_ctx: click.Context, _param: click.Parameter, value: str) -> timedelta:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _parse_seconds(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
+    """--every, --in, --jitter: seconds, bare or with units; bounds are the API's."""
+    if value is None:
+        return None
+    try:
+        return duration_seconds(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _parse_since(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> datetime | timedelta | None:
+    """A duration back from now (``2h``), or an ISO 8601 time (UTC unless it has an offset)."""
+    if value is None:
+        return None
+    if is_duration(value):
+        return _parse_duration(ctx, param, value)
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a duration (2h, 30m, 7d) nor an ISO 8601 time"
+            " (2027-01-31T09:00:00+00:00)"
+        ) from None
+    return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
+
+
+def _limit_option(
+    default: int, maximum: int, what: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--limit``, bounded: what one command reads and writes stays small, and a number
+    past PostgreSQL's bigint never reaches it."""
+    return click.option(
+        "--limit",
+        type=click.IntRange(min=1, max=maximum),
+        default=default,
+        show_default=True,
+        help=f"{what} (at most {maximum})",
+    )
+
+
+def _json_option(function: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="one JSON document on stdout, for scripts"
+    )(function)
+
+
+_DEFINITION_OPTIONS = (
+    click.option(
+        "--cron",
+        help="cron expression: 5 fields 'minute hour day month weekday', or 6 read seconds"
+        " first, 'second minute hour day month weekday' (croniter puts seconds last)",
+    ),
+    click.option(
+        "--every",
+        callback=_parse_seconds,
+        help="interval: seconds (90) or with units (90s, 10m, 1h30m, 2d, 1w); 1s to 3650 days,"
+        " counted from now (or --start-at)",
+    ),
+    click.option(
+        "--at",
+        "at",
+        callback=_parse_time,
+        help="one-off time, ISO 8601: 2027-01-31T09:00 in --tz (else in the default zone, or"
+        " on update the schedule's), or with an offset, 2027-01-31T09:00:00+01:00",
+    ),
+    click.option(
+        "--tz",
+        help="IANA time zone of the cron fields and of times without an offset, e.g."
+        " Europe/Berlin (not for --every: an interval has no zone)",
+    ),
+    click.option(
+        "--args",
+        "args",
+        callback=_json_argument(list, "a JSON array"),
+        help="JSON array (checked against the task's signature)",
+    ),
+    click.option(
+        "--kwargs",
+        "kwargs",
+        callback=_json_argument(dict, "a JSON object"),
+        help="JSON object (checked against the task's signature)",
+    ),
+    click.option("--queue", help="queue to publish to"),
+    click.option(
+        "--in",
+        "in_seconds",
+        callback=_parse_seconds,
+        help="one-off in a while: seconds (90) or with units (90s, 10m, 1h30m)",
+    ),
+    click.option(
+        "--start-at", callback=_parse_time, help="no fire time before this (ISO 8601, as --at)"
+    ),
+    click.option(
+        "--end-at",
+        callback=_parse_time,
+        help="no fire time after this; then it disables (ISO 8601, as --at)",
+    ),
+    click.option(
+        "--allow-past",
+        is_flag=True,
+        help="accept an --at more than a minute in the past: it runs once, at once",
+    ),
+    click.option(
+        "--max-runs", type=click.IntRange(min=1), help="at most this many runs (up to 2147483647)"
+    ),
+    click.option(
+        "--jitter",
+        callback=_parse_seconds,
+        help="delay each run by a stable random time up to this: seconds (30) or 5m; at most"
+        " 1d, and at most the interval",
+    ),
+    click.option(
+        "--overlap-policy",
+        type=click.Choice([policy.value for policy in OverlapPolicy]),
+        help="while the previous run is active (default allow)",
+    ),
+    click.option(
+        "--allow-unregistered",
+        is_flag=True,
+        help="accept a task this app does not know, or arguments its signature does not take"
+        " (workers that run other code)",
+    ),
+)
+
+
+def _definition_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_DEFINITION_OPTIONS):
+        function = option(function)
+    return function

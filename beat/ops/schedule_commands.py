@@ -1,0 +1,289 @@
+"""What changes schedules and their runs, the commands part of
+:class:`beat.ops.schedules.Schedules`: create, update, pause, resume, delete, sync the
+schedules defined in code, trigger, backfill and prune.
+
+Every relative time (``in_seconds``, a new interval, a resumed schedule's next fire
+time, the end of a backfill window) counts from the database's now, which the store
+hands to the ``build`` functions here, never from this machine's clock."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from beat.errors import InvalidSchedule, UnknownTask
+from beat.models import Schedule, ScheduleDefinition
+from beat.ops.schedules_base import SchedulesBase
+from beat.schedule import timing
+from beat.schedule.define import (
+    arguments_problem,
+    check_count,
+    check_task_name,
+    define,
+    first_fire_at,
+)
+from beat.store.code_sync import SyncReport, next_fire_after_retiming
+from beat.store.history import RunRecord
+from beat.store.leader import PruneReport
+
+#: Most runs one backfill creates: they are built, inserted and returned in one go
+#: (86,401 runs of a one-second schedule took 363 MB in the CLI).
+MAX_BACKFILL_RUNS = 10_000
+#: Backfill starts this long after the retention horizon: a run claimed ahead (up to
+#: habeat_claim_ahead, at most 30 s) counts its age from before its fire time.
+BACKFILL_HORIZON_MARGIN = timedelta(minutes=1)
+
+
+class ScheduleCommands(SchedulesBase):
+    """Create and steer schedules, and make runs besides their timing."""
+
+    def create(
+        self, name: str, task: str, *, allow_unregistered: bool = False, **fields: Any
+    ) -> Schedule:
+        """Validate and store a new schedule; see :func:`define` for the fields."""
+        fields = {**self.defaults, **fields}
+        fields.setdefault("default_tz", self.default_tz)
+        # Bad input is refused before the task lookup; the past is the database's, below.
+        checked = define(name, task, **(fields | {"allow_past": True}))
+        if not allow_unregistered:
+            self.check_task_registered(task)
+            self.check_arguments(checked)
+
+        def build(now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
+            definition = define(name, task, now=now, **fields)
+            return definition, first_fire_at(definition, now)
+
+        return self.store.insert_schedule(build)
+
+    def update(self, name: str, *, allow_unregistered: bool = False, **changes: Any) -> Schedule:
+        """Change some fields of a schedule; a changed timing recomputes the next fire time."""
+        if "task" in changes:
+            check_task_name(changes["task"])  # before it is looked up
+            if not allow_unregistered:
+                self.check_task_registered(changes["task"])
+        check_call = not allow_unregistered and bool({"task", "args", "kwargs"} & set(changes))
+        if check_call:
+            self._import_tasks()
+
+        def build(current: Schedule, now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
+            definition = _redefine(current.definition, changes, now)
+            if check_call:
+                self.check_arguments(definition)
+            timing_changed = (definition.trigger, definition.timezone) != (
+                current.definition.trigger,
+                current.definition.timezone,
+            )
+            if not timing_changed:
+                return definition, current.next_fire_at
+            recomputed = first_fire_at(definition, now)
+            if isinstance(definition.trigger, timing.Every):
+                # A new interval counts from the change (or its start_at), as a new
+                # schedule's does: nothing of the old timing is due under it.
+                return definition, recomputed
+            return definition, next_fire_after_retiming(
+                current.next_fire_at, recomputed, definition, now
+            )
+
+        return self.store.replace_schedule(name, build)
+
+    def pause(self, name: str) -> Schedule:
+        """Stop firing; fire times while paused are not made up on resume."""
+        return self.store.replace_schedule(
+            name,
+            lambda current, _now: (
+                replace(current.definition, enabled=False),
+                current.next_fire_at,
+            ),
+        )
+
+    def resume(self, name: str) -> Schedule:
+        """Fire again from the next fire time after now."""
+
+        def build(current: Schedule, now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
+            definition = replace(current.definition, enabled=True)
+            if current.definition.enabled:
+                return definition, current.next_fire_at
+            return definition, _resumed_next_fire(current, now)
+
+        return self.store.replace_schedule(name, build)
+
+    def delete(self, name: str) -> None:
+        """Delete a schedule made at runtime; one defined in code is refused (the next
+        sync would bring it back)."""
+        self.store.delete_schedule(name)
+
+    def sync_code(self, definitions: Sequence[tuple[ScheduleDefinition, str]]) -> SyncReport:
+        """Make the schedules defined in code (``beat.schedule.code.collect``: each
+        with the hash of its definition) those of the database, as beat does when it
+        starts: see :meth:`beat.store.schedules.ScheduleStore.sync_code_schedules`."""
+        return self.store.sync_code_schedules(definitions, first_fire_at)
+
+    def _import_tasks(self) -> None:
+        if self.app is not None:
+            self.app.loader.import_default_modules()
+
+    def check_task_registered(self, task: str) -> None:
+        if self.app is None:
+            return
+        self._import_tasks()
+        if task not in self.app.tasks:
+            raise UnknownTask(
+                f"task {task!r:.200} is not registered with the Celery app '{self.app.main}':"
+                " check the name, or allow it explicitly (--allow-unregistered)"
+                " if only the workers import it"
+            )
+
+    def check_arguments(self, definition: ScheduleDefinition) -> None:
+        """Refuse args and kwargs that the task, if this app knows it, cannot be called
+        with: every run would fail the same way."""
+        registered = None if self.app is None else self.app.tasks.get(definition.task)
+        problem = arguments_problem(registered, definition)
+        if problem is not None:
+            raise InvalidSchedule(
+                f"{problem}: give matching --args/--kwargs, or --allow-unregistered if the"
+                " workers run another version of the task"
+            )
+
+    # -- runs ---------------------------------------------------------------------
+
+    def backfill(
+        self, name: str, *, start: datetime, end: datetime, limit: int = 100
+    ) -> Sequence[RunRecord]:
+        """Create the runs of schedule ``name`` for its fire times in ``start`` .. ``end``
+        (oldest first, at most ``limit``, itself at most ``MAX_BACKFILL_RUNS``: like the
+        misfire policy fire_all). Fire times that already have a run are left alone.
+        Returns the runs created.
+
+        The window must have passed (``end`` not after the database's now: fire times
+        to come run on schedule) and lie within the history retention (older runs may
+        be deleted, so which fire times ran is no longer known)."""
+        if start.utcoffset() is None or end.utcoffset() is None or end < start:
+            raise InvalidSchedule("backfill needs aware start and end times, end not before start")
+        check_count(limit, "backfill limit", maximum=MAX_BACKFILL_RUNS)
+        schedule = self.get(name)
+
+        def fire_times(now: datetime) -> list[datetime]:
+            self._check_backfill_window(start, end, now)
+            return _fire_times_between(schedule, start, end, limit)
+
+        return self.store.backfill(name, fire_times)
+
+    def _check_backfill_window(self, start: datetime, end: datetime, now: datetime) -> None:
+        if end > now:
+            raise InvalidSchedule(
+                f"backfill end (--to) {end.isoformat()} is after the database's now"
+                f" {now.isoformat()}: end the window at now or earlier"
+                " (fire times to come run on schedule)"
+            )
+        if self.history_retention is None:
+            return
+        horizon = now - self.history_retention + BACKFILL_HORIZON_MARGIN
+        if start < horizon:
+            raise InvalidSchedule(
+                f"backfill start (--from) {start.isoformat()} is before {horizon.isoformat()}:"
+                f" the runs of older fire times may have been deleted (history retention"
+                f" {self.history_retention.total_seconds() / 86400:g} days), so which ran is"
+                " unknown; start the window later, or keep more history"
+                " (habeat_history_retention_days) before it is needed"
+            )
+
+    def prune(self, older_than: timedelta, *, batch: int = 1000) -> PruneReport:
+        """Delete finished runs older than ``older_than``, ``batch`` rows per transaction."""
+        return self.store.prune(older_than, batch=batch)
+
+    def trigger(self, name: str) -> str:
+        """Run schedule ``name`` once, now, besides its timing (paused or not); the run ID.
+
+        The run is queued in PostgreSQL and the leader publishes it at its next tick
+        (woken at once), with the run ID as the Celery task ID. ``next_fire_at`` is
+        not touched. Raises :class:`ScheduleNotFound` for an unknown name.
+        """
+        return str(self.trigger_run(name).id)
+
+    def trigger_run(self, name: str, *, run_id: uuid.UUID | None = None) -> RunRecord:
+        """:meth:`trigger`, returning the run as queued rather than its ID. With
+        ``run_id`` it is idempotent: the same ID again returns the run already queued
+        (a form posted twice runs once)."""
+        return self.store.trigger(name, run_id=run_id)
+
+
+def _fire_times_between(
+    schedule: Schedule, start: datetime, end: datetime, limit: int
+) -> list[datetime]:
+    """The fire times of ``schedule`` in ``start`` .. ``end``; refused beyond ``limit``."""
+    trigger = schedule.definition.trigger
+    zone = timing.parse_zone(schedule.definition.timezone)
+    first = timing.next_fire_after(trigger, zone, start - timedelta(microseconds=1))
+    if first is None or first > end:
+        return []
+    times = [first, *timing.fire_times(trigger, zone, after=first, until=end, limit=limit)]
+    if len(times) > limit:
+        raise InvalidSchedule(
+            f"{start.isoformat()} .. {end.isoformat()} holds more than {limit} fire times"
+            f" of {schedule.definition.name}: backfill a shorter window"
+        )
+    return times
+
+
+def _redefine(
+    current: ScheduleDefinition, changes: Mapping[str, Any], now: datetime
+) -> ScheduleDefinition:
+    """The definition with ``changes`` applied, validated as a whole by :func:`define`
+    (relative times count from the database's ``now``)."""
+    fields: dict[str, Any] = {
+        "args": current.args,
+        "kwargs": current.kwargs,
+        "options": current.options,
+        "enabled": current.enabled,
+        "misfire_policy": current.misfire_policy,
+        "max_attempts": current.max_attempts,
+        "origin": current.origin,
+        "overlap_policy": current.overlap_policy,
+        "jitter": current.jitter_seconds,
+        "end_at": current.end_at,
+        "max_runs": current.max_runs,
+    }
+    timing_keys = {"cron", "every", "at", "in_seconds", "start_at"}
+    if not timing_keys & set(changes):
+        fields |= _trigger_fields(current)
+    elif _window_start_stays(current, changes, now):
+        fields["start_at"] = current.start_at
+    fields |= dict(changes)
+    if "at" not in changes:
+        fields["allow_past"] = True  # a one-off's own time is not checked again
+    task = fields.pop("task", current.task)
+    # The zone stays unless changed; only a zone given anew is checked against the timing.
+    return define(current.name, task, default_tz=current.timezone, now=now, **fields)
+
+
+def _window_start_stays(
+    current: ScheduleDefinition, changes: Mapping[str, Any], now: datetime
+) -> bool:
+    """Whether a new timing keeps the window's start_at: always when it is not given
+    anew, except for an interval once the window has started (start_at is also where
+    an interval counts from, and a changed one counts from the change)."""
+    if "start_at" in changes or current.start_at is None:
+        return False
+    return "every" not in changes or current.start_at > now
+
+
+def _trigger_fields(current: ScheduleDefinition) -> dict[str, Any]:
+    trigger = current.trigger
+    if isinstance(trigger, timing.Cron):
+        # The trigger itself, so a change of anything else keeps its day rule.
+        return {"cron": trigger, "start_at": current.start_at}
+    if isinstance(trigger, timing.Every):
+        return {"every": trigger.seconds, "start_at": trigger.anchor}
+    return {"at": trigger.at}
+
+
+def _resumed_next_fire(current: Schedule, now: datetime) -> datetime | None:
+    if current.next_fire_at is None:
+        return None  # a finished one-off stays finished
+    trigger = current.definition.trigger
+    if isinstance(trigger, timing.Once):
+        return current.next_fire_at  # a paused one-off still fires once
+    return timing.next_fire_after(trigger, timing.parse_zone(current.definition.timezone), now)
