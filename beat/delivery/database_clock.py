@@ -59,12 +59,7 @@ from beat.delivery.plain_runs import RECEIPT_KEY
 from beat.errors import HABeatError
 from beat.models import RunState
 from beat.publish.messages import ATTEMPT_HEADER
-from beat.store.runs import (
-    RunStore,
-    expiry_reason,
-    run_id_for,
-    run_store_for,
-)
+from beat.store.runs import RunStore, expiry_reason, run_id_for, run_store_for
 
 logger = logging.getLogger(__name__)
 

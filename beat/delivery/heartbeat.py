@@ -17,10 +17,7 @@ from beat.config import BeatConfig, uses_this_scheduler
 from beat.errors import HABeatError
 from beat.lease.beacon import process_session
 from beat.records import Session
-from beat.store.runs import (
-    RunStore,
-    run_store_for,
-)
+from beat.store.runs import RunStore, run_store_for
 
 logger = logging.getLogger(__name__)
 

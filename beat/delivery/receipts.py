@@ -27,11 +27,7 @@ from beat.delivery.plain_runs import RECEIPT_KEY, PlainStart, _start_only_while_
 from beat.errors import HABeatError
 from beat.models import RunState
 from beat.publish.dispatch import published_by_beat
-from beat.store.runs import (
-    TAKEN_UNRECORDED,
-    Refused,
-    run_id_for,
-)
+from beat.store.runs import TAKEN_UNRECORDED, Refused, run_id_for
 
 logger = logging.getLogger(__name__)
 
