@@ -27,7 +27,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from beat.config import BeatConfig
-from beat.leader.loop import SUMMARY_BUDGET
+from beat.leader.maintenance import SUMMARY_BUDGET
 from beat.ops.schedules import ScheduleFilter, Schedules
 from beat.store.all_roles import Store
 from beat.store.history import RunCursor

@@ -20,7 +20,7 @@ from sqlalchemy import select, text
 from beat.claim.planning import PlanningRules
 from beat.errors import StaleEpoch
 from beat.leader.leadership import LeaderRow
-from beat.leader.loop import ClaimStore
+from beat.leader.ports import ClaimStore
 from beat.models import OverlapPolicy, RunState, SkipKind
 from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store

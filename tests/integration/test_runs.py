@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from beat.delivery import tracking as run_tracking
+from beat.delivery import heartbeat
 from beat.delivery.tracking import WorkerHeartbeat
 from beat.errors import StaleEpoch
 from beat.models import RunState
@@ -256,7 +256,7 @@ def skew_worker_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
         def now(cls, tz: Any = None) -> Any:
             return datetime.now(tz) + shift
 
-    monkeypatch.setattr(run_tracking, "datetime", Skewed)
+    monkeypatch.setattr(heartbeat, "datetime", Skewed)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from beat import metrics
 from beat.errors import StoreUnavailable
 from beat.leader import reporting
-from beat.leader.loop import BURST_MAINTENANCE_INTERVAL, LEASE_EXPIRY_MARGIN, SUMMARY_INTERVAL
+from beat.leader.claim_pacing import LEASE_EXPIRY_MARGIN
+from beat.leader.maintenance import BURST_MAINTENANCE_INTERVAL, SUMMARY_INTERVAL
 from beat.models import OverlapPolicy, RunState, RunToPublish
 from beat.records import DatabaseClock
 from beat.schedule.timing import Every

@@ -15,6 +15,7 @@ import pytest
 from celery import Celery
 from celery.exceptions import Reject, Retry
 
+from beat.delivery import plain_runs
 from beat.delivery import tracking as run_tracking
 from beat.delivery.tracking import _plain_outcome, _unsent_retries, note_unsent_retries
 from beat.errors import StoreError
@@ -165,8 +166,8 @@ def test_a_retry_recorded_late_keeps_the_due_time_it_asked_for(
                 raise StoreError("PostgreSQL is unreachable")
             written.append(values["retry_in"])
 
-    monkeypatch.setattr(run_tracking, "_store_of", lambda task: Store())
-    monkeypatch.setattr(run_tracking, "PERSIST_RETRY_DELAY", 0.3)
+    monkeypatch.setattr(plain_runs, "_store_of", lambda task: Store())
+    monkeypatch.setattr(plain_runs, "PERSIST_RETRY_DELAY", 0.3)
     monkeypatch.setitem(run_tracking._running_plain, "task-3", uuid.uuid4())
     task = SimpleNamespace(request=SimpleNamespace(retries=0))
     run_tracking._plain_run_ended(task_id="task-3", task=task, retval=Retry(when=5), state="RETRY")

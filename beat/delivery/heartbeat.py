@@ -1,0 +1,142 @@
+"""The worker's main process seen from PostgreSQL: its presence (``beat_workers``)
+and the receipt leases of the runs whose message it took, renewed while their
+requests live (``WorkerHeartbeat``, one per process)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from beat.config import BeatConfig, uses_this_scheduler
+from beat.errors import HABeatError
+from beat.lease.beacon import process_session
+from beat.records import Session
+from beat.store.runs import RunStore, run_store_for
+
+logger = logging.getLogger(__name__)
+
+#: A plain run taken this recently is renewed even before Celery lists its request
+#: (the request is reserved just after ``task_received``).
+RECEIPT_GRACE = 5.0
+
+
+class WorkerHeartbeat:
+    """The worker's main process, seen from PostgreSQL: its presence (``beat_workers``)
+    and the receipt leases of the runs whose message it took, renewed while their
+    requests live.
+
+    A request that finished, or whose pool process died, leaves Celery's lists of
+    requests: its lease is then no longer renewed and expires, and the reaper acts
+    (a run not started is published again; a plain run that started ends ``lost``).
+    A worker that died stops being seen: the reaper then knows that the runs it held
+    were interrupted, not that they crashed it."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        hostname: str,
+        lease_seconds: float,
+        beacon: Callable[[], Session | None] = lambda: None,
+    ) -> None:
+        self.store = store
+        #: This process's beacon (``beat.lease.beacon``), recorded with its presence: asked
+        #: at every heartbeat, it opens again a half it lost.
+        self.beacon = beacon
+        self.hostname = hostname
+        self.owner = f"{hostname}:{os.getpid()}:received"
+        self.lease_seconds = lease_seconds
+        self._started = time.monotonic()
+        #: When this process started, by the database's clock (read at its first renewal).
+        self.booted_at: datetime | None = None
+        self._taken: dict[uuid.UUID, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._beat, name="habeat-worker-heartbeat", daemon=True
+                )
+                self._thread.start()
+
+    def add(self, run_id: uuid.UUID, task_id: str) -> None:
+        with self._lock:
+            self._taken[run_id] = (task_id, time.monotonic())
+        self.start()
+
+    def _beat(self) -> None:
+        while True:
+            self.renew()
+            time.sleep(self.lease_seconds / 3)
+
+    def renew(self) -> None:
+        """Renew the receipt leases of the runs still in hand, and this worker's presence."""
+        held = self._still_held()
+        try:
+            # The leases first: opening a lost half of the beacon again may take time.
+            self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
+            self.store.worker_seen(
+                self.hostname,
+                pid=os.getpid(),
+                booted_at=self._boot_time(),
+                session=self.beacon(),
+            )
+        except HABeatError as exc:
+            logger.warning("could not renew this worker's leases (%d runs): %s", len(held), exc)
+
+    def _boot_time(self) -> datetime:
+        """When this process started, by the database's clock: PostgreSQL's time less
+        the monotonic seconds since, read once and kept, so every renewal of this
+        process records the same instant. The reaper compares it with the start of a run
+        (``_worker_died`` in ``beat.store.leader``) to tell a restarted worker from the
+        same one: a wall clock set wrong would make either read as the other. The time
+        the query takes counts as elapsed: the instant is early by at most that."""
+        if self.booted_at is None:
+            database_now = self.store.database_now()
+            elapsed = time.monotonic() - self._started
+            self.booted_at = database_now - timedelta(seconds=elapsed)
+        return self.booted_at
+
+    def _still_held(self) -> list[uuid.UUID]:
+        from celery.worker import state
+
+        live = set(state.requests) | {request.id for request in list(state.scheduled_requests)}
+        now = time.monotonic()
+        with self._lock:
+            for run_id, (task_id, taken) in list(self._taken.items()):
+                if task_id not in live and now - taken > RECEIPT_GRACE:
+                    del self._taken[run_id]
+            return list(self._taken)
+
+
+_leases: dict[int, WorkerHeartbeat] = {}
+_leases_lock = threading.Lock()
+
+
+def _leases_of(config: BeatConfig, hostname: str) -> WorkerHeartbeat:
+    with _leases_lock:
+        leases = _leases.get(os.getpid())
+        if leases is None:
+            leases = _leases[os.getpid()] = WorkerHeartbeat(
+                run_store_for(config.database_url),
+                hostname,
+                config.lease_timeout,
+                beacon=lambda: process_session(config),
+            )
+        return leases
+
+
+def _worker_ready(sender: Any = None, **_: Any) -> None:
+    """Start being seen as soon as the worker consumes (its main process)."""
+    hostname = getattr(sender, "hostname", None)
+    app = getattr(sender, "app", None)
+    if not hostname or app is None or not uses_this_scheduler(app.conf):
+        return
+    _leases_of(BeatConfig.from_celery_conf(app.conf), hostname).start()

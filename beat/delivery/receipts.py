@@ -1,0 +1,172 @@
+"""The receipt of a run beat published.
+
+When the message of a run beat published reaches a worker
+(``task_received``, in its main process), the run is held under a receipt
+lease that the worker renews while the request is in its hands (reserved,
+waiting for a retry's countdown, or running). If the worker dies before the
+run starts, the lease expires and the leader publishes the run again at
+once, rather than after the broker's visibility timeout. A plain task's receipt
+also takes the run, or drops a delivery of a run taken before.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import datetime
+from typing import Any
+
+from celery.exceptions import TaskRevokedError
+
+from beat import metrics
+from beat.config import BeatConfig
+from beat.delivery.heartbeat import _leases_of
+from beat.delivery.message_times import retry_due, run_expiry, seconds_until
+from beat.delivery.plain_runs import RECEIPT_KEY, PlainStart, _start_only_while_held, is_guarded
+from beat.errors import HABeatError
+from beat.models import RunState
+from beat.publish.dispatch import published_by_beat
+from beat.store.plain_runs import TAKEN_UNRECORDED
+from beat.store.run_guard import Refused
+from beat.store.runs import run_id_for
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a worker that cannot reach PostgreSQL waits before handing a plain run's
+#: message back (so it does not spin on it while cut off).
+REQUEUE_DELAY = 1.0
+
+
+def _redelivered(request: Any) -> bool:
+    """Whether the broker hands this message out again after a consumer took it (kombu
+    marks a delivery it restored from its unacknowledged ones)."""
+    delivery_info = getattr(request, "delivery_info", None) or {}
+    return bool(delivery_info.get("redelivered"))
+
+
+def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """Hold the run of a message beat published when it arrives; for a plain task, take
+    the run, or drop the delivery if the run was taken before."""
+    if request is None:
+        return
+    context = request.request_dict
+    if not published_by_beat(_Headers(context)):
+        return
+    context.pop(RECEIPT_KEY, None)  # a retry carries its parent's headers
+    config = BeatConfig.from_celery_conf(request.task.app.conf)
+    leases = _leases_of(config, request.hostname or "worker")
+    run_id = run_id_for(request.id)
+    expires = run_expiry(context)
+    due = retry_due(context)
+    try:
+        if is_guarded(request.task):
+            if expires is not None and leases.store.expire_if_past(run_id, expires):
+                _expired_at_receipt(request, run_id, expires)
+                return
+            # The guard decides in the pool whether this delivery runs; until then the
+            # worker only holds the run.
+            if leases.store.note_received(
+                run_id,
+                owner=leases.owner,
+                worker=request.hostname or "",
+                lease_seconds=config.lease_timeout,
+            ):
+                leases.add(run_id, request.id)
+            return
+        if _redelivered(request) and leases.store.end_taken_unrecorded(
+            run_id, queue=str(request.delivery_info.get("routing_key") or "")
+        ):
+            logger.error(
+                "plain run %s is lost: %s",
+                run_id,
+                TAKEN_UNRECORDED,
+                extra={"run_id": str(run_id)},
+            )
+            _drop(request, requeue=False)
+            return
+        outcome = leases.store.receive_plain(
+            run_id,
+            owner=leases.owner,
+            worker=request.hostname or "",
+            lease_seconds=config.lease_timeout,
+            retries=int(context.get("retries") or 0),
+            expires=expires,
+            retry_due_at=due,
+            # Without the instant, the ETA as this worker's clock reads it.
+            retry_due_in=seconds_until(request.eta) if request.eta and due is None else None,
+        )
+    except HABeatError as exc:
+        if is_guarded(request.task):
+            logger.warning("could not record the receipt of run %s: %s", run_id, exc)
+            return
+        logger.error(
+            "cannot check plain run %s against the run table, handing it back: %s",
+            run_id,
+            exc,
+            extra={"run_id": str(run_id)},
+        )
+        metrics.WORKER_REQUEUED.inc()
+        time.sleep(REQUEUE_DELAY)
+        _drop(request, requeue=True)
+        return
+    if isinstance(outcome, Refused) and outcome.state == RunState.EXPIRED.value:
+        _expired_at_receipt(request, run_id, expires)
+        return
+    if isinstance(outcome, Refused):
+        metrics.WORKER_DUPLICATE_DELIVERIES.inc()
+        logger.warning(
+            "dropped a delivery of plain run %s (%s): it is %s; a plain task runs at most once"
+            " once a worker took it",
+            run_id,
+            request.name,
+            outcome.state,
+            extra={"run_id": str(run_id), "state": outcome.state},
+        )
+        _drop(request, requeue=False)
+        return
+    leases.add(run_id, request.id)
+    _start_only_while_held(
+        request,
+        PlainStart(
+            run_id=run_id,
+            owner=leases.owner,
+            attempt=outcome.attempt,
+            database_url=config.database_url,
+            expires=expires,
+        ),
+    )
+
+
+def _expired_at_receipt(request: Any, run_id: uuid.UUID, expires: datetime | None) -> None:
+    logger.warning(
+        "run %s (%s) expired at %s (the database's clock) before a worker started it: not run",
+        run_id,
+        request.name,
+        expires.isoformat() if expires else "?",
+        extra={"run_id": str(run_id)},
+    )
+    _drop(request, requeue=False)
+
+
+class _Headers:
+    """A request's message headers seen as attributes, like a task's request."""
+
+    def __init__(self, headers: dict[str, Any]) -> None:
+        self.__dict__.update(headers)
+
+
+def _drop(request: Any, *, requeue: bool) -> None:
+    """Make Celery skip this request: its message is acknowledged (or handed back)
+    and the pool never sees it."""
+    from celery.worker import state
+
+    def skip(pool: Any, **_: Any) -> None:
+        state.task_ready(request)
+        if requeue:
+            request.reject(requeue=True)
+        else:
+            request.acknowledge()
+        raise TaskRevokedError(request.id)  # the consumer releases the request's slot
+
+    request.execute_using_pool = skip

@@ -1,0 +1,117 @@
+"""The maintenance of a pass of the leader loop: publish the outbox (runs an
+earlier leader or a failed publish left, jittered runs whose time came), reclaim
+the runs of dead workers, send again the runs whose message the broker lost,
+prune history past its retention, summarise the runs finished
+(``beat.store.stats``); every pass, once a second during a burst."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from beat.leader.publishing import Publishing
+from beat.leader.reporting import OUTBOX, RECLAIM
+
+#: The leader deletes run history past its retention on its maintenance passes: batches
+#: of RETENTION_BATCH rows for up to RETENTION_BUDGET seconds a pass, again at the next
+#: pass (about a second later) while old runs are left, else after RETENTION_INTERVAL.
+RETENTION_INTERVAL = 60.0
+RETENTION_BATCH = 1000
+RETENTION_BUDGET = 0.25
+#: The leader summarises the runs finished (``beat.store.stats``) on its maintenance
+#: passes the same way: for up to SUMMARY_BUDGET seconds a pass, again at the next pass
+#: while minutes are left (a first catch-up), else after SUMMARY_INTERVAL.
+SUMMARY_INTERVAL = 60.0
+SUMMARY_BUDGET = 0.25
+#: While a burst is claimed batch after batch, the outbox and the reaper run this often (s).
+BURST_MAINTENANCE_INTERVAL = 1.0
+
+
+class Maintenance(Publishing):
+    """The maintenance pass: outbox, reaper, lost messages, retention, statistics."""
+
+    def _maintenance_due(self) -> bool:
+        """Outbox, reaper and retention run every pass, but only once a second while a
+        burst is claimed batch after batch: each is a query, and the outbox's would
+        walk the runs just claimed ahead."""
+        now = self.clock()
+        if self._in_burst and now < self._next_maintenance:
+            return False
+        self._next_maintenance = now + BURST_MAINTENANCE_INTERVAL
+        return True
+
+    def _maintain(self, epoch: int) -> None:
+        config = self.config
+        outbox = self.store.pending_runs(epoch, grace=config.outbox_grace, limit=config.claim_batch)
+        # A run this leader holds armed is sent from memory at its fire time, however
+        # long ago it was claimed (claim_ahead may exceed outbox_grace): not from here.
+        armed = self.armed.run_ids() if outbox else set()
+        self._publish([run for run in outbox if run.id not in armed], source=OUTBOX)
+        self._reclaim(epoch)
+        self._recover_lost_messages(epoch)
+        self._enforce_retention()
+        self._summarise()
+
+    def _reclaim(self, epoch: int) -> None:
+        """Publish again the runs of dead workers; mark lost those out of attempts."""
+        limit = self.config.claim_batch
+        deaths = self.crashes.dead_runs(limit=limit)
+        reclaim = self.store.reclaim(
+            epoch,
+            dead=deaths.runs,
+            interrupted=deaths.interrupted,
+            stale_queued_after=2 * self.config.visibility_timeout,
+            limit=limit,
+            idle_timeout=self.config.claim_idle_timeout,
+            lease_seconds=self.config.lease_timeout,
+            in_queue=self.lost_messages.waiting_in_queues,
+        )
+        self.report.reclaimed(reclaim)
+        self._publish(reclaim.runs, source=RECLAIM)
+
+    def _recover_lost_messages(self, epoch: int) -> None:
+        """Publish again the runs whose message the broker lost; end those that expired."""
+        if not self.lost_messages.due():
+            return
+        recovery = self.lost_messages.look(
+            self.store,
+            epoch,
+            limit=self.config.claim_batch,
+            idle_timeout=self.config.claim_idle_timeout,
+        )
+        self.report.recovered(recovery)
+        self._publish(recovery.republish, source=RECLAIM)
+
+    def _enforce_retention(self) -> None:
+        """Delete run history past its retention, as fast as the leader produces it:
+        batch after batch within a small time budget, and at the next maintenance
+        pass again while a backlog is left; once caught up, a minute later."""
+        days = self.config.history_retention_days
+        if days <= 0 or self.clock() < self._next_retention:
+            return
+        # Armed runs wait while this pass deletes: stop before the next one is due.
+        budget = min(RETENTION_BUDGET, self.armed.next_deadline() - self.clock())
+        report = self.store.prune(
+            timedelta(days=days), batch=RETENTION_BATCH, budget=max(budget, 0.0)
+        )
+        if report.caught_up:
+            self._next_retention = self.clock() + RETENTION_INTERVAL
+        self.report.pruned(report, days)
+
+    def _summarise(self) -> None:
+        """Summarise the minutes of finished runs that have settled (for the run
+        statistics): within a small time budget, again at the next maintenance pass
+        while minutes are left, else a minute later."""
+        if self.clock() < self._next_summary:
+            return
+        budget = min(SUMMARY_BUDGET, self.armed.next_deadline() - self.clock())
+        try:
+            report = self.store.summarise(budget=max(budget, 0.0))
+        except Exception as exc:
+            # Statistics for people to read: whatever breaks them must not stop the
+            # claims. Tried again a minute later; PostgreSQL down fails the claim anyway.
+            self._next_summary = self.clock() + SUMMARY_INTERVAL
+            self.report.summary_failed(exc)
+            return
+        if report.caught_up:
+            self._next_summary = self.clock() + SUMMARY_INTERVAL
+        self.report.summarised(report)
