@@ -290,3 +290,50 @@ def test_a_tree_without_a_cycle_or_an_upward_import_passes(tmp_path: Path) -> No
     assert upward_imports(graph, PLANTED_LAYERS) == []
     graph.pop("beat")
     assert cycles(graph) == []
+
+
+# -- sizes: a module or class past these holds more than one job ------------------------
+
+#: Longest module of ``beat/`` (its migrations aside), in lines.
+MAX_MODULE_LINES = 600
+#: Longest class, in lines.
+MAX_CLASS_LINES = 300
+
+
+def too_long(package_dir: Path) -> list[str]:
+    """Each module over ``MAX_MODULE_LINES`` and each class over ``MAX_CLASS_LINES``."""
+    found = []
+    for name, path in modules_of(package_dir).items():
+        if ".migrations" in name:
+            continue
+        text = path.read_text()
+        if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_CLASS_LINES:
+                    found.append(f"{name}.{node.name}: {length} lines")
+    return found
+
+
+def test_no_module_and_no_class_of_the_package_is_over_its_length() -> None:
+    assert too_long(ROOT / "beat") == [], "split these by concern"
+
+
+def test_a_planted_long_module_and_a_long_class_are_found(tmp_path: Path) -> None:
+    long_class = "class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES
+    beat = _plant(
+        tmp_path,
+        {
+            "beat/__init__.py": "",
+            "beat/long.py": "x = 1\n" * (MAX_MODULE_LINES + 1),
+            "beat/store/__init__.py": "",
+            "beat/store/classes.py": long_class,
+            "beat/migrations/versions/0001_all.py": "x = 1\n" * (MAX_MODULE_LINES + 1),
+        },
+    )
+    assert too_long(beat) == [
+        f"beat.long: {MAX_MODULE_LINES + 1} lines",
+        f"beat.store.classes.Big: {MAX_CLASS_LINES + 1} lines",
+    ]
