@@ -78,7 +78,9 @@ def is_guarded(task: Any) -> bool:
     return bool(getattr(task, "habeat_guarded", False))
 
 
-def error_text(exc: BaseException) -> str:
+def recorded_error(exc: BaseException) -> str:
+    """An exception as its run records it: its type and whole message, cut at
+    ``MAX_ERROR_LENGTH`` (``beat.errors.error_text`` is the one line shown to people)."""
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= MAX_ERROR_LENGTH else text[: MAX_ERROR_LENGTH - 1] + "…"
 
@@ -257,8 +259,8 @@ def _plain_outcome(
     if state is None:
         return RunState.LOST, PLAIN_RUN_TERMINATED
     if unsent_retry and state == "REJECTED" and isinstance(retval, Reject):
-        return RunState.RETRYING, error_text(retval)
-    error = error_text(retval) if isinstance(retval, BaseException) else None
+        return RunState.RETRYING, recorded_error(retval)
+    error = recorded_error(retval) if isinstance(retval, BaseException) else None
     return _OUTCOMES.get(state, RunState.FAILED), error
 
 

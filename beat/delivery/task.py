@@ -39,7 +39,7 @@ from beat import metrics
 from beat.config import BeatConfig, uses_this_scheduler
 from beat.delivery.tracking import (
     REQUEUE_DELAY,
-    error_text,
+    recorded_error,
     retry_delay,
     run_expiry,
     seconds_until,
@@ -302,7 +302,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             self._finish(execution, RunState.CANCELLED, error="ignored by the task")
             raise
         except Exception as exc:
-            self._finish(execution, RunState.FAILED, error=error_text(exc))
+            self._finish(execution, RunState.FAILED, error=recorded_error(exc))
             raise
         finally:
             execution.stop.set()

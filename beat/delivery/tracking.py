@@ -51,7 +51,7 @@ from beat.delivery.message_times import (
     seconds_until,
 )
 from beat.delivery.plain_runs import _plain_outcome as _plain_outcome
-from beat.delivery.plain_runs import _plain_run_cancelled, _plain_run_ended, error_text
+from beat.delivery.plain_runs import _plain_run_cancelled, _plain_run_ended, recorded_error
 from beat.delivery.plain_runs import _running_plain as _running_plain
 from beat.delivery.receipts import REQUEUE_DELAY, _hold_received_run
 from beat.delivery.unsent_retries import _unsent_retries as _unsent_retries
@@ -66,9 +66,9 @@ __all__ = [
     "WorkerClock",
     "WorkerHeartbeat",
     "carry_database_instants",
-    "error_text",
     "install",
     "note_unsent_retries",
+    "recorded_error",
     "retime",
     "retry_delay",
     "retry_due",
