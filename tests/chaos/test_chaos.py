@@ -209,7 +209,7 @@ def test_missing_servers_are_named_with_what_to_install(monkeypatch: pytest.Monk
 def test_plan_kills_never_interrupt_one_run_more_than_the_product_excuses() -> None:
     """Seed 966478 killed the worker holding the same run on each of its 3 attempts, and
     the run ended lost. The product now excuses attempts whose worker died (see
-    tests/integration/test_runs.py, finding 966478), up to MAX_INTERRUPTIONS; the
+    tests/integration/store/test_runs.py, finding 966478), up to MAX_INTERRUPTIONS; the
     plan's kills spare a worker holding a run they interrupted that often."""
     workers = [WorkerSlot(index=index) for index in range(3)]
     twice, fresh = uuid.uuid4(), uuid.uuid4()
@@ -409,7 +409,7 @@ def test_a_new_timing_follows_a_fire_time_kept_through_deploys_in_a_row(tmp_path
     4 s, every beat stopped again right after each sync, before any claim. The fire time
     the first retiming kept is still the next one at the third deploy: the product keeps
     it and follows it with the last timing's fire times (next_fire_after_retiming, and
-    tests/integration/test_code_sync.py), so the 3-second timing's never come due, even
+    tests/integration/store/test_code_sync.py), so the 3-second timing's never come due, even
     though a kwargs-only deploy split it into two definitions."""
     code = CodeSchedule(path=tmp_path / "code.json")
     code.expectations.append(

@@ -16,7 +16,7 @@ from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
 from tests.e2e.cluster import Cluster, wait_until
 from tests.integration.helpers import run_rows
-from tests.integration.test_rows_written_with_psql import (
+from tests.integration.store.test_rows_written_with_psql import (
     INFINITE_TIMES,
     NEVER_FIRING,
     OVERSIZED,

@@ -4,7 +4,7 @@ worker's logs, ``celery inspect conf``, Flower's worker API, the CLI.
 The lease is on a private Redis that requires a password, reached as the default
 user (``redis://:password@``) or as an ACL user (``redis://user:password@``); the
 broker stays the tests' Redis. (A ``rediss://`` URL is masked by the same code:
-tests/unit/test_secrets.py.)
+tests/unit/ops/test_secrets.py.)
 """
 
 from __future__ import annotations

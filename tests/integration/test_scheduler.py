@@ -78,7 +78,7 @@ def test_a_crash_between_commit_and_publish_is_published_by_the_next_leader(
     add_interval_schedules(Schedules(store), 4, every=1, start_at=datetime.now(UTC))
     make_due(store, seconds_ago=2.5)
     # Overdue runs only: runs claimed ahead wait for their time in the outbox
-    # (tests/integration/test_claim_ahead.py).
+    # (tests/integration/leader/test_claim_ahead.py).
     crashed = make_scheduler(lock_ttl=1.0, claim_ahead=0.0)
     claims: list[Claim] = []
 

@@ -2,7 +2,7 @@
 a password holding ``@`` (redis-py reads the user information up to the last ``@``),
 a ``sslpassword=`` query value, a malformed ``--basic-auth``.
 
-(``tests/unit/test_secrets.py`` holds the masking function to every URL form;
+(``tests/unit/ops/test_secrets.py`` holds the masking function to every URL form;
 ``tests/e2e/test_secrets.py`` a whole cluster behind a private Redis.)
 """
 

@@ -18,7 +18,7 @@ from beat.models import RunToPublish
 from beat.publish import dispatch
 from tests.conftest import SessionEnv
 from tests.e2e.rabbitmq import rabbitmq_vhost
-from tests.integration.test_dispatch import runs
+from tests.integration.publish.test_dispatch import runs
 
 pytestmark = pytest.mark.integration
 

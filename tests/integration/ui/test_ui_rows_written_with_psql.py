@@ -11,13 +11,13 @@ import pytest
 
 from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
-from tests.integration.test_rows_written_with_psql import (
+from tests.integration.store.test_rows_written_with_psql import (
     INFINITE_TIMES,
     NEVER_FIRING,
     OVERSIZED,
     insert_rows,
 )
-from tests.integration.test_ui_http import UI, app, serve  # noqa: F401 (fixtures)
+from tests.integration.ui.test_ui_http import UI, app, serve  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ never a write without both the password and the form's signed token.
 CI runs ``EXAMPLES`` requests, the same ones each time (``derandomize``). A long run
 draws new ones::
 
-    HABEAT_FUZZ_EXAMPLES=20000 pytest tests/integration/test_ui_fuzz.py \
+    HABEAT_FUZZ_EXAMPLES=20000 pytest tests/integration/ui/test_ui_fuzz.py \
         --hypothesis-seed=20261205 --timeout=0 -s
 """
 
@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from beat.ops.schedules import Schedules
-from tests.integration import test_ui_http
 from tests.integration.raw_http import NoAnswer, exchange, request_bytes
-from tests.integration.test_ui_http import PASSWORD, UI, USER, basic
+from tests.integration.ui import test_ui_http
+from tests.integration.ui.test_ui_http import PASSWORD, UI, USER, basic
 
 pytestmark = pytest.mark.integration
 

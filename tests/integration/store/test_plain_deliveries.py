@@ -33,7 +33,7 @@ def run_store(store: Store) -> RunStore:
 
 
 def published_run(store: Store, name: str = "plain") -> uuid.UUID:
-    from tests.integration.test_store import planner
+    from tests.integration.store.test_store import planner
 
     Schedules(store).create(name, "t", at=datetime.now(UTC), allow_unregistered=True)
     store.take_leadership(1, "leader")  # None when it leads already; the claim is fenced

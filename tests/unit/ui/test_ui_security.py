@@ -1,5 +1,5 @@
 """The UI's form tokens and origin rule (``beat.ui.security``), without a server
-(issue 29, finding 2); ``tests/integration/test_ui_security.py`` holds them over HTTP."""
+(issue 29, finding 2); ``tests/integration/ui/test_ui_security.py`` holds them over HTTP."""
 
 from __future__ import annotations
 

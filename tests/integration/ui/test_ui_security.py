@@ -2,7 +2,7 @@
 from another origin, tokens the client chose or another user was given, bodies sent
 without credentials or past the cap, and inputs PostgreSQL cannot hold. The browser
 half of the CSRF defence is ``tests/e2e/test_ui_csrf.py``; the fuzz pass over every
-route is ``tests/integration/test_ui_fuzz.py``."""
+route is ``tests/integration/ui/test_ui_fuzz.py``."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 
 from beat.ops.schedules import Schedules
 from beat.ui.server import FORM_BODY_LIMIT
-from tests.integration import test_ui_http
 from tests.integration.raw_http import NoAnswer, RawReply, exchange, request_bytes
-from tests.integration.test_ui_http import PASSWORD, UI, USER, basic
+from tests.integration.ui import test_ui_http
+from tests.integration.ui.test_ui_http import PASSWORD, UI, USER, basic
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,12 @@ from beat.errors import ConfigError
 from beat.schedule import code as code_schedules
 from beat.schedule.code import collect
 from beat.schedule.timing import Cron, Every, next_fire_after
-from tests.unit.test_timing import PROPERTY_SETTINGS, START_INSTANTS, occurrences, transitions
+from tests.unit.schedule.test_timing import (
+    PROPERTY_SETTINGS,
+    START_INSTANTS,
+    occurrences,
+    transitions,
+)
 
 BERLIN = ZoneInfo("Europe/Berlin")
 ZONES = [

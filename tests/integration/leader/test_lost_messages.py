@@ -32,7 +32,7 @@ from beat.store.leader import MAX_SENDS
 from beat.store.runs import RunStore
 from tests.conftest import SessionEnv
 from tests.integration.helpers import run_rows
-from tests.integration.test_store import planner
+from tests.integration.store.test_store import planner
 
 pytestmark = pytest.mark.integration
 

@@ -170,7 +170,7 @@ def test_the_reaper_is_fenced_and_republishes_runs_stuck_in_the_queue(store: Sto
     schedules = Schedules(store)
     schedules.create("s", "t", at=datetime.now(UTC), allow_unregistered=True)
     assert store.take_leadership(1, "leader")
-    from tests.integration.test_store import planner
+    from tests.integration.store.test_store import planner
 
     claim = store.claim_due(1, batch=10, plan=planner)
     store.mark_published([run.id for run in claim.runs])
@@ -325,7 +325,7 @@ def test_chaos_seed_87395_a_delivery_whose_expiry_passes_after_the_check_does_no
     """The guard checks the expiry, then starts the run: two statements. An expiry that
     passes between them (seen: a run started 23 ms after it) is refused by the start
     itself, by the database's clock; a delivery before its expiry starts."""
-    from tests.integration.test_store import planner
+    from tests.integration.store.test_store import planner
 
     Schedules(store).create("expiring", "t", at=datetime.now(UTC), allow_unregistered=True)
     assert store.take_leadership(1, "leader")
@@ -350,7 +350,7 @@ def _retry_held_by_a_dead_worker(run_store: RunStore, store: Store) -> uuid.UUID
     holding the retry's message (Celery sends it at once, with its countdown) dies. The
     reaper puts the run back in the outbox, due at its retry time, and publishes it again.
     Returns the run's ID."""
-    from tests.integration.test_store import planner
+    from tests.integration.store.test_store import planner
 
     Schedules(store).create("retrying", "t", at=datetime.now(UTC), allow_unregistered=True)
     assert store.take_leadership(1, "leader")
@@ -428,7 +428,7 @@ def test_a_retry_whose_worker_died_running_it_after_its_due_time_keeps_no_earlie
     retry was due); the next delivery's mark was lost, and the row read as published
     10.091 s before it was due."""
     from tests.chaos.checks import Verdict, _check_never_early
-    from tests.integration.test_store import planner
+    from tests.integration.store.test_store import planner
 
     Schedules(store).create("retrying", "t", at=datetime.now(UTC), allow_unregistered=True)
     assert store.take_leadership(1, "leader")
@@ -461,7 +461,7 @@ def test_a_plain_retry_ended_lost_by_the_reaper_keeps_its_times_consistent(
     outcome, and the row read as published 25 s before it was due. A run that is not
     sent again keeps its ``not_before``."""
     from tests.chaos.checks import Verdict, _check_never_early
-    from tests.integration.test_store import planner
+    from tests.integration.store.test_store import planner
 
     Schedules(store).create("plain", "t", at=datetime.now(UTC), allow_unregistered=True)
     assert store.take_leadership(1, "leader")
@@ -493,7 +493,7 @@ def test_a_retry_starts_with_no_recovery_sends_of_the_message_before_it(
     message before it do not count against it (``MAX_SENDS``). Before, an unsent retry
     of a run whose first message had been recovered twice ended ``lost`` at its first
     recovery, as if a consumer that records nothing had taken 3 copies."""
-    from tests.integration.test_store import planner
+    from tests.integration.store.test_store import planner
 
     Schedules(store).create("plain", "t", at=datetime.now(UTC), allow_unregistered=True)
     assert store.take_leadership(1, "leader")

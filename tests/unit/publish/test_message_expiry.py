@@ -20,7 +20,7 @@ from beat.publish.dispatch import time_to_live
 from beat.records import DatabaseClock
 from tests.clock_skew import skewed_env
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXPIRES = 25
 #: The database's clock reads this long after the fire time when the runs are sent.
 SINCE_FIRE = 5.0
