@@ -1,12 +1,15 @@
 """The records that cross layers: what the stores hand the leader's loop, the
-crash detection and the publisher, written here once so that none of them imports
-another for a type. Values only: no I/O."""
+crash detection, the publisher and the operators' API, written here once so that
+none of them imports another for a type. Values only: no I/O."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
+
+from beat.models import RunState
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,3 +67,39 @@ class SessionlessRun:
     beacon: RedisHalf
     #: The beacon of its worker's main process, if that session is proven gone too.
     worker_beacon: RedisHalf | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunRecord:
+    """One row of the run history, as shown to an operator."""
+
+    id: uuid.UUID
+    #: The Celery task ID its messages carry (Flower's page of the task): the caller's
+    #: when it chose one that is not a UUID, else the run ID.
+    task_id: str
+    schedule_name: str | None
+    task: str
+    state: RunState
+    fire_at: datetime | None
+    claimed_at: datetime
+    published_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker: str | None
+    attempt: int
+    max_attempts: int
+    retries: int
+    duplicate_deliveries: int
+    duration_seconds: float | None
+    epoch: int | None
+    reason: str | None
+    error: str | None
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+    @property
+    def lateness(self) -> timedelta | None:
+        """How long after its fire time the run was handed to the broker."""
+        if self.published_at is None or self.fire_at is None:
+            return None
+        return self.published_at - self.fire_at

@@ -9,7 +9,8 @@ from datetime import datetime
 
 from beat.lease.presence import BeatProcess
 from beat.ops.health import ClusterStatus
-from beat.store.history import LastRun, RunRecord
+from beat.records import RunRecord
+from beat.store.history import LastRun
 from beat.store.leader import QueueBacklog, WorkerPresence
 from beat.store.schedules import OverdueSchedule
 from beat.store.stored_schedules import StoredSchedule, UnreadableSchedule

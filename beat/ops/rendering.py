@@ -37,10 +37,11 @@ from beat.ops.schedules import (
     UnreadableSchedule,
     WorkerPresence,
 )
+from beat.records import RunRecord
 from beat.schedule import timing
 from beat.schedule.timing import Cron, Every, Once
 from beat.store.code_sync import SyncReport
-from beat.store.history import LastRun, RunRecord
+from beat.store.history import LastRun
 from beat.store.leader import PruneReport
 
 #: Longest error text in a table cell (the documents give it whole).

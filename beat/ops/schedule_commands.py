@@ -17,6 +17,7 @@ from typing import Any
 from beat.errors import InvalidSchedule, UnknownTask
 from beat.models import Schedule, ScheduleDefinition
 from beat.ops.schedules_base import SchedulesBase
+from beat.records import RunRecord
 from beat.schedule import timing
 from beat.schedule.define import (
     arguments_problem,
@@ -26,7 +27,6 @@ from beat.schedule.define import (
     first_fire_at,
 )
 from beat.store.code_sync import SyncReport, next_fire_after_retiming
-from beat.store.history import RunRecord
 from beat.store.leader import PruneReport
 
 #: Most runs one backfill creates: they are built, inserted and returned in one go

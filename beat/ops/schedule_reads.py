@@ -12,9 +12,10 @@ from beat.errors import InvalidSchedule, ScheduleNotFound
 from beat.models import Origin, RunState, Schedule
 from beat.ops.read_models import ScheduleDetails, SchedulePage, ScheduleRow, ScheduleSummary
 from beat.ops.schedules_base import SchedulesBase
+from beat.records import RunRecord
 from beat.schedule import timing
 from beat.schedule.define import MAX_TASK_NAME_LENGTH, check_count
-from beat.store.history import LastRun, RecentRuns, RunPage, RunRecord, Since
+from beat.store.history import LastRun, RecentRuns, RunPage, Since
 from beat.store.schedules import QuarantinedSchedule, ScheduleFilter
 from beat.store.stats import MIN_BUCKET, RunStats
 from beat.store.stored_schedules import StoredSchedule, UnreadableSchedule

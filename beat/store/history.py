@@ -27,45 +27,10 @@ from sqlalchemy.dialects.postgresql import ARRAY, TEXT
 
 from beat.errors import InvalidSchedule
 from beat.models import RunState
+from beat.records import RunRecord
 from beat.store.db import StoreConnection
-from beat.store.rows import lateness_seconds
+from beat.store.rows import lateness_seconds, record_from_row
 from beat.store.tables import runs, schedules
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunRecord:
-    """One row of the run history, as shown to an operator."""
-
-    id: uuid.UUID
-    #: The Celery task ID its messages carry (Flower's page of the task): the caller's
-    #: when it chose one that is not a UUID, else the run ID.
-    task_id: str
-    schedule_name: str | None
-    task: str
-    state: RunState
-    fire_at: datetime | None
-    claimed_at: datetime
-    published_at: datetime | None
-    started_at: datetime | None
-    finished_at: datetime | None
-    worker: str | None
-    attempt: int
-    max_attempts: int
-    retries: int
-    duplicate_deliveries: int
-    duration_seconds: float | None
-    epoch: int | None
-    reason: str | None
-    error: str | None
-    args: list[Any]
-    kwargs: dict[str, Any]
-
-    @property
-    def lateness(self) -> timedelta | None:
-        """How long after its fire time the run was handed to the broker."""
-        if self.published_at is None or self.fire_at is None:
-            return None
-        return self.published_at - self.fire_at
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -315,30 +280,3 @@ def _moment(since: Since) -> Any:
     if isinstance(since, timedelta):
         return func.now() - since
     return since
-
-
-def record_from_row(row: Row[Any]) -> RunRecord:
-    """A run of the history from its ``beat_runs`` row."""
-    return RunRecord(
-        id=row.id,
-        task_id=row.task_id or str(row.id),
-        schedule_name=row.schedule_name,
-        task=row.task,
-        state=RunState(row.state),
-        fire_at=row.fire_at,
-        claimed_at=row.claimed_at,
-        published_at=row.published_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        worker=row.worker,
-        attempt=row.attempt,
-        max_attempts=row.max_attempts,
-        retries=row.retries,
-        duplicate_deliveries=row.duplicate_deliveries,
-        duration_seconds=row.duration_seconds,
-        epoch=row.epoch,
-        reason=row.reason,
-        error=row.error,
-        args=list(row.args),
-        kwargs=dict(row.kwargs),
-    )

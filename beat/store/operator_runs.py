@@ -21,10 +21,11 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.errors import InvalidSchedule
 from beat.models import RunState
+from beat.records import RunRecord
 from beat.store.db import StoreConnection
-from beat.store.history import RunRecord, record_from_row
 from beat.store.rows import (
     new_run_values,
+    record_from_row,
     run_copy_columns,
 )
 from beat.store.stored_schedules import (

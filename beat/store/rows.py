@@ -28,6 +28,7 @@ from beat.models import (
     RunState,
     TriggerKind,
 )
+from beat.records import RunRecord
 from beat.schedule.timing import Cron, Every, Once, Trigger
 from beat.store.tables import (
     runs,
@@ -123,3 +124,37 @@ def preview(text_: str) -> str:
     if len(text_) <= PREVIEW_CHARS:
         return text_
     return f"{text_[:PREVIEW_CHARS]}… ({len(text_):,} characters in all)"
+
+
+def record_from_row(row: Row[Any]) -> RunRecord:
+    """A run of the history from its ``beat_runs`` row."""
+    return RunRecord(
+        id=row.id,
+        task_id=row.task_id or str(row.id),
+        schedule_name=row.schedule_name,
+        task=row.task,
+        state=RunState(row.state),
+        fire_at=row.fire_at,
+        claimed_at=row.claimed_at,
+        published_at=row.published_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        worker=row.worker,
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
+        retries=row.retries,
+        duplicate_deliveries=row.duplicate_deliveries,
+        duration_seconds=row.duration_seconds,
+        epoch=row.epoch,
+        reason=row.reason,
+        error=row.error,
+        args=list(row.args),
+        kwargs=dict(row.kwargs),
+    )
+
+
+def due_again() -> ColumnElement[datetime]:
+    """When a run put back in the outbox may be sent again: not before its ``not_before``,
+    nor, if it was a retry, before the retry is due (``retry_due_at``, by the database's
+    clock, kept from the attempt that asked for it)."""
+    return func.greatest(runs.c.not_before, runs.c.retry_due_at)

@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
-    ColumnElement,
     Connection,
     and_,
     any_,
@@ -38,18 +37,12 @@ from beat.records import Session
 from beat.store.db import create_store_engine
 from beat.store.history import RunHistory
 from beat.store.plain_runs import PlainRuns
+from beat.store.rows import due_again
 from beat.store.run_guard import expired_values, expiry_reason, lease_until, outcome
 from beat.store.tables import runs, workers
 
 #: Namespace of the run IDs derived from task IDs that are not UUIDs (caller-chosen keys).
 TASK_ID_NAMESPACE = uuid.UUID("6c1b1f0e-8a43-4c59-9a0e-686162656174")
-
-
-def due_again() -> ColumnElement[datetime]:
-    """When a run put back in the outbox may be sent again: not before its ``not_before``,
-    nor, if it was a retry, before the retry is due (``retry_due_at``, by the database's
-    clock, kept from the attempt that asked for it)."""
-    return func.greatest(runs.c.not_before, runs.c.retry_due_at)
 
 
 def run_id_for(task_id: str) -> uuid.UUID:

@@ -26,7 +26,7 @@ from beat.models import PLAIN_RUN_INTERRUPTED, RunState
 from beat.store.leader.base import FencedStore, _run_from_row
 from beat.store.leader.lost_messages import MAX_SENDS, _sent_again_or_lost
 from beat.store.leader.records import InQueue, LostRun, Reclaim
-from beat.store.runs import due_again
+from beat.store.rows import due_again
 from beat.store.tables import runs, workers
 
 #: Attempts ended by their worker's death that a run may have before it is given up

@@ -20,8 +20,8 @@ from sqlalchemy import event, insert, select, text
 from beat.errors import InvalidSchedule, ScheduleNotFound
 from beat.models import FINISHED_STATES, Origin, RunState
 from beat.ops.schedules import SPARK_RUNS, Percentiles, RunStats, ScheduleFilter, Schedules
+from beat.records import RunRecord
 from beat.store.all_roles import Store
-from beat.store.history import RunRecord
 from beat.store.tables import runs
 
 pytestmark = pytest.mark.integration
