@@ -1,10 +1,11 @@
 """The benchmark suite: ``python -m bench [suite ...]`` (``scripts/bench.sh`` wraps it).
 
-Suites (all but pages by default): lateness, throughput, scale, failover, reclaim;
-and pages, run when named (``python -m bench pages``: its fill of 10,000,000 runs
-takes minutes). Each prints what it measured as a Markdown table; ``--json FILE``
-also writes every figure. Nothing is asserted: targets are printed beside the
-figures.
+Suites (all but pages and workers by default): lateness, throughput, scale, failover,
+reclaim; and two run when named: pages (``python -m bench pages``: its fill of
+10,000,000 runs takes minutes) and workers (``python -m bench workers``: what a
+worker pays for the guarantees, against plain Celery). Each prints what it measured
+as a Markdown table; ``--json FILE`` also writes every figure. Nothing is asserted:
+targets are printed beside the figures.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench import failover, lateness, pages, reclaim, scale
+from bench import failover, lateness, pages, reclaim, scale, workers
 from bench.common import table
 
-SUITES = ("lateness", "throughput", "scale", "failover", "reclaim", "pages")
+SUITES = ("lateness", "throughput", "scale", "failover", "reclaim", "pages", "workers")
 #: What runs when no suite is named.
-DEFAULT_SUITES = SUITES[:-1]
+DEFAULT_SUITES = SUITES[:-2]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +57,24 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"pages: keep the database {pages.DATABASE} (used again at the same sizes)",
     )
+    parser.add_argument(
+        "--modes", default=",".join(workers.MODES), help="workers: which of them (default all)"
+    )
+    parser.add_argument(
+        "--kinds", default=",".join(workers.KINDS), help="workers: no-op and/or 10-ms tasks"
+    )
+    parser.add_argument(
+        "--pools", default=",".join(workers.POOLS), help="workers: prefork and/or threads"
+    )
+    parser.add_argument(
+        "--processes", default="1,2,4", help="workers: worker processes (default 1,2,4)"
+    )
+    parser.add_argument(
+        "--tasks", type=int, help="workers: tasks per cell (default 2,000 no-op, 1,000 10-ms)"
+    )
+    parser.add_argument(
+        "--no-paced", action="store_true", help="workers: skip the due → start pass"
+    )
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     options = parser.parse_args(argv)
     unknown = set(options.suites) - set(SUITES)
@@ -84,9 +103,24 @@ def main(argv: list[str] | None = None) -> int:
                 options.schedules, options.runs, repeats=options.repeats, keep=options.keep
             )
             results[suite] = pages.report(fill, reads)
+        elif suite == "workers":
+            per_cell = {kind: options.tasks for kind in workers.KINDS} if options.tasks else None
+            cells, paced = workers.measure(
+                split(options.modes),
+                split(options.kinds),
+                split(options.pools),
+                [int(count) for count in split(options.processes)],
+                per_cell,
+                paced=not options.no_paced,
+            )
+            results[suite] = workers.report(cells, paced)
     if options.json:
         options.json.write_text(json.dumps(results, indent=2, default=str))
     return 0
+
+
+def split(listed: str) -> list[str]:
+    return [item for item in listed.split(",") if item]
 
 
 def names(chosen: str | None, default: tuple[str, ...]) -> list[str]:

@@ -90,6 +90,7 @@ def insert_schedules(
     first: float,
     cron: str | None = None,
     every: float | None = None,
+    task: str = TASK,
 ) -> None:
     """``count`` schedules of the benchmark task (a cron or an interval), first due at
     ``first`` (wall clock), inserted in one statement."""
@@ -101,7 +102,7 @@ def insert_schedules(
         " anchor_at, next_fire_at, args)"
         f" SELECT 'bench-' || lpad(i::text, 7, '0'), :task, {trigger},"
         " jsonb_build_array(i) FROM generate_series(0, :count - 1) AS i",
-        {"task": TASK, "cron": cron, "every": every, "count": count, "first": utc(first)},
+        {"task": task, "cron": cron, "every": every, "count": count, "first": utc(first)},
     )
 
 
