@@ -6,8 +6,9 @@
 Before the body runs, the delivery takes the run (task ID = run ID) in the
 PostgreSQL run table with one conditional statement; a run that is finished,
 or held by another worker's live lease, is skipped, acknowledged, logged and
-counted (``duplicate_deliveries``). While the body runs, a heartbeat thread
-extends the lease every third of its length; if the lease is lost (another
+counted (``duplicate_deliveries``). While the body runs, the process's run leases
+(``beat.delivery.run_leases``: one thread and one statement for all the runs a
+process executes) extend the lease every third of its length; if the lease is lost (another
 worker reclaimed the run), ``self.lease_lost`` turns true and the completion
 is refused. These events are also counted as ``habeat_worker_*`` Prometheus
 metrics (see ``beat.metrics``; endpoint: ``HABEAT_WORKER_METRICS_PORT``).
@@ -37,6 +38,8 @@ from sqlalchemy.orm import Session
 
 from beat import metrics
 from beat.config import BeatConfig, uses_this_scheduler
+from beat.delivery.app_config import delivery_config
+from beat.delivery.run_leases import run_leases_of
 from beat.delivery.tracking import (
     REQUEUE_DELAY,
     recorded_error,
@@ -96,26 +99,15 @@ class _Execution:
     #: while the run runs, also in a pool process that has no other timer.
     keep_beacon: Callable[[], object] = lambda: None
 
-    def heartbeat_loop(self) -> None:
-        valid_until = time.monotonic() + self.lease_seconds
-        while not self.stop.wait(self.heartbeat_every):
-            sent_at = time.monotonic()
-            try:
-                if not self.store.heartbeat(
-                    self.run_id, owner=self.owner, lease_seconds=self.lease_seconds
-                ):
-                    if not self.stop.is_set():  # not our own outcome being recorded
-                        self._lose("another worker holds it now")
-                    return
-                valid_until = sent_at + self.lease_seconds
-                self.keep_beacon()  # after the lease: opening a half again may take time
-            except HABeatError as exc:
-                logger.warning("lease heartbeat of run %s failed: %s", self.run_id, exc)
-                if time.monotonic() >= valid_until:
-                    self._lose("its lease expired while PostgreSQL was unreachable")
-                    return
+    #: Until when the lease is known to hold (``time.monotonic()``): ``lease_seconds``
+    #: after the statement that took or last extended it was sent.
+    valid_until: float = 0.0
 
-    def _lose(self, reason: str) -> None:
+    def finishing(self) -> bool:
+        """Its outcome is being recorded: a lease that ends now was not lost."""
+        return self.stop.is_set()
+
+    def lose(self, reason: str) -> None:
         self.lost.set()
         metrics.WORKER_LEASE_LOSSES.inc()
         logger.warning(
@@ -170,13 +162,14 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         request = self.request
         if request.id is None or request.called_directly or request.is_eager:
             return super().__call__(*args, **kwargs)
-        config = BeatConfig.from_celery_conf(self.app.conf)
+        config = delivery_config(self.app.conf)
         store = run_store_for(config.database_url)
         run_id = run_id_for(request.id)
         owner = f"{request.hostname or 'worker'}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         try:
             if self._expired(store, run_id):
                 raise Ignore
+            taken_at = time.monotonic()
             outcome = self._start(store, run_id, owner, config, args, kwargs)
             # The start refuses a run whose expiry passed after the check above (the
             # check, then the start, are two statements some milliseconds apart), and
@@ -226,6 +219,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             lease_seconds=config.lease_timeout,
             heartbeat_every=config.lease_heartbeat,
             keep_beacon=lambda: process_session(config),
+            valid_until=taken_at + config.lease_timeout,
         )
         return self._execute(execution, args, kwargs)
 
@@ -283,10 +277,9 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
 
     def _execute(self, execution: _Execution, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.request.habeat_execution = execution
-        heartbeat = threading.Thread(
-            target=execution.heartbeat_loop, name=f"habeat-lease-{execution.run_id}", daemon=True
-        )
-        heartbeat.start()
+        leases = run_leases_of(execution.store, execution.heartbeat_every)
+        leases.keep_beacon = execution.keep_beacon
+        leases.hold(execution)
         try:
             result = super().__call__(*args, **kwargs)
         except Retry as retry:
@@ -306,7 +299,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             raise
         finally:
             execution.stop.set()
-            heartbeat.join(timeout=5)
+            leases.release(execution)
             self.request.habeat_execution = None
         if not self._finish(execution, RunState.SUCCEEDED):
             raise Ignore  # another worker owns the run now: its outcome is the one recorded
@@ -333,7 +326,6 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             and task_id == self.request.id
             and retries > (self.request.retries or 0)
         ):
-            execution.stop.set()  # the lease ends with this record: no more heartbeats
             execution.retry_recorded = self._finish(
                 execution,
                 RunState.RETRYING,
@@ -352,10 +344,11 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         retry_in: float | None = None,
     ) -> bool:
         """Record the outcome; with ``self.db`` used, in its transaction (success commits it).
-        Nothing is recorded once the lease was lost (``_Execution._lose``): the outcome,
+        Nothing is recorded once the lease was lost (``_Execution.lose``): the outcome,
         whatever it is, is refused, the effects made through ``self.db`` are rolled back,
         and the leader's reaper sends the run again."""
         session = execution.session
+        execution.stop.set()  # the lease ends with this record: a renewal refused is not a loss
         if execution.lost.is_set():
             if session is not None:
                 session.rollback()

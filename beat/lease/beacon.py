@@ -93,10 +93,10 @@ from beat.lease.holder import (
     KEEPALIVE_INTERVAL,
     BeaconConnection,
     open_beacon_connection,
-    readable,
     same_endpoint,
 )
 from beat.records import Session
+from beat.sockets import readable
 from beat.store.db import (
     NO_IDLE_TIMEOUTS,
     SERVER_INCARNATION,

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import os
 import re
-import select
 import socket
 import threading
 import time
@@ -33,6 +32,7 @@ from typing import Any
 import redis
 
 from beat.errors import LeaseUnavailable
+from beat.sockets import readable
 from beat.store.db import masked_url
 
 logger = logging.getLogger(__name__)
@@ -140,14 +140,6 @@ class BeaconConnection:
     def close(self) -> None:
         with contextlib.suppress(redis.RedisError, OSError):
             self._connection.disconnect()
-
-
-def readable(fileno: int) -> bool:
-    """Whether a socket has something to read (data, or its peer's close), at once; by
-    ``poll``, which takes any descriptor (``select`` refuses those above 1,023)."""
-    poller = select.poll()
-    poller.register(fileno, select.POLLIN | select.POLLPRI)
-    return bool(poller.poll(0))
 
 
 #: TCP keepalives of a beacon's halves (seconds): an idle connection still carries

@@ -8,6 +8,7 @@ import logging
 import re
 from collections.abc import Iterator
 from datetime import datetime
+from typing import Any
 from urllib.parse import unquote_plus
 
 import psycopg
@@ -15,16 +16,18 @@ from sqlalchemy import (
     Connection,
     Engine,
     create_engine,
+    event,
     func,
     select,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, OperationalError
 
 from beat.errors import (
     StoreUnavailable,
 )
 from beat.schedule.payload import json_loads
+from beat.sockets import readable
 
 logger = logging.getLogger(__name__)
 
@@ -92,15 +95,36 @@ def psycopg_conninfo(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def create_store_engine(url: str, *, pool_size: int = 5, connect_timeout: int = 5) -> Engine:
-    """An engine on ``url``; no connection is made until first use."""
-    return create_engine(
+def create_store_engine(
+    url: str, *, pool_size: int = 5, connect_timeout: int = 5, ping: bool = True
+) -> Engine:
+    """An engine on ``url``; no connection is made until first use.
+
+    A connection taken from the pool is checked first: with ``ping``, by a round trip
+    (SQLAlchemy's pre-ping); without, by its socket alone (``discard_if_closed``), for a
+    caller whose every use is one statement, which a ping would double."""
+    engine = create_engine(
         url,
         pool_size=pool_size,
-        pool_pre_ping=True,
+        pool_pre_ping=ping,
         connect_args={"connect_timeout": connect_timeout, "application_name": "habeat"},
         json_deserializer=json_loads,
     )
+    if not ping:
+        event.listen(engine, "checkout", discard_if_closed)
+    return engine
+
+
+def discard_if_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """A pooled connection whose socket has something to read is not used: idle in the
+    pool, a healthy one has nothing to say, so what is there is its server closing it
+    (a restart, a terminated backend, an idle timeout: PostgreSQL writes why, then closes
+    the socket). SQLAlchemy then opens another in its place. What a ping would catch
+    beyond this, a server gone without a word (a partition), it would wait for as the
+    statement itself does; and neither proves the connection still works a moment
+    later, so every write already meets a lost connection as an error."""
+    if dbapi_connection.closed or dbapi_connection.broken or readable(dbapi_connection.fileno()):
+        raise DisconnectionError("the server closed this pooled connection")
 
 
 class StoreConnection:
@@ -128,6 +152,22 @@ class StoreConnection:
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Connection]:
         with self._translated_errors(), self.engine.begin() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _each_statement_commits(self) -> Iterator[Connection]:
+        """A connection on which every statement commits by itself (autocommit).
+
+        For a write that is one statement (a worker's transitions of a run: each is one
+        conditional UPDATE or upsert, atomic on its own) a transaction around it adds
+        two round trips, BEGIN and COMMIT, and nothing else: where such a write is
+        followed by a second statement (the read that explains a refusal, an expiry
+        tried instead), the first changed nothing, so there is nothing to commit or
+        undo together."""
+        with (
+            self._translated_errors(),
+            self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn,
+        ):
             yield conn
 
     @contextlib.contextmanager

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import psycopg
 from psycopg.adapt import Dumper
-from sqlalchemy import bindparam
+from sqlalchemy import bindparam, column, func
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.types import TypeDecorator
 
@@ -72,6 +72,16 @@ class _LiteralParameter(TypeDecorator[Any]):
 def array_param(name: str, item: Any) -> Any:
     """The bound parameter ``name``: an array of ``item``, given as an ``ArrayLiteral``."""
     return bindparam(name, type_=_LiteralParameter(item))
+
+
+def parallel_arrays(name: str, **arrays: Any) -> Any:
+    """``unnest(:a, :b, ...) AS name(a, b, ...)``: parallel arrays as a table, each
+    one parameter whatever the batch's size (an ``ArrayLiteral``)."""
+    return (
+        func.unnest(*(array_param(key, item) for key, item in arrays.items()))
+        .table_valued(*(column(key, item) for key, item in arrays.items()))
+        .render_derived(name=name)
+    )
 
 
 def uuid_array(values: Iterable[uuid.UUID]) -> UuidArray:

@@ -125,7 +125,7 @@ class PlainRuns(RunGuard):
         )
         if expires is not None:
             statement = statement.where(func.now() < expires)
-        with self._transaction() as conn:
+        with self._each_statement_commits() as conn:
             if conn.execute(statement.returning(runs.c.attempt)).scalar_one_or_none() is not None:
                 return Started(attempt=attempt)
             not_started = and_(held, runs.c.started_at.is_(None))

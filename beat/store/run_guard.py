@@ -168,7 +168,7 @@ class RunGuard(StoreConnection):
 
     def _changed_one(self, statement: Any) -> bool:
         """Run one conditional statement on one run; True if it changed the run."""
-        with self._transaction() as conn:
+        with self._each_statement_commits() as conn:
             return bool(conn.execute(statement).rowcount == 1)
 
     def start(
@@ -236,7 +236,7 @@ class RunGuard(StoreConnection):
             },
             where=_startable(insert.excluded.retries, expires),
         ).returning(runs.c.attempt)
-        with self._transaction() as conn:
+        with self._each_statement_commits() as conn:
             attempt = conn.execute(statement).scalar_one_or_none()
             if attempt is not None:
                 return Started(attempt=attempt)
@@ -263,7 +263,7 @@ class RunGuard(StoreConnection):
             )
             .returning(runs.c.attempt)
         )
-        with self._transaction() as conn:
+        with self._each_statement_commits() as conn:
             attempt = conn.execute(statement).scalar_one_or_none()
             if attempt is not None:
                 return Started(attempt=attempt)

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Text,
     and_,
     any_,
     bindparam,
@@ -36,6 +37,7 @@ from beat.models import WAITING_STATES, RunState
 from beat.records import Session
 from beat.store.db import create_store_engine
 from beat.store.history import RunHistory
+from beat.store.pg_arrays import parallel_arrays, text_array, uuid_array
 from beat.store.plain_runs import PlainRuns
 from beat.store.rows import due_again
 from beat.store.run_guard import expired_values, expiry_reason, lease_until, outcome
@@ -72,7 +74,9 @@ class RunStore(PlainRuns, RunHistory):
 
     @classmethod
     def connect(cls, url: str, *, pool_size: int = 5) -> RunStore:
-        return cls(create_store_engine(url, pool_size=pool_size))
+        # A worker's every use is one statement: its pool checks a connection by its
+        # socket, not by a ping that would double the round trips of each transition.
+        return cls(create_store_engine(url, pool_size=pool_size, ping=False))
 
     def note_received(
         self, run_id: uuid.UUID, *, owner: str, worker: str, lease_seconds: float
@@ -129,7 +133,7 @@ class RunStore(PlainRuns, RunHistory):
         running, others not started yet)."""
         if not run_ids:
             return 0
-        with self._transaction() as conn:
+        with self._each_statement_commits() as conn:
             return conn.execute(
                 update(runs)
                 .where(
@@ -198,15 +202,40 @@ class RunStore(PlainRuns, RunHistory):
             )
             .returning(runs.c.state)
         )
-        with self._transaction() as conn:
+        with self._each_statement_commits() as conn:
             state: str | None = conn.execute(statement).scalar_one_or_none()
             return state
 
     def database_now(self) -> datetime:
         """PostgreSQL's clock, read as late in the round trip as the server can."""
-        with self._transaction() as conn:
+        with self._each_statement_commits() as conn:
             now: datetime = conn.execute(select(func.clock_timestamp())).scalar_one()
             return now
+
+    def renew_run_leases(
+        self, held: Collection[tuple[uuid.UUID, str]], *, lease_seconds: float
+    ) -> set[uuid.UUID]:
+        """Extend the leases of the runs a worker process executes, each ``(run, owner)``
+        while ``owner`` still holds it, in one statement for all of them; the runs
+        whose lease was extended (another is no longer this delivery's)."""
+        if not held:
+            return set()
+        statement = (
+            update(runs)
+            .where(
+                runs.c.id == _HELD.c.ids,
+                runs.c.lease_owner == _HELD.c.owners,
+                runs.c.state == RunState.RUNNING.value,
+            )
+            .values(lease_expires_at=lease_until(lease_seconds))
+            .returning(runs.c.id)
+        )
+        parameters = {
+            "ids": uuid_array(run_id for run_id, _ in held),
+            "owners": text_array(owner for _, owner in held),
+        }
+        with self._each_statement_commits() as conn:
+            return set(conn.execute(statement, parameters).scalars())
 
     def heartbeat(self, run_id: uuid.UUID, *, owner: str, lease_seconds: float) -> bool:
         """Extend the lease; False if it is no longer ours (taken over, or the run moved on)."""
@@ -238,8 +267,12 @@ class RunStore(PlainRuns, RunHistory):
         statement = update(runs).where(_held_by(run_id, owner)).values(**values)
         if conn is not None:
             return conn.execute(statement).rowcount == 1
-        with self._transaction() as own:
+        with self._each_statement_commits() as own:
             return own.execute(statement).rowcount == 1
+
+
+#: The runs a worker process executes and the owner of each one's lease.
+_HELD = parallel_arrays("held", ids=UUID(as_uuid=True), owners=Text)
 
 
 def _held_by(run_id: uuid.UUID, owner: str) -> Any:

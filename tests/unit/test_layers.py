@@ -34,6 +34,7 @@ LAYERS: Mapping[str, int] = {
     "beat.records": 0,
     "beat.metrics": 0,
     "beat.config": 0,
+    "beat.sockets": 0,
     "beat.schedule": 0,
     "beat.claim": 1,
     "beat.store": 2,

@@ -22,7 +22,6 @@ import time
 import uuid
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -31,7 +30,6 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
-    column,
     func,
     literal,
     select,
@@ -62,9 +60,9 @@ from beat.store.leader.base import FencedStore, _quarantine
 from beat.store.leader.due_rows import _due_query, _due_schedules
 from beat.store.leader.records import Claim
 from beat.store.pg_arrays import (
-    array_param,
     bigint_array,
     integer_array,
+    parallel_arrays,
     text_array,
     time_array,
     uuid_array,
@@ -243,19 +241,9 @@ class ClaimStatements(FencedStore):
         )
 
 
-def _unnest(name: str, **arrays: Any) -> Any:
-    """``unnest(:a, :b, ...) AS name(a, b, ...)``: parallel arrays as a table, each
-    one parameter whatever the batch's size (an array literal: ``beat.store.pg_arrays``)."""
-    return (
-        func.unnest(*(array_param(key, item) for key, item in arrays.items()))
-        .table_valued(*(column(key, item) for key, item in arrays.items()))
-        .render_derived(name=name)
-    )
-
-
 #: New runs of a claim: only ids and fire times are sent, the payload is copied
 #: from the (locked) schedule rows.
-_FIRES = _unnest(
+_FIRES = parallel_arrays(
     "fires",
     ids=UUID(as_uuid=True),
     schedule_ids=BigInteger,
@@ -284,7 +272,7 @@ _INSERT_RUNS = (
     .returning(runs.c.id)
 )
 
-_ADVANCED = _unnest(
+_ADVANCED = parallel_arrays(
     "advanced",
     ids=BigInteger,
     next_fire_ats=TZ,

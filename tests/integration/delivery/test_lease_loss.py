@@ -29,7 +29,7 @@ def test_a_run_whose_lease_was_lost_records_no_outcome(
 
     @app.task(bind=True, base=IdempotentTask, shared=False)
     def job(self: IdempotentTask) -> str:
-        self.request.habeat_execution._lose("its lease expired while PostgreSQL was unreachable")
+        self.request.habeat_execution.lose("its lease expired while PostgreSQL was unreachable")
         if ending == "check_lease":
             self.check_lease()
         if ending == "raises":
