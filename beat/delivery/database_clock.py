@@ -53,6 +53,7 @@ from celery import bootsteps, current_app
 from celery._state import get_current_task
 
 from beat.config import BeatConfig, uses_this_scheduler
+from beat.delivery.app_config import delivery_config
 from beat.delivery.heartbeat import _leases_of
 from beat.delivery.message_times import DUE_HEADER, EXPIRES_HEADER, _instant, retry_due, run_expiry
 from beat.delivery.plain_runs import RECEIPT_KEY
@@ -186,7 +187,7 @@ def _due_on_the_database_clock(headers: Any = None, **_: Any) -> None:
         return  # beat's own publishes (beat.publish.messages.OWN_RECEIVERS): only a task's retry
     app = current_app._get_current_object()
     if uses_this_scheduler(app.conf):
-        carry_database_instants(headers, _clock_of(BeatConfig.from_celery_conf(app.conf)))
+        carry_database_instants(headers, _clock_of(delivery_config(app.conf)))
 
 
 class TimesOnTheDatabaseClock(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -231,7 +232,7 @@ def _record_expiry(
     expires = run_expiry(fields)
     if expires is None:
         return
-    leases = _leases_of(BeatConfig.from_celery_conf(sender.app.conf), request.hostname or "worker")
+    leases = _leases_of(delivery_config(sender.app.conf), request.hostname or "worker")
     run_id = run_id_for(request.id)
     try:
         state = leases.store.end_discarded(

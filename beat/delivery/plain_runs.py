@@ -41,7 +41,7 @@ from celery.app.trace import fast_trace_task, trace_task_ret
 from celery.exceptions import Ignore, Reject, Retry, TaskRevokedError
 
 from beat import metrics
-from beat.config import BeatConfig
+from beat.delivery.app_config import delivery_config
 from beat.delivery.message_times import retry_delay
 from beat.delivery.unsent_retries import _note_unsent_retries, _unsent_retries
 from beat.errors import HABeatError
@@ -308,4 +308,4 @@ def _persist(write: Callable[[], None]) -> bool:
 
 
 def _store_of(task: Any) -> RunStore:
-    return run_store_for(BeatConfig.from_celery_conf(task.app.conf).database_url)
+    return run_store_for(delivery_config(task.app.conf).database_url)

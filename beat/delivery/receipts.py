@@ -20,7 +20,7 @@ from typing import Any
 from celery.exceptions import TaskRevokedError
 
 from beat import metrics
-from beat.config import BeatConfig
+from beat.delivery.app_config import delivery_config
 from beat.delivery.heartbeat import _leases_of
 from beat.delivery.message_times import retry_due, run_expiry, seconds_until
 from beat.delivery.plain_runs import RECEIPT_KEY, PlainStart, _start_only_while_held, is_guarded
@@ -54,7 +54,7 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
     if not published_by_beat(_Headers(context)):
         return
     context.pop(RECEIPT_KEY, None)  # a retry carries its parent's headers
-    config = BeatConfig.from_celery_conf(request.task.app.conf)
+    config = delivery_config(request.task.app.conf)
     leases = _leases_of(config, request.hostname or "worker")
     run_id = run_id_for(request.id)
     expires = run_expiry(context)
