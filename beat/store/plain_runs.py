@@ -10,11 +10,14 @@ whose run went to another worker does not run the body.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    Double,
+    Integer,
     and_,
     func,
     literal,
@@ -25,15 +28,26 @@ from sqlalchemy import (
 
 from beat.models import WAITING_STATES, RunState
 from beat.store.run_guard import (
+    EXPIRES,
+    LEASE_SECONDS,
+    OWNER,
+    RUN_ID,
+    WORKER,
     Refused,
     RunGuard,
     Started,
     expire_instead,
     lease_until,
+    literal_int,
+    not_expired,
     outcome,
+    outcome_binding,
+    outcome_parameters,
+    param,
     refuse,
+    take_statement,
 )
-from beat.store.tables import runs, unrecorded_consumers
+from beat.store.tables import TZ, runs, unrecorded_consumers
 
 #: Why a plain run ends ``lost`` when its body never returned: Celery's trace was unwound
 #: by a ``BaseException`` (a prefork pool process terminated with SIGTERM by a cancel or
@@ -56,9 +70,70 @@ TAKEN_UNRECORDED = (
 )
 
 
-def _plain_attempt(run_id: uuid.UUID, attempt_retries: int) -> tuple[Any, ...]:
+def _plain_attempt(run_id: Any, attempt_retries: Any) -> tuple[Any, ...]:
     """The plain run's attempt that Celery numbered ``attempt_retries``."""
     return (runs.c.id == run_id, runs.c.plain, runs.c.retries == attempt_retries)
+
+
+def _at_least_zero(seconds: float | None) -> float | None:
+    return None if seconds is None else max(0.0, seconds)
+
+
+#: A plain run taken at receipt (``receive_plain``): held by the receipt's lease, not
+#: started yet; the retry it is (if one) not due before its due time, kept from the
+#: instant its message carries (``p_due_at``) or else the seconds to its ETA
+#: (``p_due_in``): ``greatest`` passes over the one that is NULL.
+_RECEIVE_PLAIN = take_statement(
+    {
+        "state": RunState.RUNNING.value,
+        "plain": True,
+        "received_at": func.now(),
+        "started_at": None,
+        "worker": WORKER,
+        "lease_owner": OWNER,
+        "lease_expires_at": lease_until(LEASE_SECONDS),
+        "retry_due_at": func.greatest(
+            runs.c.retry_due_at,
+            param("due_at", TZ),
+            lease_until(param("due_in", Double)),
+        ),
+    }
+)
+
+
+def _held_by_receipt(run_id: Any, owner: Any, attempt: Any) -> Any:
+    """The plain run still held by the receipt that numbered it ``attempt`` under ``owner``."""
+    return and_(
+        runs.c.id == run_id,
+        runs.c.plain,
+        runs.c.state == RunState.RUNNING.value,
+        runs.c.attempt == attempt,
+        runs.c.lease_owner == owner,
+    )
+
+
+_START_PLAIN = (
+    update(runs)
+    .where(_held_by_receipt(RUN_ID, OWNER, param("attempt", Integer)), not_expired(EXPIRES))
+    .values(started_at=func.coalesce(runs.c.started_at, func.now()))
+    .returning(runs.c.attempt)
+)
+
+
+@functools.cache
+def _finish_plain(state: RunState) -> Any:
+    """The statement that records ``state`` as a plain run's outcome (``finish_plain``)."""
+    # An outcome the body reached replaces a ``lost`` written while it ran (the
+    # reaper's, a cancel's); a ``lost`` itself replaces nothing but ``running``.
+    ended = [RunState.RUNNING.value]
+    if state is not RunState.LOST:
+        ended.append(RunState.LOST.value)
+    values = outcome_parameters(state, with_retries=state is RunState.RETRYING)
+    return (
+        update(runs)
+        .where(*_plain_attempt(RUN_ID, param("attempt_retries", Integer)), runs.c.state.in_(ended))
+        .values(**values)
+    )
 
 
 class PlainRuns(RunGuard):
@@ -87,22 +162,18 @@ class PlainRuns(RunGuard):
         not sent again before it. (The retry may arrive before the attempt that asked
         for it has recorded its outcome, and then only the receipt knows the due
         time.)"""
-        values: dict[str, Any] = {
-            "state": RunState.RUNNING.value,
-            "plain": True,
-            "received_at": func.now(),
-            "started_at": None,
-            "worker": worker,
-            "lease_owner": owner,
-            "lease_expires_at": lease_until(lease_seconds),
+        bound = {
+            "p_run_id": run_id,
+            "p_owner": owner,
+            "p_worker": worker,
+            "p_lease_seconds": lease_seconds,
+            "p_retries": retries,
+            "p_expires": expires,
+            "p_due_at": retry_due_at,
+            # Without the instant, the seconds measured on the worker's clock.
+            "p_due_in": None if retry_due_at is not None else _at_least_zero(retry_due_in),
         }
-        if retry_due_at is not None:
-            values["retry_due_at"] = func.greatest(runs.c.retry_due_at, retry_due_at)
-        elif retry_due_in is not None:
-            values["retry_due_at"] = func.greatest(
-                runs.c.retry_due_at, lease_until(max(0.0, retry_due_in))
-            )
-        return self._take(run_id, retries, values, expires)
+        return self._take(_RECEIVE_PLAIN, bound, run_id, retries, expires)
 
     def start_plain(
         self, run_id: uuid.UUID, *, owner: str, attempt: int, expires: datetime | None = None
@@ -113,21 +184,11 @@ class PlainRuns(RunGuard):
         not run: past ``expires``, the run ends ``expired``. Each receipt numbers its
         own attempt, so only one start can pass; trying it again after a commit whose
         reply was lost passes again (the start time kept)."""
-        held = and_(
-            runs.c.id == run_id,
-            runs.c.plain,
-            runs.c.state == RunState.RUNNING.value,
-            runs.c.attempt == attempt,
-            runs.c.lease_owner == owner,
-        )
-        statement = (
-            update(runs).where(held).values(started_at=func.coalesce(runs.c.started_at, func.now()))
-        )
-        if expires is not None:
-            statement = statement.where(func.now() < expires)
+        bound = {"p_run_id": run_id, "p_owner": owner, "p_attempt": attempt, "p_expires": expires}
         with self._each_statement_commits() as conn:
-            if conn.execute(statement.returning(runs.c.attempt)).scalar_one_or_none() is not None:
+            if conn.execute(_START_PLAIN, bound).scalar_one_or_none() is not None:
                 return Started(attempt=attempt)
+            held = _held_by_receipt(run_id, owner, literal_int(attempt))
             not_started = and_(held, runs.c.started_at.is_(None))
             return expire_instead(conn, run_id, not_started, expires) or refuse(conn, run_id)
 
@@ -144,17 +205,10 @@ class PlainRuns(RunGuard):
         ``attempt_retries`` (its ``request.retries``), unless a later attempt (the retry
         it asked for, received before this one ended) holds the run now."""
         retries = attempt_retries + 1 if state is RunState.RETRYING else None
-        values = outcome(state, error=error, retries=retries, retry_in=retry_in)
-        # An outcome the body reached replaces a ``lost`` written while it ran (the
-        # reaper's, a cancel's); a ``lost`` itself replaces nothing but ``running``.
-        ended = [RunState.RUNNING.value]
-        if state is not RunState.LOST:
-            ended.append(RunState.LOST.value)
-        return self._changed_one(
-            update(runs)
-            .where(*_plain_attempt(run_id, attempt_retries), runs.c.state.in_(ended))
-            .values(**values)
-        )
+        bound = outcome_binding(state, error=error, retries=retries, retry_in=retry_in)
+        bound |= {"p_run_id": run_id, "p_attempt_retries": attempt_retries}
+        with self._each_statement_commits() as conn:
+            return bool(conn.execute(_finish_plain(state), bound).rowcount == 1)
 
     def cancel_plain(self, run_id: uuid.UUID, *, attempt_retries: int) -> bool:
         """Celery cancelled the attempt ``attempt_retries`` of a plain run on a lost broker

@@ -16,7 +16,11 @@ statement, and a delivery that would have taken or started it ends it
 ``expired`` instead. No worker's clock is consulted.
 
 Here too the pieces the other transitions are made of (a lease's end, the values
-of an outcome, a refusal counted)."""
+of an outcome, a refusal counted), and the bound parameters of the statements a
+worker sends for every run: those are built once, at import, and bound per run.
+Building one (SQLAlchemy's expression objects and their cache key) cost a worker
+more CPU than sending it: 0.7 ms against 0.2 ms for a receipt, measured with
+``python -m bench workers``."""
 
 from __future__ import annotations
 
@@ -28,19 +32,37 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Double,
     Integer,
+    Text,
     and_,
     bindparam,
     func,
     or_,
     update,
 )
+from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.models import RunState
 from beat.records import Session
 from beat.store.db import StoreConnection
-from beat.store.tables import runs
+from beat.store.tables import TZ, runs
+
+
+def param(name: str, type_: Any) -> Any:
+    """The bound parameter ``p_<name>`` of a statement built once (the prefix keeps it
+    apart from the columns an UPDATE sets, whose names SQLAlchemy reserves)."""
+    return bindparam(f"p_{name}", type_=type_)
+
+
+RUN_ID = param("run_id", UUID(as_uuid=True))
+OWNER = param("owner", Text)
+WORKER = param("worker", Text)
+LEASE_SECONDS = param("lease_seconds", Double)
+RETRIES = param("retries", Integer)
+#: The run's expiry by the database's clock; NULL: it does not expire.
+EXPIRES = param("expires", TZ)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,11 +84,17 @@ class Refused:
 MISSING = "missing"
 
 
-def lease_until(seconds: float) -> Any:
+def lease_until(seconds: Any) -> Any:
+    """``seconds`` (a number or a parameter) from now, by the database's clock."""
     return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
 
 
-def _startable(retries: Any, expires: datetime | None = None) -> ColumnElement[bool]:
+def not_expired(expires: Any) -> ColumnElement[bool]:
+    """Before ``expires`` by the database's clock; a NULL ``expires`` never expires."""
+    return or_(expires.is_(None), func.now() < expires)
+
+
+def _startable(retries: Any, expires: Any = None) -> ColumnElement[bool]:
     """May a delivery carrying ``retries`` (Celery's retry count) start the run, before
     its ``expires`` (by the database's clock, in the statement that starts it)?
 
@@ -87,10 +115,12 @@ def _startable(retries: Any, expires: datetime | None = None) -> ColumnElement[b
     )
     if expires is None:
         return startable
-    return and_(startable, func.now() < expires)
+    if isinstance(expires, datetime):
+        return and_(startable, func.now() < expires)
+    return and_(startable, not_expired(expires))
 
 
-def expired_values(reason: str) -> dict[str, Any]:
+def expired_values(reason: Any) -> dict[str, Any]:
     return {
         "state": RunState.EXPIRED.value,
         "reason": reason,
@@ -122,10 +152,12 @@ def expire_instead(
 def outcome(
     state: RunState,
     *,
-    error: str | None,
-    retries: int | None,
-    retry_in: float | None,
+    error: Any,
+    retries: Any,
+    retry_in: Any,
 ) -> dict[str, Any]:
+    """The values of an outcome: literals, or the bound parameters of a statement built
+    once (``outcome_parameters``; a parameter's ``retry_in`` is bound at 0 or more)."""
     values: dict[str, Any] = {
         "state": state.value,
         "error": error,
@@ -134,7 +166,8 @@ def outcome(
         "duration_seconds": func.extract("epoch", func.now() - runs.c.started_at),
     }
     if state is RunState.RETRYING:
-        values["retry_due_at"] = lease_until(max(0.0, retry_in or 0.0))
+        due_in = retry_in if isinstance(retry_in, ColumnElement) else max(0.0, retry_in or 0.0)
+        values["retry_due_at"] = lease_until(due_in)
         # The retry is a message of its own: the copies lost-message recovery sent of
         # the one before it do not count against it (``LeaderStore.requeue_missing``).
         values["recovery_sends"] = 0
@@ -143,6 +176,29 @@ def outcome(
     if retries is not None:
         values["retries"] = retries
     return values
+
+
+def outcome_parameters(state: RunState, *, with_retries: bool) -> dict[str, Any]:
+    """``outcome``'s values as the parameters ``p_error``, ``p_retries`` (if
+    ``with_retries``) and ``p_retry_in`` (``retrying``), for a statement built once."""
+    return outcome(
+        state,
+        error=param("error", Text),
+        retries=param("retries_after", Integer) if with_retries else None,
+        retry_in=param("retry_in", Double),
+    )
+
+
+def outcome_binding(
+    state: RunState, *, error: str | None, retries: int | None, retry_in: float | None
+) -> dict[str, Any]:
+    """The values bound to ``outcome_parameters(state, with_retries=retries is not None)``."""
+    bound: dict[str, Any] = {"p_error": error}
+    if retries is not None:
+        bound["p_retries_after"] = retries
+    if state is RunState.RETRYING:
+        bound["p_retry_in"] = max(0.0, retry_in or 0.0)
+    return bound
 
 
 def refuse(conn: Connection, run_id: uuid.UUID) -> Refused:
@@ -166,10 +222,11 @@ def literal_int(value: int) -> Any:
 class RunGuard(StoreConnection):
     """The guard every start of a run goes through (see the module docstring)."""
 
-    def _changed_one(self, statement: Any) -> bool:
-        """Run one conditional statement on one run; True if it changed the run."""
+    def _changed_one(self, statement: Any, bound: dict[str, Any] | None = None) -> bool:
+        """Run one conditional statement on one run (its parameters ``bound``); True if
+        it changed the run."""
         with self._each_statement_commits() as conn:
-            return bool(conn.execute(statement).rowcount == 1)
+            return bool(conn.execute(statement, bound or {}).rowcount == 1)
 
     def start(
         self,
@@ -200,72 +257,107 @@ class RunGuard(StoreConnection):
         gone (pruned by retention) is refused, since it ran long ago.
         ``task_id`` is kept when the caller's task ID is not the run ID.
         """
-        lease = {
-            "state": RunState.RUNNING.value,
-            "lease_owner": owner,
-            "lease_expires_at": lease_until(lease_seconds),
-            "started_at": func.now(),
-            "worker": worker,
-            "session_pid": None,  # the beacon's session is in beat_beacons
-            "beacon": None if session is None else session.beacon,
+        bound = {
+            "p_run_id": run_id,
+            "p_owner": owner,
+            "p_worker": worker,
+            "p_lease_seconds": lease_seconds,
+            "p_retries": retries,
+            "p_expires": expires,
+            "p_beacon": None if session is None else session.beacon,
         }
         if not may_create:
-            return self._take(run_id, retries, lease, expires)
-        insert = pg_insert(runs).values(
-            id=run_id,
-            task_id=task_id,
-            task=task,
-            args=args,
-            kwargs=kwargs,
-            options=options,
-            attempt=1,
-            retries=retries,
-            max_attempts=max_attempts,
-            published_at=func.now(),
-            **lease,
-        )
-        statement = insert.on_conflict_do_update(
-            index_elements=[runs.c.id],
-            set_=lease
-            | {
-                "attempt": runs.c.attempt + 1,
-                "retries": func.greatest(runs.c.retries, insert.excluded.retries),
-                "published_at": func.coalesce(runs.c.published_at, func.now()),
-                "finished_at": None,
-                "error": None,
-            },
-            where=_startable(insert.excluded.retries, expires),
-        ).returning(runs.c.attempt)
+            return self._take(_TAKE_TO_START, bound, run_id, retries, expires)
+        bound |= {
+            "p_task_id": task_id,
+            "p_task": task,
+            "p_args": args,
+            "p_kwargs": kwargs,
+            "p_options": options,
+            "p_max_attempts": max_attempts,
+        }
         with self._each_statement_commits() as conn:
-            attempt = conn.execute(statement).scalar_one_or_none()
+            attempt = conn.execute(_START_OR_CREATE, bound).scalar_one_or_none()
             if attempt is not None:
                 return Started(attempt=attempt)
             return refuse(conn, run_id)
 
     def _take(
         self,
+        statement: Any,
+        bound: dict[str, Any],
         run_id: uuid.UUID,
         retries: int,
-        values: dict[str, Any],
         expires: datetime | None = None,
     ) -> Started | Refused:
-        """Start the stored run if a delivery carrying ``retries`` may (one statement)."""
-        statement = (
-            update(runs)
-            .where(runs.c.id == run_id, _startable(literal_int(retries), expires))
-            .values(
-                **values,
-                attempt=runs.c.attempt + 1,
-                retries=func.greatest(runs.c.retries, retries),
-                published_at=func.coalesce(runs.c.published_at, func.now()),
-                finished_at=None,
-                error=None,
-            )
-            .returning(runs.c.attempt)
-        )
+        """Start the stored run with ``statement`` (``take_statement``) bound to ``bound``,
+        if a delivery carrying ``retries`` may (one statement)."""
         with self._each_statement_commits() as conn:
-            attempt = conn.execute(statement).scalar_one_or_none()
+            attempt = conn.execute(statement, bound).scalar_one_or_none()
             if attempt is not None:
                 return Started(attempt=attempt)
             expired = expire_instead(conn, run_id, _startable(literal_int(retries)), expires)
             return expired or refuse(conn, run_id)
+
+
+def take_statement(values: dict[str, Any]) -> Any:
+    """The statement that starts a stored run, setting ``values``, if a delivery carrying
+    ``p_retries`` may before ``p_expires`` (``_startable``); it returns the attempt."""
+    return (
+        update(runs)
+        .where(runs.c.id == RUN_ID, _startable(RETRIES, EXPIRES))
+        .values(
+            **values,
+            attempt=runs.c.attempt + 1,
+            retries=func.greatest(runs.c.retries, RETRIES),
+            published_at=func.coalesce(runs.c.published_at, func.now()),
+            finished_at=None,
+            error=None,
+        )
+        .returning(runs.c.attempt)
+    )
+
+
+#: What a delivery that starts the run sets (the idempotent base).
+_LEASE_TO_START = {
+    "state": RunState.RUNNING.value,
+    "lease_owner": OWNER,
+    "lease_expires_at": lease_until(LEASE_SECONDS),
+    "started_at": func.now(),
+    "worker": WORKER,
+    "session_pid": None,  # the beacon's session is in beat_beacons
+    "beacon": param("beacon", Text),
+}
+_TAKE_TO_START = take_statement(_LEASE_TO_START)
+
+
+def _start_or_create() -> Any:
+    insert = pg_insert(runs).values(
+        id=RUN_ID,
+        task_id=param("task_id", Text),
+        task=param("task", Text),
+        args=param("args", JSONB),
+        kwargs=param("kwargs", JSONB),
+        options=param("options", JSONB),
+        attempt=1,
+        retries=RETRIES,
+        max_attempts=param("max_attempts", Integer),
+        published_at=func.now(),
+        **_LEASE_TO_START,
+    )
+    return insert.on_conflict_do_update(
+        index_elements=[runs.c.id],
+        set_=_LEASE_TO_START
+        | {
+            "attempt": runs.c.attempt + 1,
+            "retries": func.greatest(runs.c.retries, insert.excluded.retries),
+            "published_at": func.coalesce(runs.c.published_at, func.now()),
+            "finished_at": None,
+            "error": None,
+        },
+        where=_startable(insert.excluded.retries, EXPIRES),
+    ).returning(runs.c.attempt)
+
+
+#: An ad hoc run (``delay()``) is created by its first delivery, with its payload.
+_START_OR_CREATE = _start_or_create()

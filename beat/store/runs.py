@@ -11,6 +11,7 @@ a completion.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import uuid
@@ -40,7 +41,19 @@ from beat.store.history import RunHistory
 from beat.store.pg_arrays import parallel_arrays, text_array, uuid_array
 from beat.store.plain_runs import PlainRuns
 from beat.store.rows import due_again
-from beat.store.run_guard import expired_values, expiry_reason, lease_until, outcome
+from beat.store.run_guard import (
+    EXPIRES,
+    LEASE_SECONDS,
+    OWNER,
+    RUN_ID,
+    WORKER,
+    expired_values,
+    expiry_reason,
+    lease_until,
+    outcome_binding,
+    outcome_parameters,
+    param,
+)
 from beat.store.tables import runs, workers
 
 #: Namespace of the run IDs derived from task IDs that are not UUIDs (caller-chosen keys).
@@ -85,19 +98,13 @@ class RunStore(PlainRuns, RunHistory):
         starts it later, in the pool): hold it under ``owner``'s receipt lease, so that
         if the worker dies before starting it the leader publishes it again at once
         instead of waiting for the broker's visibility timeout."""
-        return self._changed_one(
-            update(runs)
-            .where(
-                runs.c.id == run_id,
-                runs.c.state.in_(WAITING_STATES),
-            )
-            .values(
-                received_at=func.now(),
-                worker=worker,
-                lease_owner=owner,
-                lease_expires_at=lease_until(lease_seconds),
-            )
-        )
+        bound = {
+            "p_run_id": run_id,
+            "p_owner": owner,
+            "p_worker": worker,
+            "p_lease_seconds": lease_seconds,
+        }
+        return self._changed_one(_NOTE_RECEIVED, bound)
 
     def worker_seen(
         self, name: str, *, pid: int, booted_at: datetime, session: Session | None = None
@@ -147,15 +154,8 @@ class RunStore(PlainRuns, RunHistory):
     def expire_if_past(self, run_id: uuid.UUID, expires: datetime) -> bool:
         """End the run ``expired`` if ``expires`` has passed by the database's clock
         and no worker started it; True if it did (the delivery must not run)."""
-        return self._changed_one(
-            update(runs)
-            .where(
-                runs.c.id == run_id,
-                runs.c.state.in_(WAITING_STATES),
-                func.now() >= expires,
-            )
-            .values(**expired_values(expiry_reason(expires)))
-        )
+        bound = {"p_run_id": run_id, "p_expires": expires, "p_reason": expiry_reason(expires)}
+        return self._changed_one(_EXPIRE_IF_PAST, bound)
 
     def end_discarded(
         self, run_id: uuid.UUID, *, expires: datetime, owner: str, attempt: int | None = None
@@ -263,19 +263,47 @@ class RunStore(PlainRuns, RunHistory):
         A retry is due ``retry_in`` seconds from now (``retry_due_at``): past it, the
         leader looks for its message.
         """
-        values = outcome(state, error=error, retries=retries, retry_in=retry_in)
-        statement = update(runs).where(_held_by(run_id, owner)).values(**values)
+        statement = _finish(state, with_retries=retries is not None)
+        bound = outcome_binding(state, error=error, retries=retries, retry_in=retry_in)
+        bound |= {"p_run_id": run_id, "p_owner": owner}
         if conn is not None:
-            return conn.execute(statement).rowcount == 1
+            return conn.execute(statement, bound).rowcount == 1
         with self._each_statement_commits() as own:
-            return own.execute(statement).rowcount == 1
+            return own.execute(statement, bound).rowcount == 1
+
+
+#: A run the idempotent base has not started, held under the receipt lease.
+_NOTE_RECEIVED = (
+    update(runs)
+    .where(runs.c.id == RUN_ID, runs.c.state.in_(WAITING_STATES))
+    .values(
+        received_at=func.now(),
+        worker=WORKER,
+        lease_owner=OWNER,
+        lease_expires_at=lease_until(LEASE_SECONDS),
+    )
+)
+
+_EXPIRE_IF_PAST = (
+    update(runs)
+    .where(runs.c.id == RUN_ID, runs.c.state.in_(WAITING_STATES), func.now() >= EXPIRES)
+    .values(**expired_values(param("reason", Text)))
+)
+
+
+@functools.cache
+def _finish(state: RunState, *, with_retries: bool) -> Any:
+    """The statement that records ``state`` as the outcome of the attempt that holds
+    the run's lease (``finish``)."""
+    values = outcome_parameters(state, with_retries=with_retries)
+    return update(runs).where(_held_by(RUN_ID, OWNER)).values(**values)
 
 
 #: The runs a worker process executes and the owner of each one's lease.
 _HELD = parallel_arrays("held", ids=UUID(as_uuid=True), owners=Text)
 
 
-def _held_by(run_id: uuid.UUID, owner: str) -> Any:
+def _held_by(run_id: Any, owner: Any) -> Any:
     return and_(
         runs.c.id == run_id,
         runs.c.state == RunState.RUNNING.value,
