@@ -37,6 +37,7 @@ from beat.store.run_guard import (
     RunGuard,
     Started,
     expire_instead,
+    lease_binding,
     lease_until,
     literal_int,
     not_expired,
@@ -162,17 +163,10 @@ class PlainRuns(RunGuard):
         not sent again before it. (The retry may arrive before the attempt that asked
         for it has recorded its outcome, and then only the receipt knows the due
         time.)"""
-        bound = {
-            "p_run_id": run_id,
-            "p_owner": owner,
-            "p_worker": worker,
-            "p_lease_seconds": lease_seconds,
-            "p_retries": retries,
-            "p_expires": expires,
-            "p_due_at": retry_due_at,
-            # Without the instant, the seconds measured on the worker's clock.
-            "p_due_in": None if retry_due_at is not None else _at_least_zero(retry_due_in),
-        }
+        bound = lease_binding(run_id, owner, worker, lease_seconds, retries, expires)
+        bound["p_due_at"] = retry_due_at
+        # Without the instant, the seconds measured on the worker's clock.
+        bound["p_due_in"] = None if retry_due_at is not None else _at_least_zero(retry_due_in)
         return self._take(_RECEIVE_PLAIN, bound, run_id, retries, expires)
 
     def start_plain(

@@ -115,8 +115,6 @@ def _startable(retries: Any, expires: Any = None) -> ColumnElement[bool]:
     )
     if expires is None:
         return startable
-    if isinstance(expires, datetime):
-        return and_(startable, func.now() < expires)
     return and_(startable, not_expired(expires))
 
 
@@ -257,15 +255,8 @@ class RunGuard(StoreConnection):
         gone (pruned by retention) is refused, since it ran long ago.
         ``task_id`` is kept when the caller's task ID is not the run ID.
         """
-        bound = {
-            "p_run_id": run_id,
-            "p_owner": owner,
-            "p_worker": worker,
-            "p_lease_seconds": lease_seconds,
-            "p_retries": retries,
-            "p_expires": expires,
-            "p_beacon": None if session is None else session.beacon,
-        }
+        bound = lease_binding(run_id, owner, worker, lease_seconds, retries, expires)
+        bound["p_beacon"] = None if session is None else session.beacon
         if not may_create:
             return self._take(_TAKE_TO_START, bound, run_id, retries, expires)
         bound |= {
@@ -298,6 +289,26 @@ class RunGuard(StoreConnection):
                 return Started(attempt=attempt)
             expired = expire_instead(conn, run_id, _startable(literal_int(retries)), expires)
             return expired or refuse(conn, run_id)
+
+
+def lease_binding(
+    run_id: uuid.UUID,
+    owner: str,
+    worker: str,
+    lease_seconds: float,
+    retries: int,
+    expires: datetime | None,
+) -> dict[str, Any]:
+    """What a delivery that takes a run binds to ``take_statement`` (and the upsert):
+    the run, the lease's owner, worker and length, its retry count and expiry."""
+    return {
+        "p_run_id": run_id,
+        "p_owner": owner,
+        "p_worker": worker,
+        "p_lease_seconds": lease_seconds,
+        "p_retries": retries,
+        "p_expires": expires,
+    }
 
 
 def take_statement(values: dict[str, Any]) -> Any:
