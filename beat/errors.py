@@ -31,6 +31,10 @@ class ConfigError(HABeatError):
     docs/reference/configuration.md."""
 
 
+class SourceError(ConfigError):
+    """The schedules to import cannot be read: check the source's URL or file."""
+
+
 class InvalidSchedule(HABeatError):
     """The schedule definition is invalid."""
 

@@ -130,6 +130,11 @@ class Schedule:
     #: When the scheduler disabled it because it could not be planned or published
     #: (``disabled_reason`` says why); cleared when it is enabled again.
     quarantined_at: datetime | None = None
+    #: The scheduler ``schedules import`` read it from, and its identity there.
+    source: str | None = None
+    source_id: str | None = None
+    #: What it is for, in people's words (carried over by an import).
+    description: str | None = None
 
     def __post_init__(self) -> None:
         require_aware(self.next_fire_at, "next_fire_at")

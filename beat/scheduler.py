@@ -105,6 +105,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass of the loop; returns 0 (it waited itself) or a back-off delay."""
+        if self._closed:
+            raise SystemExit()  # closed by a shutdown signal: no pass after it
         self._start_metrics()
         try:
             self._start()
@@ -112,6 +114,12 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         except StaleEpoch as exc:
             self.leadership.step_down(str(exc))
         except Exception as exc:  # an error here would kill beat: log, back off, retry
+            if self._closed:
+                # SIGTERM's handler closed this scheduler, then raised SystemExit into
+                # the call this pass was making; a driver cleaning up that call (psycopg
+                # restoring autocommit after an interrupted ping) can raise an error of
+                # its own in its place. The process stops as it was asked to.
+                raise SystemExit() from exc
             return self._errors.failed(exc)
         else:
             self._errors.succeeded()

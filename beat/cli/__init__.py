@@ -1,7 +1,7 @@
 """``celery -A proj schedules ...``: operate the scheduler without opening psql.
 
 Commands: add, update, show, list, pause, resume, remove, trigger, runs,
-leader, sync, migrate, prune, health, and ui (serves the schedules UI, ``beat.ui``).
+leader, sync, import, export, migrate, prune, health, and ui (serves the schedules UI, ``beat.ui``).
 Each but ui takes ``--json`` for scripts (one JSON document on stdout; for commands
 that change something, an object describing the result). Human output is an
 aligned table.
@@ -21,7 +21,8 @@ The group and what every command starts from are in :mod:`beat.cli.group`, the
 options the commands share in :mod:`beat.cli.options`; the commands by family in
 :mod:`beat.cli.schedule_commands` (add, update, show, list, pause, resume, remove,
 sync), :mod:`beat.cli.run_commands` (trigger, backfill, runs, prune),
-:mod:`beat.cli.cluster_commands` (migrate, leader, health) and
+:mod:`beat.cli.cluster_commands` (migrate, leader, health),
+:mod:`beat.cli.import_commands` (import, export) and
 :mod:`beat.cli.ui_command` (ui). Importing this package registers them all on the
 group.
 """
@@ -33,5 +34,11 @@ from __future__ import annotations
 from beat import worker  # noqa: F401
 
 # Each command module registers its commands on the group when imported.
-from beat.cli import cluster_commands, run_commands, schedule_commands, ui_command  # noqa: F401
+from beat.cli import (  # noqa: F401
+    cluster_commands,
+    import_commands,
+    run_commands,
+    schedule_commands,
+    ui_command,
+)
 from beat.cli.group import schedules as schedules

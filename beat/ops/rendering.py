@@ -56,7 +56,10 @@ PROBLEM_WIDTH = 100
 def spec_text(schedule: StoredSchedule) -> str:
     if isinstance(schedule, UnreadableSchedule):
         return schedule.timing
-    trigger = schedule.definition.trigger
+    return trigger_text(schedule.definition.trigger)
+
+
+def trigger_text(trigger: Cron | Every | Once) -> str:
     if isinstance(trigger, Cron):
         return f"cron {trigger.describe()}"
     if isinstance(trigger, Every):
@@ -112,7 +115,8 @@ def definition_text(schedule: Schedule) -> str:
         ("schedule", spec_text(schedule)),
         ("zone", definition.timezone),
         ("enabled", enabled_text(schedule, with_reason=True)),
-        ("origin", definition.origin.value),
+        ("origin", _origin_text(schedule)),
+        *([("description", schedule.description)] if schedule.description else []),
         ("args", json.dumps(list(definition.args))),
         ("kwargs", json.dumps(definition.kwargs)),
         ("options", json.dumps(definition.options)),
@@ -123,7 +127,14 @@ def definition_text(schedule: Schedule) -> str:
         ("created", f"{time_text(schedule.created_at)} UTC"),
         ("updated", f"{time_text(schedule.updated_at)} UTC"),
     ]
-    return _table(("", ""), rows, show_header=False)
+    return table(("", ""), rows, show_header=False)
+
+
+def _origin_text(schedule: Schedule) -> str:
+    origin = schedule.definition.origin.value
+    if schedule.source is None:
+        return origin
+    return f"{origin}, imported from {schedule.source} {schedule.source_id}"
 
 
 def upcoming_text(schedule: Schedule, upcoming: Sequence[datetime]) -> str:
@@ -136,7 +147,7 @@ def upcoming_text(schedule: Schedule, upcoming: Sequence[datetime]) -> str:
         (moment.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z"), time_text(moment))
         for moment in upcoming
     ]
-    return f"{title}\n" + _table((zone_name, "UTC"), rows, indent="  ")
+    return f"{title}\n" + table((zone_name, "UTC"), rows, indent="  ")
 
 
 def details_document(details: ScheduleDetails) -> dict[str, Any]:
@@ -185,7 +196,7 @@ def summaries_document(found: Sequence[ScheduleSummary]) -> list[dict[str, Any]]
 def summaries_table(found: Sequence[ScheduleSummary]) -> str:
     rows = [_summary_row(s) for s in found]
     header = ("NAME", "TASK", "SCHEDULE", "ZONE", "ENABLED", "NEXT FIRE (UTC)", "LAST RUN")
-    return _table(header, rows)
+    return table(header, rows)
 
 
 # -- schedules whose rows cannot be read -------------------------------------------------
@@ -250,7 +261,7 @@ def unreadable_text(schedule: UnreadableSchedule) -> str:
         ("enabled", enabled_text(schedule, with_reason=True)),
         ("problem", f"its row cannot be read: {schedule.problem}"),
     ]
-    return _table(("", ""), rows, show_header=False)
+    return table(("", ""), rows, show_header=False)
 
 
 def sync_document(report: SyncReport) -> dict[str, Any]:
@@ -348,7 +359,7 @@ def runs_table(found: Sequence[RunRecord]) -> str:
         )
         for run in found
     ]
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def prune_document(report: PruneReport) -> dict[str, Any]:
@@ -403,7 +414,7 @@ def leader_text(status: ClusterStatus) -> str:
         expiry = "no expiry" if lease.ttl_ms is None else f"expires in {lease.ttl_ms / 1000:.1f}s"
         rows.append(("lease", f"{lease.key} held by {lease.holder}, {expiry}"))
     rows.append(("status", status.status))
-    return _table(("", ""), rows, show_header=False)
+    return table(("", ""), rows, show_header=False)
 
 
 def health_document(health: Health) -> dict[str, Any]:
@@ -529,7 +540,7 @@ def _truncate(text: str, width: int = ERROR_WIDTH) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
-def _table(
+def table(
     columns: Sequence[str],
     rows: Sequence[Sequence[str]],
     *,

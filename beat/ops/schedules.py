@@ -15,7 +15,8 @@ arguments leave the database untouched::
 :class:`Schedules` is composed of parts by concern, each on the state declared in
 :mod:`beat.ops.schedules_base`: :mod:`beat.ops.schedule_commands` (what changes
 schedules and runs), :mod:`beat.ops.schedule_reads` (what reads them) and
-:mod:`beat.ops.cluster` (who leads, health, the cluster overview); the values they
+:mod:`beat.ops.cluster` (who leads, health, the cluster overview) and
+:mod:`beat.ops.importing` (moving in from another scheduler); the values they
 return are in :mod:`beat.ops.read_models`. This module keeps the constructor and the
 database, and re-exports the names callers import from it.
 """
@@ -33,6 +34,7 @@ from beat.ops.cluster import OVERDUE_LIMIT as OVERDUE_LIMIT
 from beat.ops.cluster import STUCK_QUEUED_AFTER as STUCK_QUEUED_AFTER
 from beat.ops.cluster import ClusterReads
 from beat.ops.cluster import default_overdue_grace as default_overdue_grace
+from beat.ops.importing import ScheduleImports
 from beat.ops.read_models import ClusterOverview as ClusterOverview
 from beat.ops.read_models import ScheduleDetails as ScheduleDetails
 from beat.ops.read_models import SchedulePage as SchedulePage
@@ -69,7 +71,7 @@ from beat.store.stored_schedules import StoredSchedule as StoredSchedule
 from beat.store.stored_schedules import UnreadableSchedule as UnreadableSchedule
 
 
-class Schedules(ScheduleCommands, ScheduleReads, ClusterReads):
+class Schedules(ScheduleCommands, ScheduleReads, ClusterReads, ScheduleImports):
     """Create and steer schedules in the store, read their runs, and tell the state of
     the cluster: the one entry point of code and of the CLI (a thin layer over this,
     as a web page would be). It returns domain objects and plain values, and raises

@@ -142,6 +142,25 @@ def collect(
     return [(definition, definition_hash(definition)) for definition in found.values()]
 
 
+def beat_schedule_entries(
+    app: Any, *, default_tz: str, defaults: Mapping[str, Any] | None = None
+) -> dict[str, tuple[ScheduleDefinition, str] | ConfigError]:
+    """Each entry of the app's ``beat_schedule`` by name: its definition with its hash
+    (as :func:`collect` makes them, so a sync finds it unchanged), or why it cannot be
+    one. Unlike :func:`collect`, one bad entry does not hide the others."""
+    app_tz = app_zone(app, default_tz)
+    base = dict(defaults or {})
+    found: dict[str, tuple[ScheduleDefinition, str] | ConfigError] = {}
+    for name, entry in (app.conf.beat_schedule or {}).items():
+        try:
+            definition = _from_beat_schedule(name, entry, app_tz, base)
+        except ConfigError as exc:
+            found[name] = exc
+        else:
+            found[name] = (definition, definition_hash(definition))
+    return found
+
+
 def app_zone(app: Any, default_tz: str) -> str:
     """The zone Celery reads the app's crontabs in (``Celery.timezone``): its
     ``timezone``, else the host's local zone when ``enable_utc`` is off, else
@@ -242,7 +261,7 @@ def _from_beat_schedule(
         "options": entry.get("options"),  # checked by define, whatever its type
         "default_tz": app_tz,  # tz only when the entry gives one: an interval has none
     }
-    fields |= _timing_of(entry["schedule"], bool(entry.get("relative")), where)
+    fields |= timing_of(entry["schedule"], bool(entry.get("relative")), where)
     fields |= {key: entry[key] for key in SCHEDULE_ENTRY_EXTRAS if entry.get(key) is not None}
     unknown = sorted(
         set(entry)
@@ -255,7 +274,7 @@ def _from_beat_schedule(
     return _define(name, entry["task"], fields, where)
 
 
-def _timing_of(schedule: Any, relative: bool, where: str) -> dict[str, Any]:
+def timing_of(schedule: Any, relative: bool, where: str) -> dict[str, Any]:
     """Translate a Celery schedule into our timing fields, or refuse it in one line
     that says what to use instead: a schedule that would fire at other times than
     under ``celery beat`` must not start."""

@@ -15,7 +15,6 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import (
     ColumnElement,
-    Select,
     any_,
     bindparam,
     delete,
@@ -24,7 +23,6 @@ from sqlalchemy import (
     insert,
     or_,
     select,
-    text,
     true,
     update,
 )
@@ -38,7 +36,6 @@ from beat.errors import (
 )
 from beat.models import (
     Origin,
-    RunState,
     Schedule,
     ScheduleDefinition,
 )
@@ -50,7 +47,9 @@ from beat.store.db import (
     first_line,
     is_unique_violation,
 )
+from beat.store.imports import ImportStore
 from beat.store.operator_runs import OperatorRuns
+from beat.store.schedule_outcomes import failing_names
 from beat.store.stored_schedules import (
     StoredSchedule,
     readable,
@@ -59,7 +58,7 @@ from beat.store.stored_schedules import (
     stored_columns,
     stored_schedule,
 )
-from beat.store.tables import FAILED_SQL, runs, schedules
+from beat.store.tables import schedules
 from beat.store.unreleased_runs import cancel_unreleased, timing, withdraw_unreleased
 
 logger = logging.getLogger(__name__)
@@ -105,7 +104,7 @@ class OverdueSchedules:
     total: int
 
 
-class ScheduleStore(CodeSync, OperatorRuns):
+class ScheduleStore(CodeSync, OperatorRuns, ImportStore):
     """PostgreSQL access to the schedules table (and the schema)."""
 
     @classmethod
@@ -186,7 +185,7 @@ class ScheduleStore(CodeSync, OperatorRuns):
         """The schedules matching ``where`` by name, ``limit`` of them from ``offset``,
         and how many match in all (counted in the same transaction)."""
         with self._transaction() as conn:
-            failing = [name for (name,) in conn.execute(failing_names())] if where.failing else None
+            failing = failing_names(conn) if where.failing else None
             conditions = _filter_conditions(where, failing)
             count = select(func.count()).select_from(schedules).where(*conditions)
             total = conn.execute(count).scalar_one()
@@ -316,7 +315,8 @@ def _filter_conditions(
     where: ScheduleFilter, failing: list[str] | None
 ) -> list[ColumnElement[bool]]:
     """SQL conditions of ``where``; ``failing``: the names of the failing schedules,
-    read once (by :func:`failing_names`) for both the count and the page."""
+    read once (by :func:`~beat.store.schedule_outcomes.failing_names`) for both the
+    count and the page."""
     conditions: list[ColumnElement[bool]] = []
     if where.search is not None:
         conditions.append(
@@ -345,37 +345,3 @@ def contains(column: ColumnElement[str], part: str) -> ColumnElement[bool]:
 def escape_like(text_: str) -> str:
     """``text_`` matched literally by LIKE with ``ESCAPE '\\'``: its wildcards escaped."""
     return text_.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
-def failing_names() -> Select[str]:
-    """The names of the schedules whose newest run (by fire time) failed or was lost.
-
-    The candidates are the schedules with a failed or lost run at all (the partial
-    failures index: as many entries as failed runs kept); only their newest run is
-    looked up, one entry of the history index each, not every schedule's. The newest
-    is the first entry, as for :meth:`beat.store.history.RunHistory.last_runs`: breaking a
-    tie of fire times by run ID would sort at every probe (2.5 times the cost), for
-    runs that cannot tie at a schedule's newest fire time short of a schedule removed,
-    made again under its name and backfilled past its own runs.
-    """
-    candidates = (
-        select(runs.c.schedule_name)
-        # The index's predicate, as literal SQL: a bound parameter would keep a generic
-        # plan from using the partial index.
-        .where(text(FAILED_SQL), runs.c.schedule_name.is_not(None))
-        .distinct()
-        .subquery("candidates")
-    )
-    newest = (
-        select(runs.c.state)
-        .where(runs.c.schedule_name == candidates.c.schedule_name)
-        .order_by(runs.c.fire_at.desc())
-        .limit(1)
-        .lateral("newest")
-    )
-    failed = [RunState.FAILED.value, RunState.LOST.value]
-    return (
-        select(candidates.c.schedule_name)
-        .join_from(candidates, newest, true())
-        .where(newest.c.state.in_(failed))
-    )

@@ -177,6 +177,9 @@ def schedule_from_row(row: Row[Any]) -> Schedule:
         runs_count=row.runs_count,
         disabled_reason=row.disabled_reason,
         quarantined_at=row.quarantined_at,
+        source=row.source,
+        source_id=row.source_id,
+        description=row.description,
     )
 
 

@@ -91,6 +91,12 @@ schedules = Table(
     #: Set when the scheduler disabled the schedule because it could not be planned or
     #: published (see ``disabled_reason``); health is red while any schedule is.
     Column("quarantined_at", TZ),
+    #: Where `schedules import` read it (django-celery-beat, redbeat, celery-beat) and
+    #: its identity there (a row id, a Redis key, an entry name); NULL if made here.
+    Column("source", Text),
+    Column("source_id", Text),
+    #: What the schedule is for, in people's words (django-celery-beat's description).
+    Column("description", Text),
     Column("created_at", TZ, nullable=False, server_default=text("now()")),
     Column("updated_at", TZ, nullable=False, server_default=text("now()")),
     CheckConstraint(_in("trigger_kind", TriggerKind), name="ck_beat_schedules_trigger_kind"),
@@ -181,8 +187,17 @@ Index(
     runs.c.claimed_at,
     postgresql_where=text("state = 'pending'"),
 )
-# Run history by schedule, newest first.
-Index("ix_beat_runs_schedule_name_fire_at", runs.c.schedule_name, runs.c.fire_at.desc())
+# Run history by schedule, newest first. It carries each run's state and the time it
+# was sent, so that what reads only those (a schedule's newest run for the "failing"
+# filter, the statistics of one schedule) reads the index alone, not a table page a
+# run. A transition rewrites the run's entries anyway: the state is in the predicates
+# of the partial indexes, so no update of it is a heap-only one.
+Index(
+    "ix_beat_runs_schedule_name_fire_at",
+    runs.c.schedule_name,
+    runs.c.fire_at.desc(),
+    postgresql_include=["state", "published_at"],
+)
 # The overlap policies look up a schedule's active runs in every claim.
 Index(
     "ix_beat_runs_active_by_schedule",
@@ -245,7 +260,28 @@ run_summary = Table(
     metadata,
     Column("id", Boolean, primary_key=True, server_default=text("true")),
     Column("summarised_until", TZ, nullable=False),
+    #: How far ``beat_schedule_outcomes`` has gone (NULL: it holds nothing yet).
+    Column("outcomes_until", TZ),
     CheckConstraint("id", name="ck_beat_run_summary_one_row"),
+)
+
+#: Each schedule's newest finished run (by fire time) among the runs that finished
+#: before ``beat_run_summary.outcomes_until`` (``beat.store.schedule_outcomes``): where
+#: the "failing" filter of the schedule list finds its candidates.
+schedule_outcomes = Table(
+    "beat_schedule_outcomes",
+    metadata,
+    Column("schedule_name", Text, primary_key=True),
+    Column("fire_at", TZ, nullable=False),
+    Column("state", Text, nullable=False),
+    CheckConstraint(_in("state", RunState), name="ck_beat_schedule_outcomes_state"),
+)
+# The schedules whose newest summarised run failed or was lost: a few in a cluster that
+# works, read as one small index.
+Index(
+    "ix_beat_schedule_outcomes_failed",
+    schedule_outcomes.c.schedule_name,
+    postgresql_where=text(FAILED_SQL),
 )
 
 leader = Table(

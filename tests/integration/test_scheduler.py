@@ -15,6 +15,7 @@ import redis
 from celery.schedules import crontab
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ProgrammingError
 
 from beat.lease.holder import lock_key
 from beat.models import FINISHED_STATES, Origin, RunState
@@ -120,7 +121,12 @@ def test_a_new_schedule_due_now_fires_at_once_woken_by_notify(
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
-    time.sleep(0.5)
+    # Leading (and so listening) before the schedule is made: on a loaded machine the
+    # first pass can take longer than any fixed pause.
+    deadline = time.monotonic() + 15
+    while not scheduler.is_leader and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
     created_at = time.monotonic()
     Schedules(store).create("now", "tasks.demo.add", at=datetime.now(UTC), allow_unregistered=True)
     deadline = created_at + 10
@@ -373,3 +379,31 @@ def test_a_leader_cut_off_from_postgres_lets_a_standby_lead(
         assert not cut_off.is_leader
     finally:
         proxy.close()
+
+
+def test_a_shutdown_whose_exit_a_driver_error_replaced_still_stops_beat(
+    make_scheduler: SchedulerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scheduler = make_scheduler()
+    scheduler.tick()
+    assert scheduler.is_leader
+
+    def interrupted() -> None:
+        # What SIGTERM does in the middle of a pass: beat's handler closes the scheduler
+        # (Service.sync), then raises SystemExit into the call being made, which the
+        # driver's cleanup of that call replaced by an error of its own (seen in CI:
+        # psycopg restoring autocommit after an interrupted pre-ping).
+        scheduler.close()
+        raise ProgrammingError(
+            "SET autocommit",
+            {},
+            Exception("can't change 'autocommit' now: connection in transaction status ACTIVE"),
+        )
+
+    monkeypatch.setattr(scheduler.loop, "run_once", interrupted)
+    with pytest.raises(SystemExit):
+        scheduler.tick()
+    # And no pass after it, which would lead again after the hand-over.
+    with pytest.raises(SystemExit):
+        scheduler.tick()
+    assert not scheduler.is_leader

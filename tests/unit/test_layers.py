@@ -8,7 +8,8 @@ The layers, from the bottom (``docs/explanation/code-tour.md`` tells what each h
 0. the kernel (errors, limits, models, records, metrics, config) and ``schedule/``:
    what a schedule is and when it fires, pure;
 1. ``claim/``: every decision of a claim, pure;
-2. the adapters: ``store/`` (PostgreSQL), ``lease/`` (Redis), ``publish/`` (the broker);
+2. the adapters: ``store/`` (PostgreSQL), ``lease/`` (Redis), ``publish/`` (the broker),
+   ``sources/`` (the schedulers an import reads);
 3. what runs on them: ``leader/`` (the leader's loop) and ``delivery/`` (a worker's side);
 4. the composition roots Celery loads: ``beat.scheduler`` and ``beat.worker``;
 5. what operators use: ``ops/`` (the Python API beneath the others) and ``ui/``;
@@ -38,6 +39,7 @@ LAYERS: Mapping[str, int] = {
     "beat.schedule": 0,
     "beat.claim": 1,
     "beat.store": 2,
+    "beat.sources": 2,
     "beat.lease": 2,
     "beat.publish": 2,
     "beat.migrations": 2,

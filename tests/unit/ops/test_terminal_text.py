@@ -9,7 +9,7 @@ import unicodedata
 from hypothesis import given
 from hypothesis import strategies as st
 
-from beat.ops.rendering import _table, printable, terminal_text
+from beat.ops.rendering import printable, table, terminal_text
 
 ACTED_ON = {"Cc", "Cf", "Cs", "Zl", "Zp"}
 any_text = st.text(st.characters(codec=None, exclude_categories=()))
@@ -39,6 +39,6 @@ def test_escapes_read_as_python_writes_them() -> None:
 
 @given(st.lists(st.tuples(any_text, any_text), max_size=5))
 def test_a_table_keeps_one_line_a_row(rows: list[tuple[str, str]]) -> None:
-    table = terminal_text(_table(("A", "B"), rows))
-    assert acted_on(table.replace("\n", "")) == set()
-    assert len(table.split("\n")) == 1 + len(rows)
+    shown = terminal_text(table(("A", "B"), rows))
+    assert acted_on(shown.replace("\n", "")) == set()
+    assert len(shown.split("\n")) == 1 + len(rows)
