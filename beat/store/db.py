@@ -19,6 +19,7 @@ from sqlalchemy import (
     event,
     func,
     select,
+    text,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, OperationalError
@@ -184,6 +185,14 @@ class StoreConnection:
             raise
 
 
+def plan_without_jit(conn: Connection) -> None:
+    """PostgreSQL's JIT off for the rest of the transaction. A read over many runs (the
+    run statistics) has a plan cost past ``jit_above_cost``, and compiling it through
+    LLVM took longer than running it: at 10,000,000 runs, 1.6 s of compiling for a
+    statistics query that runs in 0.3 s without it."""
+    conn.execute(text("SET LOCAL jit = off"))
+
+
 def is_unique_violation(exc: IntegrityError, constraint: str) -> bool:
     diag = getattr(exc.orig, "diag", None)
     return getattr(diag, "constraint_name", None) == constraint
@@ -213,8 +222,8 @@ def unreachable(url: str, exc: BaseException | None, setting: str) -> str:
 
 def first_line(exc: BaseException | None) -> str:
     """The first line of an error's message (driver errors run over several lines)."""
-    text = str(exc).strip() if exc is not None else ""
-    return text.splitlines()[0] if text else type(exc).__name__
+    message = str(exc).strip() if exc is not None else ""
+    return message.splitlines()[0] if message else type(exc).__name__
 
 
 #: SQL: the identity of the PostgreSQL server answering: its start time, and the

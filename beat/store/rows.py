@@ -78,6 +78,13 @@ def lateness_seconds() -> ColumnElement[float]:
     return func.date_part("epoch", runs.c.published_at - runs.c.fire_at, type_=Double)
 
 
+def finished_age() -> ColumnElement[datetime]:
+    """When a finished run finished (``claimed_at`` for one that never had a
+    ``finished_at``): the key of the retention index, of the run statistics' summary
+    and of each schedule's newest outcome."""
+    return func.coalesce(runs.c.finished_at, runs.c.claimed_at)
+
+
 def trigger_from_row(row: Row[Any]) -> Trigger:
     kind = TriggerKind(row.trigger_kind)
     if kind is TriggerKind.CRON:

@@ -39,16 +39,19 @@ The statistics of all schedules then read, in one snapshot:
   above (by fire time). Each finished run is on one side of ``summarised_until``:
   none is counted twice or missed at the seam.
 
-A bucket's percentiles that include summarised runs are read from merged
-histograms (``LATENESS_BINS``, ``Percentiles.approximate``): each value taken at the
-middle of its bin, within 9 % of the true one (0.5 ms below 1 ms); the maximum stays
-exact.
+The live runs are counted in SQL by bucket, state and lateness bin as the summary
+bins them (a few hundred rows, whatever the runs), so every percentile is read from
+merged histograms (``LATENESS_BINS``, ``Percentiles.approximate``): each value taken
+at the middle of its bin, within 9 % of the true one (0.5 ms below 1 ms); the maximum
+stays exact. Without a summary yet (no leader has made one), every run is read live
+and the percentiles are exact.
 With ``schedule``, everything is read live and exact (a schedule's runs are few).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -73,16 +76,16 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.models import RunState
-from beat.store.db import StoreConnection
+from beat.store.db import StoreConnection, plan_without_jit
 from beat.store.percentiles import (
     LATENESS_BINS,
     QUANTILES,
     Percentiles,
-    bin_of,
     histogram_percentiles,
     lateness_bin,
 )
-from beat.store.rows import lateness_seconds
+from beat.store.rows import finished_age, lateness_seconds
+from beat.store.schedule_outcomes import advance_outcomes
 from beat.store.tables import ACTIVE_SQL, FINISHED_SQL, TZ, run_minutes, run_summary, runs
 
 #: The narrowest bucket: a shorter window gets fewer buckets.
@@ -187,42 +190,27 @@ class RunStatsStore(StoreConnection):
             if schedule is None:
                 # The summary and the live runs must agree on summarised_until.
                 conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
+            plan_without_jit(conn)
             now: datetime = conn.execute(select(func.now())).scalar_one()
             width, starts = bucket_starts(now, window, buckets)
             summarised = None
             if schedule is None:
                 summarised = conn.execute(select(run_summary.c.summarised_until)).scalar()
             params = {"start": starts[0], "now": now, "starts": starts, "summarised": summarised}
-            rows = conn.execute(_stats_query(schedule, summarised is not None), params).all()
-            summary = _Summary.read(conn, params) if summarised is not None else _Summary()
+            if summarised is not None:
+                summary = _Summary.read(conn, params)
+                summary.add_live(conn.execute(_binned_query(), params))
+                return summary.stats(window, width, now, starts, summarised)
+            rows = conn.execute(_stats_query(schedule), params).all()
         by_bucket = {row.bucket: row for row in rows if not row.whole}
         whole = next((row for row in rows if row.whole), None)
-        whole_bins: list[int] = [0] * LATENESS_BINS
-        stats_buckets = []
-        for index, start in enumerate(starts):
-            row = by_bucket.get(index + 1)
-            bins = summary.bins.get(index + 1)
-            if bins is not None:
-                whole_bins = [a + b for a, b in zip(whole_bins, bins, strict=True)]
-            stats_buckets.append(
-                StatsBucket(
-                    start=start,
-                    counts=_add(_counts(row), summary.counts.get(index + 1)),
-                    lateness=_merged(row, bins, summary.slowest.get(index + 1)),
-                )
-            )
-        total = _counts(whole)
-        for counts in summary.counts.values():
-            total = _add(total, counts)
-        slowest = max(summary.slowest.values(), default=None)
-        return RunStats(
-            window=window,
-            bucket=width,
-            now=now,
-            buckets=stats_buckets,
-            total_counts=total,
-            lateness=_merged(whole, whole_bins if summary.bins else None, slowest),
-            summarised_until=summarised,
+        return _run_stats(
+            window,
+            width,
+            now,
+            starts,
+            lambda bucket: (_counts(by_bucket.get(bucket)), _percentiles(by_bucket.get(bucket))),
+            whole=(_counts(whole), _percentiles(whole)),
         )
 
     # -- the summary ----------------------------------------------------------------
@@ -277,7 +265,7 @@ class RunStatsStore(StoreConnection):
         with self._transaction() as conn:
             if conn.execute(select(run_summary.c.summarised_until)).first() is not None:
                 return
-            oldest = select(func.min(_finished_at())).where(text(FINISHED_SQL)).scalar_subquery()
+            oldest = select(func.min(finished_age())).where(text(FINISHED_SQL)).scalar_subquery()
             first = func.date_trunc("minute", func.coalesce(oldest, func.now() - SETTLE))
             conn.execute(
                 pg_insert(run_summary)
@@ -296,11 +284,6 @@ class RunStatsStore(StoreConnection):
             return own.execute(statement).rowcount
 
 
-def _finished_at() -> ColumnElement[datetime]:
-    """The key of the retention index and of the summary."""
-    return func.coalesce(runs.c.finished_at, runs.c.claimed_at)
-
-
 def _summarise_batch(
     conn: Connection, until: datetime | None, batch: timedelta
 ) -> tuple[datetime, bool, int, int, int] | None:
@@ -308,9 +291,9 @@ def _summarise_batch(
     holds the summary, else ``(summarised_until, caught_up, runs, rows, moved)``."""
     settled = func.date_trunc("minute", func.now() - SETTLE)
     found = conn.execute(
-        select(run_summary.c.summarised_until, settled.label("settled")).with_for_update(
-            skip_locked=True
-        )
+        select(
+            run_summary.c.summarised_until, run_summary.c.outcomes_until, settled.label("settled")
+        ).with_for_update(skip_locked=True)
     ).first()
     if found is None:
         return None
@@ -319,9 +302,10 @@ def _summarise_batch(
     if until is not None:
         limit = min(limit, until.replace(second=0, microsecond=0))
     if start >= limit:
+        advance_outcomes(conn, found.outcomes_until, start, batch)
         return start, True, 0, 0, 0
     # Skip the minutes without a finished run (a fresh start, a quiet night) at once.
-    age = _finished_at()
+    age = finished_age()
     following = conn.execute(
         select(func.date_trunc("minute", func.min(age))).where(text(FINISHED_SQL), age >= start)
     ).scalar()
@@ -331,12 +315,13 @@ def _summarise_batch(
     if first < end:
         summarised_runs, rows = _summarise_minutes(conn, first, end)
     conn.execute(update(run_summary).values(summarised_until=end))
+    advance_outcomes(conn, found.outcomes_until, end, batch)
     return end, end >= limit, summarised_runs, rows, 1
 
 
 def _summarise_minutes(conn: Connection, first: datetime, end: datetime) -> tuple[int, int]:
     """Insert the summary of the finished runs of ``first`` .. ``end`` (minutes)."""
-    age = _finished_at()
+    age = finished_age()
     lateness = lateness_seconds()
     grouped = conn.execute(
         select(
@@ -392,105 +377,184 @@ class _Summary:
     def read(cls, conn: Connection, params: dict[str, Any]) -> _Summary:
         """Counts by state, merged histograms and maximum lateness by bucket: a
         minute counts in the bucket where it starts (the first for the minute that
-        holds the window's start)."""
+        holds the window's start). The histograms are summed bin by bin in one pass
+        (a sum per bin: at 10,000 minutes, a third of the time of unnesting them)."""
         start = bindparam("start", type_=TZ)
-        minutes = (
-            select(
-                func.width_bucket(
-                    func.greatest(run_minutes.c.minute, start),
-                    bindparam("starts", type_=ARRAY(TZ)),
-                ).label("bucket"),
-                run_minutes.c.state,
-                run_minutes.c.runs,
-                run_minutes.c.lateness_bins,
-                run_minutes.c.lateness_max,
-            )
+        bucket = func.width_bucket(
+            func.greatest(run_minutes.c.minute, start), bindparam("starts", type_=ARRAY(TZ))
+        )
+        bins = [func.sum(run_minutes.c.lateness_bins[index + 1]) for index in range(LATENESS_BINS)]
+        columns: list[ColumnElement[Any]] = [
+            bucket.label("bucket"),
+            run_minutes.c.state,
+            func.sum(run_minutes.c.runs).label("runs"),
+            func.max(run_minutes.c.lateness_max).label("slowest"),
+            *(count.label(f"bin{index}") for index, count in enumerate(bins)),
+        ]
+        summary = cls()
+        for row in conn.execute(
+            select(*columns)
             .where(
                 run_minutes.c.minute >= func.date_trunc("minute", start),
                 run_minutes.c.minute < bindparam("summarised", type_=TZ),
             )
-            .cte("minutes")
-        )
-        summary = cls()
-        for row in conn.execute(
-            select(
-                minutes.c.bucket,
-                minutes.c.state,
-                func.sum(minutes.c.runs).label("runs"),
-                func.max(minutes.c.lateness_max).label("slowest"),
-            ).group_by(minutes.c.bucket, minutes.c.state),
+            .group_by(text("1, 2")),
             params,
         ):
             counts = summary.counts.setdefault(row.bucket, dict.fromkeys(RunState, 0))
             counts[RunState(row.state)] += int(row.runs)
-            if row.slowest is not None:
-                summary.slowest[row.bucket] = max(
-                    row.slowest, summary.slowest.get(row.bucket, row.slowest)
-                )
-        cells = (
-            func.unnest(minutes.c.lateness_bins)
-            .table_valued("count", with_ordinality="bin")
-            .render_derived()
-        )
-        for cell in conn.execute(
-            select(minutes.c.bucket, cells.c.bin, func.sum(cells.c.count).label("runs"))
-            .select_from(minutes.join(cells, literal(True)))
-            .where(cells.c.count > 0)
-            .group_by(minutes.c.bucket, cells.c.bin),
-            params,
-        ):
-            bins = summary.bins.setdefault(cell.bucket, [0] * LATENESS_BINS)
-            bins[cell.bin - 1] += int(cell.runs)
+            if row.slowest is None:
+                continue
+            summary.slowest[row.bucket] = max(
+                row.slowest, summary.slowest.get(row.bucket, row.slowest)
+            )
+            merged = summary.bins.setdefault(row.bucket, [0] * LATENESS_BINS)
+            for index in range(LATENESS_BINS):
+                merged[index] += int(row[4 + index] or 0)
         return summary
 
+    def add_live(self, cells: Iterable[Any]) -> None:
+        """Add the runs read live, binned in SQL (:func:`_binned_query`)."""
+        for cell in cells:
+            counts = self.counts.setdefault(cell.bucket, dict.fromkeys(RunState, 0))
+            counts[RunState(cell.state)] += int(cell.runs)
+            if cell.bin is None:
+                continue
+            bins = self.bins.setdefault(cell.bucket, [0] * LATENESS_BINS)
+            bins[cell.bin] += int(cell.runs)
+            self.slowest[cell.bucket] = max(
+                cell.slowest, self.slowest.get(cell.bucket, cell.slowest)
+            )
 
-def _stats_query(schedule: str | None, summarised: bool = False) -> Select[Any]:
+    def stats(
+        self,
+        window: timedelta,
+        width: timedelta,
+        now: datetime,
+        starts: list[datetime],
+        summarised: datetime,
+    ) -> RunStats:
+        """The statistics of the buckets starting at ``starts``, from what was added."""
+        total = dict.fromkeys(RunState, 0)
+        for counts in self.counts.values():
+            total = _add(total, counts)
+        whole_bins = [0] * LATENESS_BINS
+        for bins in self.bins.values():
+            whole_bins = [a + b for a, b in zip(whole_bins, bins, strict=True)]
+        slowest = max(self.slowest.values(), default=None)
+        return _run_stats(
+            window,
+            width,
+            now,
+            starts,
+            lambda bucket: (
+                self.counts.get(bucket, dict.fromkeys(RunState, 0)),
+                self._lateness(bucket),
+            ),
+            whole=(total, None if slowest is None else histogram_percentiles(whole_bins, slowest)),
+            summarised=summarised,
+        )
+
+    def _lateness(self, bucket: int) -> Percentiles | None:
+        bins, slowest = self.bins.get(bucket), self.slowest.get(bucket)
+        return None if bins is None or slowest is None else histogram_percentiles(bins, slowest)
+
+
+def _run_stats(
+    window: timedelta,
+    width: timedelta,
+    now: datetime,
+    starts: list[datetime],
+    bucket: Callable[[int], tuple[dict[RunState, int], Percentiles | None]],
+    *,
+    whole: tuple[dict[RunState, int], Percentiles | None],
+    summarised: datetime | None = None,
+) -> RunStats:
+    """The statistics, ``bucket(index)`` giving the counts and lateness of each bucket
+    (1 is the first), ``whole`` those of the window."""
+    counts, lateness = whole
+    buckets = []
+    for index, start in enumerate(starts):
+        bucket_counts, bucket_lateness = bucket(index + 1)
+        buckets.append(StatsBucket(start=start, counts=bucket_counts, lateness=bucket_lateness))
+    return RunStats(
+        window=window,
+        bucket=width,
+        now=now,
+        buckets=buckets,
+        total_counts=counts,
+        lateness=lateness,
+        summarised_until=summarised,
+    )
+
+
+def _stats_query(schedule: str | None) -> Select[Any]:
     """Counts by state and lateness percentiles per bucket (``width_bucket`` over the
     bucket starts: exact, and the same bounds as the Python side), and over the whole
-    window (``ROLLUP``'s grand total, told apart by ``GROUPING``). ``summarised``:
-    finished runs before ``:summarised`` are left to the summary, and the lateness of
-    the others is returned too (``late``), to merge with its histograms."""
-    window = _window_runs(schedule, summarised)
-    bucket = func.width_bucket(window.c.at, bindparam("starts", type_=ARRAY(TZ)))
-    counts = [
+    window (``ROLLUP``'s grand total, told apart by ``GROUPING``): every run read
+    live, the percentiles exact."""
+    window = _window_runs(schedule)
+    bucket = _bucket_of(window.c.at)
+    columns: list[ColumnElement[Any]] = [
+        bucket.label("bucket"),
+        (func.grouping(bucket) == 1).label("whole"),
+    ]
+    columns += [
         func.count().filter(window.c.state == literal(state.value)).label(state.value)
         for state in RunState
     ]
     quantiles = literal(list(QUANTILES), ARRAY(Double))
-    late = []
-    if summarised:
-        late = [func.array_agg(window.c.lateness).filter(window.c.lateness.is_not(None))]
     return select(
-        bucket.label("bucket"),
-        (func.grouping(bucket) == 1).label("whole"),
-        *counts,
+        *columns,
         func.percentile_cont(quantiles).within_group(window.c.lateness).label("quantiles"),
         func.max(window.c.lateness).label("slowest"),
-        *(values.label("late") for values in late),
     ).group_by(func.rollup(bucket))
 
 
-def _window_runs(schedule: str | None, summarised: bool = False) -> Subquery:
+def _binned_query() -> Select[Any]:
+    """The runs of the window not in the summary (finished from ``:summarised`` on, and
+    not finished), counted by bucket, state and lateness bin as the summary bins them:
+    a few hundred rows whatever the runs, which merge with the summary's."""
+    window = _window_runs(None, summarised=True)
+    return select(
+        _bucket_of(window.c.at).label("bucket"),
+        window.c.state,
+        lateness_bin(window.c.lateness).label("bin"),
+        func.count().label("runs"),
+        func.max(window.c.lateness).label("slowest"),
+    ).group_by(text("1, 2, 3"))
+
+
+def _bucket_of(at: ColumnElement[datetime]) -> ColumnElement[int]:
+    """The bucket of a time (1 is the first): ``width_bucket`` over the bucket starts."""
+    return func.width_bucket(at, bindparam("starts", type_=ARRAY(TZ)))
+
+
+def _window_runs(schedule: str | None, *, summarised: bool = False) -> Subquery:
     """The runs whose time is in ``:start`` .. ``:now`` (see the module docstring for
     the index each part uses): their time, state and lateness."""
     at = func.coalesce(runs.c.fire_at, runs.c.claimed_at)
     lateness = lateness_seconds()
     start, now = bindparam("start", type_=TZ), bindparam("now", type_=TZ)
 
-    def part(*conditions: ColumnElement[bool] | TextClause) -> Select[Any]:
-        return select(at.label("at"), runs.c.state, lateness.label("lateness")).where(*conditions)
+    def part(
+        *conditions: ColumnElement[bool] | TextClause, time: ColumnElement[datetime] = at
+    ) -> Select[Any]:
+        return select(time.label("at"), runs.c.state, lateness.label("lateness")).where(*conditions)
 
     if schedule is not None:
         named = runs.c.schedule_name == schedule
         parts = [
-            part(named, runs.c.fire_at.between(start, now)),
+            # Its time is its fire time, which the history index holds with the state
+            # and the time it was sent: the index alone is read, not a page per run.
+            part(named, runs.c.fire_at.between(start, now), time=runs.c.fire_at),
             part(named, runs.c.fire_at.is_(None), runs.c.claimed_at.between(start, now)),
         ]
     else:
         in_window = at.between(start, now)
-        finished_since = [_finished_at() >= (start - FINISHED_MARGIN)]
+        finished_since = [finished_age() >= (start - FINISHED_MARGIN)]
         if summarised:
-            finished_since.append(_finished_at() >= bindparam("summarised", type_=TZ))
+            finished_since.append(finished_age() >= bindparam("summarised", type_=TZ))
         # The indexes' predicates as literal SQL: a bound parameter would keep a
         # generic plan from using the partial indexes.
         parts = [
@@ -515,16 +579,3 @@ def _percentiles(row: Any) -> Percentiles | None:
         return None
     p50, p95, p99 = row.quantiles
     return Percentiles(p50=p50, p95=p95, p99=p99, max=row.slowest)
-
-
-def _merged(row: Any, bins: list[int] | None, slowest: float | None) -> Percentiles | None:
-    """The percentiles of the live runs of ``row`` (exact) or, with summarised runs
-    (``bins``, their maximum ``slowest``), of both from one histogram."""
-    if bins is None or slowest is None:
-        return _percentiles(row)
-    merged = list(bins)
-    if row is not None and row.slowest is not None:
-        slowest = max(slowest, row.slowest)
-        for seconds in row.late or ():
-            merged[bin_of(seconds)] += 1
-    return histogram_percentiles(merged, slowest)

@@ -7,10 +7,12 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import func, select, text
 
 from beat.store.leader.base import FencedStore
 from beat.store.leader.records import PruneReport
+from beat.store.rows import finished_age
+from beat.store.schedule_outcomes import delete_runs_keeping_outcomes
 from beat.store.stats import RunStatsStore, SummaryReport
 from beat.store.tables import FINISHED_SQL, runs
 
@@ -69,7 +71,7 @@ class RetentionStatements(FencedStore):
         return RunStatsStore(self.engine, setting=self.setting)
 
     def _prune_batch(self, cutoff: datetime, batch: int) -> int:
-        age = func.coalesce(runs.c.finished_at, runs.c.claimed_at)
+        age = finished_age()
         doomed = (
             select(runs.c.id)
             # The predicate of the retention index, as literal SQL: a bound parameter
@@ -80,4 +82,4 @@ class RetentionStatements(FencedStore):
             .with_for_update(skip_locked=True)
         )
         with self._transaction() as conn:
-            return conn.execute(delete(runs).where(runs.c.id.in_(doomed))).rowcount
+            return delete_runs_keeping_outcomes(conn, doomed)

@@ -142,6 +142,26 @@ def test_the_summary_and_the_live_runs_meet_without_a_gap_or_an_overlap(store: S
     assert Counter(stats.total_counts) + Counter() == expected[None]
 
 
+def assert_within_a_bin_of_every_published_run(store: Store, stats: RunStats) -> None:
+    """The window's lateness, read from histograms: its maximum exact, its percentiles
+    within a bin of those of every published run stored."""
+    late = [
+        (row.published_at - row.fire_at).total_seconds()
+        for row in stored(store)
+        if row.published_at is not None
+    ]
+    assert stats.lateness is not None
+    assert stats.lateness.approximate
+    assert stats.lateness.max == pytest.approx(max(late))
+    cuts = statistics.quantiles(late, n=100, method="inclusive")
+    for estimate, truth in zip(
+        (stats.lateness.p50, stats.lateness.p95, stats.lateness.p99),
+        (cuts[49], cuts[94], cuts[98]),
+        strict=True,
+    ):
+        assert estimate == pytest.approx(truth, rel=0.1, abs=0.001)
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     st.lists(st.floats(min_value=0.001, max_value=3000, allow_nan=False), min_size=1, max_size=300)
@@ -169,21 +189,27 @@ def test_stats_of_summarised_minutes_read_the_histograms(store: Store) -> None:
 
     stats = Schedules(store).run_stats(timedelta(hours=6), buckets=6)
 
-    assert stats.lateness is not None
-    assert stats.lateness.approximate
-    late = [
-        (row.published_at - row.fire_at).total_seconds()
-        for row in stored(store)
-        if row.published_at is not None
-    ]
-    assert stats.lateness.max == pytest.approx(max(late))
-    cuts = statistics.quantiles(late, n=100, method="inclusive")
-    for estimate, truth in zip(
-        (stats.lateness.p50, stats.lateness.p95, stats.lateness.p99),
-        (cuts[49], cuts[94], cuts[98]),
-        strict=True,
-    ):
-        assert estimate == pytest.approx(truth, rel=0.1, abs=0.001)
+    assert_within_a_bin_of_every_published_run(store, stats)
+
+
+def test_runs_not_yet_summarised_merge_into_the_histograms_of_their_bucket(
+    store: Store,
+) -> None:
+    add_runs(store, random.Random(5), 300, oldest=timedelta(hours=3))
+    RunStatsStore(store.engine).summarise()
+    # Fired in the last minute, finished or not: read live, binned in SQL.
+    add_runs(store, random.Random(6), 300, oldest=timedelta(minutes=1))
+
+    stats = Schedules(store).run_stats(timedelta(hours=6), buckets=6)
+
+    assert stats.summarised_until is not None
+    newest = stats.buckets[-1]
+    assert newest.start <= stats.now - timedelta(minutes=1)
+    # The newest bucket holds runs read live only: its percentiles come from their bins.
+    assert newest.lateness is not None
+    assert newest.lateness.approximate
+    assert_within_a_bin_of_every_published_run(store, stats)
+    assert Counter(stats.total_counts) + Counter() == oracle_counts(stored(store), stats)[None]
 
 
 def test_two_summarisers_at_once_write_each_minute_once(store: Store) -> None:
