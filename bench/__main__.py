@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench import failover, lateness, pages, reclaim, scale, workers
+from bench import failover, lateness, pages, reclaim, scale, worker_leases, workers
 from bench.common import table
 
 SUITES = ("lateness", "throughput", "scale", "failover", "reclaim", "pages", "workers")
@@ -75,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-paced", action="store_true", help="workers: skip the due → start pass"
     )
+    parser.add_argument(
+        "--held",
+        type=int,
+        default=worker_leases.RUNS,
+        help="workers: long runs held at once for the heartbeats' pass (0: skip it)",
+    )
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     options = parser.parse_args(argv)
     unknown = set(options.suites) - set(SUITES)
@@ -114,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                 paced=not options.no_paced,
             )
             results[suite] = workers.report(cells, paced)
+            if options.held:
+                held = worker_leases.measure(split(options.modes), options.held)
+                results[suite]["held"] = worker_leases.report(held)
     if options.json:
         options.json.write_text(json.dumps(results, indent=2, default=str))
     return 0

@@ -23,8 +23,10 @@ from bench import worker_probe  # noqa: F401  (counts this process's tasks)
 
 NOOP = "bench.w.noop"
 SLEEP = "bench.w.sleep"
-#: Seconds the sleeping task sleeps.
+HELD = "bench.w.held"
+#: Seconds the sleeping task sleeps, and the held one (the heartbeats' pass).
 SLEEP_SECONDS = 0.01
+HELD_SECONDS = 60.0
 
 
 def register(app: Celery) -> None:
@@ -35,6 +37,10 @@ def register(app: Celery) -> None:
     @app.task(name=SLEEP)  # type: ignore[untyped-decorator]
     def sleep(*args: Any, **kwargs: Any) -> None:
         time.sleep(SLEEP_SECONDS)
+
+    @app.task(name=HELD)  # type: ignore[untyped-decorator]
+    def held(*args: Any, **kwargs: Any) -> None:
+        time.sleep(HELD_SECONDS)
 
 
 def plain_app(broker_url: str, prefix: str) -> Celery:

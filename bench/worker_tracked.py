@@ -9,10 +9,11 @@ from typing import Any
 
 from app import celery_app
 from beat import IdempotentTask
-from bench.worker_plain import SLEEP_SECONDS, register
+from bench.worker_plain import HELD_SECONDS, SLEEP_SECONDS, register
 
 GUARDED_NOOP = "bench.w.guarded_noop"
 GUARDED_SLEEP = "bench.w.guarded_sleep"
+GUARDED_HELD = "bench.w.guarded_held"
 
 register(celery_app)
 
@@ -25,3 +26,8 @@ def guarded_noop(*args: Any, **kwargs: Any) -> None:
 @celery_app.task(name=GUARDED_SLEEP, base=IdempotentTask)  # type: ignore[untyped-decorator]
 def guarded_sleep(*args: Any, **kwargs: Any) -> None:
     time.sleep(SLEEP_SECONDS)
+
+
+@celery_app.task(name=GUARDED_HELD, base=IdempotentTask)  # type: ignore[untyped-decorator]
+def guarded_held(*args: Any, **kwargs: Any) -> None:
+    time.sleep(HELD_SECONDS)

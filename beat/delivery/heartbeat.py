@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from beat.config import BeatConfig, uses_this_scheduler
+from beat.delivery.message_times import seconds_until
 from beat.errors import HABeatError
 from beat.lease.beacon import process_session
 from beat.records import Session
@@ -55,6 +56,8 @@ class WorkerHeartbeat:
         #: When this process started, by the database's clock (read at its first renewal).
         self.booted_at: datetime | None = None
         self._taken: dict[uuid.UUID, tuple[str, float]] = {}
+        #: Runs whose request Celery lists as waiting long past its ETA: not renewed.
+        self._stalled: set[uuid.UUID] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -107,13 +110,69 @@ class WorkerHeartbeat:
     def _still_held(self) -> list[uuid.UUID]:
         from celery.worker import state
 
-        live = set(state.requests) | {request.id for request in list(state.scheduled_requests)}
+        scheduled = list(state.scheduled_requests)
+        stalled = _stalled_past_eta(
+            scheduled,
+            moving={request.id for request in [*state.reserved_requests, *state.active_requests]},
+            grace=self.lease_seconds,
+        )
+        live = set(state.requests) | {request.id for request in scheduled}
         now = time.monotonic()
         with self._lock:
             for run_id, (task_id, taken) in list(self._taken.items()):
                 if task_id not in live and now - taken > RECEIPT_GRACE:
                     del self._taken[run_id]
-            return list(self._taken)
+            # A stalled request keeps its place: should Celery run it after all (its loop
+            # was only slow), its lease is renewed again, or it is refused at its start
+            # if the leader has given the run to another delivery meanwhile.
+            for run_id, (task_id, _) in self._taken.items():
+                if task_id in stalled and run_id not in self._stalled:
+                    _say_stalled(run_id, task_id)
+            self._stalled = {
+                run_id for run_id, (task_id, _) in self._taken.items() if task_id in stalled
+            }
+            return [run_id for run_id in self._taken if run_id not in self._stalled]
+
+
+def _stalled_past_eta(scheduled: list[Any], *, moving: set[str], grace: float) -> set[str]:
+    """The task IDs of requests Celery still lists as waiting for their ETA a whole
+    ``grace`` after it passed, none of them reserved or running: their timer entry is
+    gone (Celery drops or cancels ETA entries around a lost broker connection and keeps
+    nothing that would run them again). Renewing their leases would keep their runs
+    held for as long as this worker lives; left to expire, the leader sends each run
+    again at its time.
+
+    The ETA is read on this worker's clock, the one Celery's timer waits by. A clock
+    that jumped ahead only makes a request look stalled early: its run is then sent
+    again while this worker still holds a delivery, and one delivery starts the run
+    (the guard; a plain run's start needs its receipt lease, which this worker no
+    longer holds). Waste, never a second execution."""
+    return {
+        request.id
+        for request in scheduled
+        if request.id not in moving
+        and request.eta is not None
+        and not _rate_limited(request)
+        and seconds_until(request.eta) < -grace
+    }
+
+
+def _rate_limited(request: Any) -> bool:
+    """Whether the request's task has a rate limit: once its ETA passed, Celery keeps
+    such a request listed as scheduled while it waits in the task's token bucket, for
+    as long as the limit makes it wait. That is not a stall: it stays held."""
+    return bool(getattr(getattr(request, "task", None), "rate_limit", None))
+
+
+def _say_stalled(run_id: uuid.UUID, task_id: str) -> None:
+    logger.warning(
+        "run %s: Celery lists its request %s as waiting for its ETA long after it passed,"
+        " and does not run it; its receipt lease is left to expire so that the leader"
+        " sends the run again",
+        run_id,
+        task_id,
+        extra={"run_id": str(run_id)},
+    )
 
 
 _leases: dict[int, WorkerHeartbeat] = {}

@@ -26,11 +26,19 @@ from beat.store.tables import runs
 
 def _unreleased(schedule_id: int) -> list[ColumnElement[bool]]:
     """The runs of a schedule claimed but not released yet: ``pending`` with a
-    ``not_before`` to come (claimed ahead of their fire time, or held back by jitter)."""
+    ``not_before`` to come (claimed ahead of their fire time, or held back by jitter),
+    never published and never retried. A run pending again after it was published (its
+    worker killed and the run reclaimed, its message lost and sent again) came due
+    before the change and is due again later: it goes on, it is not withdrawn. So does
+    a retry given back by the reaper for its due time (its worker stopped while it held
+    the retry): the reaper clears the times of the deliveries before it, published_at
+    included, but its ``retries`` count says it ran."""
     return [
         runs.c.schedule_id == schedule_id,
         runs.c.state == RunState.PENDING.value,
         runs.c.not_before > func.now(),
+        runs.c.published_at.is_(None),
+        runs.c.retries == 0,
     ]
 
 

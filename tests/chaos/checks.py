@@ -382,7 +382,8 @@ def _run_rows(store: Store) -> list[Any]:
                 text(
                     "SELECT id, schedule_name, fire_at, state, reason, error, epoch, attempt,"
                     " retries, duplicate_deliveries, claimed_at, published_at, received_at,"
-                    " started_at, finished_at, worker, plain, not_before, retry_due_at, kwargs"
+                    " started_at, finished_at, worker, plain, not_before, retry_due_at, kwargs,"
+                    " lease_owner, lease_expires_at"
                     " FROM beat_runs ORDER BY schedule_name, fire_at"
                 )
             )
@@ -584,7 +585,7 @@ def _cancelled_by_the_end(row: Any, window_end: datetime) -> bool:
 def _check_run_outcome(verdict: Verdict, row: Any, count: int, where: str) -> None:
     """A run of the idempotent base: finished, and one effect exactly if it succeeded."""
     if row.state in NON_TERMINAL:
-        verdict.stuck.append(f"{where} is still {row.state} (attempt {row.attempt})")
+        verdict.stuck.append(f"{where} is still {row.state} (attempt {row.attempt}){_held(row)}")
     elif row.state == RunState.SUCCEEDED and count == 0:
         verdict.lost.append(f"{where} succeeded without its effect")
     elif row.state in {RunState.LOST, RunState.FAILED, RunState.CANCELLED}:
@@ -593,6 +594,17 @@ def _check_run_outcome(verdict: Verdict, row: Any, count: int, where: str) -> No
         verdict.duplicated.append(f"{where}: its effect happened {count} times")
     elif count == 1 and row.state != RunState.SUCCEEDED:
         verdict.duplicated.append(f"{where}: an effect committed though it is {row.state}")
+
+
+def _held(row: Any) -> str:
+    """Who holds a stuck run, if anyone: a live holder renewing its lease keeps the run
+    from every recovery, one whose lease ran out should have lost it to the reaper."""
+    owner = getattr(row, "lease_owner", None)
+    if owner is None:
+        return ""
+    expires = getattr(row, "lease_expires_at", None)
+    until = "" if expires is None else f" until {expires:%H:%M:%S}"
+    return f", its lease held by {owner}{until}"
 
 
 def _cut_off(error: str | None) -> bool:
@@ -633,7 +645,9 @@ def _check_plain_run(
     elif row.state in {RunState.QUEUED, RunState.RETRYING} and count == 0 and message_lost:
         verdict.counts.waiting_for_visibility.append(where)
     elif row.state in NON_TERMINAL:
-        verdict.stuck.append(f"{where} (plain) is still {row.state} (attempt {row.attempt})")
+        verdict.stuck.append(
+            f"{where} (plain) is still {row.state} (attempt {row.attempt}){_held(row)}"
+        )
     elif row.state == RunState.SUCCEEDED:
         verdict.counts.plain_succeeded += 1
         if count == 0:

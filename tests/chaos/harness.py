@@ -1058,8 +1058,23 @@ def _run(
         bad_rows=len(bad_rows),
     )
     if report.violations:
-        report.logs_tail = chaos.cluster.logs()
+        report.logs_tail = chaos.cluster.logs() + lines_naming(chaos, report.violations)
     return report
+
+
+def lines_naming(chaos: ChaosCluster, violations: list[str]) -> str:
+    """Every process's log lines that name a violation's run, last (a failure's output
+    keeps the end of the logs): what each process did with the run, whenever it did it."""
+    subjects = {match.group(1) for item in violations for match in _SUBJECT.finditer(item)}
+    if not subjects:
+        return ""
+    found = [
+        f"{process.name}: {line}"
+        for process in chaos.cluster.processes
+        for line in process.output().splitlines()
+        if any(subject in line for subject in subjects)
+    ]
+    return "\n===== lines naming the violations' runs =====\n" + "\n".join(found[-200:])
 
 
 # -- violations by fault kind -------------------------------------------------------------

@@ -25,7 +25,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -64,6 +64,7 @@ from tests.chaos.harness import (
     by_fault,
     format_by_fault,
     killable_workers,
+    lines_naming,
     run_chaos,
 )
 from tests.chaos.servers import MissingBinaries, find_binaries
@@ -758,4 +759,47 @@ def test_a_bad_row_must_be_quarantined_for_its_reason_and_never_fire() -> None:
         "bad row bad-end-infinity",
         "bad row bad-kwargs-10mb",
         "bad row bad-zone-on-mars",
+    ]
+
+
+def test_a_failure_shows_every_line_that_names_its_runs_last() -> None:
+    """A stuck run's story is in the lines that name it, often long before the tail of
+    the logs a failure prints: they come last, from every process."""
+    run = uuid.uuid4()
+
+    def process(name: str, *lines: str) -> SimpleNamespace:
+        return SimpleNamespace(name=name, output=lambda: "\n".join(lines))
+
+    chaos = SimpleNamespace(
+        cluster=SimpleNamespace(
+            processes=[
+                process("w0g0", f"Task e2e.record[{run}] received", "Task other[x] received"),
+                process("beat0", "nothing of it"),
+                process("w1g0", f"run {run}: its lease let go"),
+            ]
+        )
+    )
+    shown = lines_naming(cast(Any, chaos), [f"stuck: run {run} (a at 12:00) is still queued"])
+    assert shown.splitlines()[-2:] == [
+        f"w0g0: Task e2e.record[{run}] received",
+        f"w1g0: run {run}: its lease let go",
+    ]
+    assert lines_naming(cast(Any, chaos), []) == ""
+
+
+def test_a_stuck_run_names_who_holds_its_lease() -> None:
+    """A live holder renewing a lease keeps a run from every recovery: the verdict says
+    who holds a stuck run, and until when."""
+    verdict = Verdict()
+    until = datetime(2026, 12, 6, 3, 59, 30, tzinfo=UTC)
+    held = _run_row(state=RunState.RUNNING, worker="w0g0@host", lease_owner="w0g0@host:42:received")
+    held.lease_expires_at = until
+    _check_plain_run(verdict, held, 0, "run a", killed=set())
+    _check_plain_run(
+        verdict, _run_row(state=RunState.QUEUED, worker=None), 0, "run b", killed=set()
+    )
+    assert verdict.stuck == [
+        "run a (plain) is still running (attempt 1), its lease held by w0g0@host:42:received"
+        " until 03:59:30",
+        "run b (plain) is still queued (attempt 1)",
     ]

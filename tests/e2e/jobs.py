@@ -10,6 +10,8 @@ import time
 from typing import Any
 
 import psycopg
+from celery.worker import state as worker_state
+from celery.worker.control import control_command
 from sqlalchemy import text
 
 from app import celery_app
@@ -70,6 +72,21 @@ def retry_now(self: IdempotentTask, label: str, failures: int, countdown: float 
     return _record_effect(self, label)
 
 
+@control_command()  # type: ignore[untyped-decorator]
+def e2e_lose_eta_timers(state: Any) -> dict[str, int]:
+    """Cancel the timer entries of the requests this worker holds for their ETA, and keep
+    them listed as waiting: a worker that lost them, as Celery can around a lost broker
+    connection (it then never runs them, and nothing hands their messages back before the
+    visibility timeout)."""
+    cancelled = 0
+    for request in list(worker_state.scheduled_requests):
+        entry = getattr(request, "_eta_timer_entry", None)
+        if entry is not None:
+            entry.cancel()
+            cancelled += 1
+    return {"cancelled": cancelled}
+
+
 # -- plain tasks: no idempotent base, as most existing projects write them ---------------
 
 
@@ -83,6 +100,12 @@ def _record_plain_effect(task_id: str, label: str) -> str:
 @celery_app.task(name="e2e.plain_record", bind=True)
 def plain_record(self: Any, label: str) -> str:
     return _record_plain_effect(self.request.id, label)
+
+
+@celery_app.task(name="e2e.plain_fail")
+def plain_fail(label: str) -> None:
+    """A plain task that fails every time."""
+    raise RuntimeError(f"{label}: fails every time")
 
 
 @celery_app.task(name="e2e.plain_slow", bind=True)

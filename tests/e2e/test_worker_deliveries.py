@@ -102,6 +102,54 @@ def test_a_plain_retry_whose_worker_dies_does_not_start_before_its_countdown(
     )
 
 
+#: A guarded job and a plain one that ask for one retry: its arguments for a countdown,
+#: and the effects of a run that ended well.
+ONE_RETRY = {
+    "e2e.retry_now": (lambda countdown: ["eta-lost", 1, countdown], ["eta-lost"]),
+    "e2e.plain_retry_later": (lambda countdown: ["attempt", countdown], ["attempt:0", "attempt:1"]),
+}
+
+
+@pytest.mark.parametrize("task", sorted(ONE_RETRY))
+def test_a_retry_whose_eta_celery_never_runs_is_sent_again_not_held_for_ever(
+    cluster: Cluster, store: Store, task: str
+) -> None:
+    """Seen in the chaos suite after a Redis restart: a worker lists a run's retry as
+    waiting for its ETA long after it passed, and never runs it. Its heartbeat renewed
+    the run's receipt lease all the same, so the run stayed ``retrying`` for as long as
+    the worker lived (kombu hands the message back only after the visibility timeout,
+    an hour by default). Now the lease is let go a lease after the ETA, and the leader
+    sends the run again: it succeeds, each attempt's effect once."""
+    countdown = 6
+    arguments, effects = ONE_RETRY[task]
+    # Kombu would hand the message back only after ten minutes: the leases decide.
+    cluster.settings = FAST | {"HABEAT_VISIBILITY_TIMEOUT": "600"}
+    cluster.beat("beat0")
+    worker = cluster.worker("worker0", concurrency=2)
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    ready(worker)
+    Schedules(store).create(
+        "eta-lost",
+        task,
+        at=datetime.now(UTC),
+        args=arguments(countdown),
+        allow_unregistered=True,
+    )
+
+    def retry_held() -> bool:
+        run = one_run(store, "eta-lost")
+        return run is not None and run.retries == 1 and run.lease_owner is not None
+
+    wait_until(retry_held, timeout=30, interval=0.1)
+    replies = cluster.app().control.broadcast("e2e_lose_eta_timers", reply=True, timeout=5)
+    assert [reply for reply in replies if any(r == {"cancelled": 1} for r in reply.values())]
+    wait_until(lambda: state_of(store, "eta-lost") in FINAL, timeout=90, interval=0.5)
+    run = one_run(store, "eta-lost")
+    assert run.state == RunState.SUCCEEDED.value, (run.state, run.error, run.reason)
+    assert sorted(effect_times(store, str(run.id))) == effects
+    assert "waiting for its ETA long after it passed" in worker.output()
+
+
 #: A task, and what its worker logs when it refuses a copy of a run another one took.
 REFUSALS = {
     "e2e.plain_record": "did not start plain run {}",

@@ -38,11 +38,14 @@ started = time.monotonic(); time.sleep(0.2); slept = time.monotonic() - started
 real = datetime.datetime.fromtimestamp(0, UTC)  # made by C code: the true class
 record = logging.makeLogRecord({"msg": "x"})
 logging.Formatter("%(asctime)s").format(record)  # converter = time.localtime, unbound
-print(*(round(skew) for skew in skews), round(slept, 1), isinstance(real, dt))
+print(*(round(skew) for skew in skews), round(slept, 2), isinstance(real, dt))
 """
-    assert _python(code, -120).split() == [
-        "-120", "-120", "-120", "-120", "-120", "0.2", "True",
-    ]  # fmt: skip
+    *skews, slept, real_class = _python(code, -120).split()
+    assert skews == ["-120"] * 5
+    # Slept on the true clock: 0.2 s, not minus two minutes (a loaded machine may be
+    # late to wake, never early).
+    assert 0.15 <= float(slept) < 5
+    assert real_class == "True"
     assert _python(code, 0).split()[:5] == ["0"] * 5
 
 

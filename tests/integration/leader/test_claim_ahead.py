@@ -366,6 +366,71 @@ def test_a_run_past_its_fire_time_is_not_cancelled_by_a_pause(store: Store) -> N
     assert row.state == RunState.PENDING.value
 
 
+def two_runs_claimed(store: Store) -> Schedules:
+    """Schedules ``paused`` and ``edited``, due now, their runs claimed by leader 1."""
+    schedules = Schedules(store)
+    for name in ("paused", "edited"):
+        schedules.create(name, "t", in_seconds=0, allow_unregistered=True)
+    assert store.take_leadership(1, "me")
+    assert len(store.claim_due(1, batch=10, plan=planner).runs) == 2
+    return schedules
+
+
+def pause_one_and_edit_the_other(schedules: Schedules) -> None:
+    schedules.pause("paused")
+    schedules.update("edited", kwargs={"changed": True}, allow_unregistered=True)
+
+
+def test_a_run_sent_and_due_again_later_is_not_cancelled_by_a_pause_or_an_edit(
+    store: Store,
+) -> None:
+    """A run published at its time and pending again, due later (its worker was killed
+    and the reaper gave it back, or its lost message is sent again), came due before the
+    change: a pause or an edit leaves it to run, as it does a run past its fire time.
+    Seen in the chaos run of seed 1: such a run ended cancelled "before its fire time"."""
+    schedules = two_runs_claimed(store)
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE beat_runs SET published_at = now() - interval '2 seconds',"
+                " attempt = 1, not_before = now() + interval '30 seconds'"
+            )
+        )
+
+    pause_one_and_edit_the_other(schedules)
+
+    assert {row.state for row in run_rows(store)} == {RunState.PENDING.value}
+
+
+def test_a_retry_given_back_by_the_reaper_due_later_is_not_cancelled_by_a_pause_or_an_edit(
+    store: Store,
+) -> None:
+    """A run that ran at its time and asked for a retry, whose worker stopped while it
+    held the retry for its countdown: the reaper gives it back to the outbox, due at the
+    retry's time, and clears the times of the deliveries before it (published_at too).
+    It came due before the change: a pause or an edit leaves it to run. Seen in the
+    chaos run of seed 1: such a plain run ended cancelled "before its fire time"."""
+    schedules = two_runs_claimed(store)
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE beat_runs SET state = 'retrying', retries = 1, attempt = 1,"
+                " published_at = now() - interval '3 seconds',"
+                " received_at = now() - interval '2 seconds',"
+                " retry_due_at = now() + interval '30 seconds',"
+                " lease_owner = 'w1@host:1:received',"
+                " lease_expires_at = now() - interval '1 second'"
+            )
+        )
+    store.reclaim(1, stale_queued_after=3600, limit=10)
+    given_back = run_rows(store)
+    assert {(row.state, row.published_at) for row in given_back} == {(RunState.PENDING.value, None)}
+
+    pause_one_and_edit_the_other(schedules)
+
+    assert {row.state for row in run_rows(store)} == {RunState.PENDING.value}
+
+
 def test_an_edit_after_a_run_was_claimed_ahead_applies_to_that_fire_time(store: Store) -> None:
     """New arguments given seconds before a fire time whose run was claimed already:
     the run is withdrawn and its fire time claimed again, with them. (The leader may
