@@ -393,6 +393,13 @@ class BeatConfig:
         " Prometheus on another host (the endpoints have no authentication)",
         parse=_text,
     )
+    metrics_schedule_limit: int = _setting(
+        1000,
+        "the leader serves a series per schedule (failures in a row, last success) while"
+        " the cluster holds at most this many schedules: a label value each (0: never)",
+        parse=_whole_number,
+        check=_at_least(0),
+    )
     dead_letter_key: str = _setting(
         "habeat.dead_letter",
         "Redis list on the broker (after its `global_keyprefix`) where workers keep the"

@@ -147,6 +147,30 @@ UNRECORDED_CONSUMERS = Gauge(
     multiprocess_mode="max",
     registry=REGISTRY,
 )
+SCHEDULE_CONSECUTIVE_FAILURES = Gauge(
+    "habeat_schedule_consecutive_failures",
+    "The schedule's newest finished runs that failed, were lost or expired, in a row"
+    " (counted up to 100). Served by the leader, while the cluster holds at most"
+    " habeat_metrics_schedule_limit schedules.",
+    ["schedule"],
+    multiprocess_mode="max",
+    registry=REGISTRY,
+)
+SCHEDULE_LAST_SUCCESS = Gauge(
+    "habeat_schedule_last_success_timestamp_seconds",
+    "The fire time of the schedule's newest run that succeeded (Unix time); absent while"
+    " none did. Served by the leader, as habeat_schedule_consecutive_failures.",
+    ["schedule"],
+    multiprocess_mode="max",
+    registry=REGISTRY,
+)
+SCHEDULE_SERIES_CAPPED = Gauge(
+    "habeat_schedule_series_capped",
+    "1 on the leader while the cluster holds more schedules than"
+    " habeat_metrics_schedule_limit: the per-schedule series are left out.",
+    multiprocess_mode="max",
+    registry=REGISTRY,
+)
 RUNS_SKIPPED = Counter(
     "habeat_runs_skipped_total",
     "Fire times recorded as skipped, by policy: misfire or overlap.",
@@ -195,6 +219,14 @@ WORKER_MESSAGES_SET_ASIDE = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+
+
+def forget_schedule_series() -> None:
+    """Drop the per-schedule series (this process no longer leads, or they are off)."""
+    SCHEDULE_CONSECUTIVE_FAILURES.clear()
+    SCHEDULE_LAST_SUCCESS.clear()
+    SCHEDULE_SERIES_CAPPED.set(0)
+
 
 #: The ``change`` label values of :data:`LEADERSHIP_CHANGES`.
 ACQUIRED, LOST, RELEASED = "acquired", "lost", "released"

@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NoReturn
 
 import psycopg
 import pytest
@@ -31,7 +32,12 @@ IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
 def _missing(service: str, exc: Exception) -> None:
-    message = f"{service} is not reachable ({exc}); start it with scripts/services.sh"
+    not_installed(f"{service} is not reachable ({exc}); start it with scripts/services.sh")
+
+
+def not_installed(message: str) -> NoReturn:
+    """A server or program the test needs is missing: skipped on a developer's machine,
+    failed in CI (which installs everything)."""
     if IN_CI:
         pytest.fail(message, pytrace=False)
     pytest.skip(message)

@@ -55,6 +55,7 @@ from beat.leader.leadership import Leadership
 from beat.leader.loop import LeaderLoop
 from beat.leader.lost_messages import Recovery
 from beat.leader.reporting import Reporter, TickErrors
+from beat.leader.schedule_series import ScheduleSeriesGauges
 from beat.lease.holder import DRIFT_MARGIN
 from beat.models import (
     ACTIVE_STATES,
@@ -72,6 +73,8 @@ from beat.publish.dispatch import BUILD_STEP, PublishResult
 from beat.records import DatabaseClock, Session
 from beat.schedule.timing import Every, Once, Trigger
 from beat.store.leader import Claim, InQueue, LostRun, PruneReport, Reclaim
+from beat.store.schedule_series import FAILURES as SERIES_FAILURES
+from beat.store.schedule_series import STREAK_LIMIT, ScheduleSeries
 from beat.store.stats import SETTLE, SummaryReport
 
 #: The database's time when a manual clock starts.
@@ -906,6 +909,37 @@ class FakeClaimStore:
                     deleted=deleted, batches=batches, cutoff=cutoff, caught_up=caught_up
                 )
 
+    def schedule_series(self, *, limit: int) -> list[ScheduleSeries] | None:
+        """Each schedule's failures in a row and newest success, by fire time."""
+        self._enter("schedule_series")
+        if len(self.schedules) > limit:
+            return None
+        found = []
+        for name in sorted(schedule.name for schedule in self.schedules.values()):
+            mine = sorted(
+                (
+                    run
+                    for run in self.runs.values()
+                    if run.schedule_name == name and run.fire_at is not None
+                ),
+                key=lambda run: run.fire_at or datetime.min,
+                reverse=True,
+            )
+            counted = [
+                run.state for run in mine if run.state in (*SERIES_FAILURES, RunState.SUCCEEDED)
+            ]
+            streak = next(
+                (index for index, state in enumerate(counted) if state == RunState.SUCCEEDED),
+                len(counted),
+            )
+            success = next((run.fire_at for run in mine if run.state == RunState.SUCCEEDED), None)
+            found.append(
+                ScheduleSeries(
+                    name=name, consecutive_failures=min(streak, STREAK_LIMIT), last_success=success
+                )
+            )
+        return found
+
     def summarise(
         self, *, until: datetime | None = None, budget: float | None = None
     ) -> SummaryReport:
@@ -1321,6 +1355,8 @@ class Process:
             publisher=self.publisher,
             waiter=self.waiter,
             lost_messages=NoMessageRecovery(),
+            # Read at once, in the pass: a thread would read outside the simulated time.
+            series_gauges=ScheduleSeriesGauges(start=lambda read: read()),
             armed=self.armed,
             reporter=self.reporter,
             clock=clock,

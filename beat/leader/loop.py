@@ -121,6 +121,7 @@ class LeaderLoop(Maintenance, ClaimPacing):
         self.database = None  # a term of its own reads the database's clock afresh
         self.drop_armed()
         self.lost_messages.forget()
+        self.series_gauges.forget()
         self._in_burst = False
         self._wait(self.config.standby_poll)
 

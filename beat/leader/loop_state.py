@@ -21,6 +21,7 @@ from beat.leader.ports import (
     Waiter,
 )
 from beat.leader.reporting import Reporter
+from beat.leader.schedule_series import ScheduleSeriesGauges
 from beat.lease.beacon import WorkerDeaths
 from beat.models import RunToPublish
 from beat.records import DatabaseClock
@@ -54,6 +55,7 @@ class LoopState:
         after_claim_commit: Callable[[Claim], None] | None = None,
         crash_detection: RunCrashes | None = None,
         sends: Sends | None = None,
+        series_gauges: ScheduleSeriesGauges | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -83,6 +85,9 @@ class LoopState:
         self._next_maintenance = 0.0
         self._next_retention = 0.0  # clock() of the next history prune
         self._next_summary = 0.0  # clock() of the next summary of finished runs
+        self._next_schedule_series = 0.0  # clock() of the next read of the schedules' series
+        #: The per-schedule series this process serves while it leads.
+        self.series_gauges = series_gauges or ScheduleSeriesGauges()
         #: The send of a burst's batch, in flight while the next batch is claimed.
         self.sends: Sends = sends or OverlappedSend()
         #: A burst's batch claimed while the send before it failed: sent next pass.

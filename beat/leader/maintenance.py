@@ -2,7 +2,8 @@
 earlier leader or a failed publish left, jittered runs whose time came), reclaim
 the runs of dead workers, send again the runs whose message the broker lost,
 prune history past its retention, summarise the runs finished
-(``beat.store.stats``); every pass, once a second during a burst."""
+(``beat.store.stats``), serve each schedule's series for Prometheus; every pass, once a
+second during a burst."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ RETENTION_BUDGET = 0.25
 #: while minutes are left (a first catch-up), else after SUMMARY_INTERVAL.
 SUMMARY_INTERVAL = 60.0
 SUMMARY_BUDGET = 0.25
+#: The leader reads each schedule's series for Prometheus this often (seconds), on a
+#: thread of its own: a statement over the history index, a few pages per schedule.
+SCHEDULE_SERIES_INTERVAL = 30.0
 #: While a burst is claimed batch after batch, the outbox and the reaper run this often (s).
 BURST_MAINTENANCE_INTERVAL = 1.0
 
@@ -50,6 +54,7 @@ class Maintenance(Publishing):
         self._recover_lost_messages(epoch)
         self._enforce_retention()
         self._summarise()
+        self._export_schedule_series()
 
     def _reclaim(self, epoch: int) -> None:
         """Publish again the runs of dead workers; mark lost those out of attempts."""
@@ -115,3 +120,18 @@ class Maintenance(Publishing):
         if report.caught_up:
             self._next_summary = self.clock() + SUMMARY_INTERVAL
         self.report.summarised(report)
+
+    def _export_schedule_series(self) -> None:
+        """Serve each schedule's failures in a row and last success (``beat.metrics``)
+        while the cluster holds at most ``habeat_metrics_schedule_limit`` schedules, read
+        again every ``SCHEDULE_SERIES_INTERVAL`` on a thread of its own; past the limit,
+        none, and the capped gauge says so. Only while metrics are served: nobody reads
+        them otherwise."""
+        limit = self.config.metrics_schedule_limit
+        if not self.config.metrics_port or not limit:
+            return
+        if self.clock() < self._next_schedule_series:
+            return
+        self._next_schedule_series = self.clock() + SCHEDULE_SERIES_INTERVAL
+        store = self.store
+        self.series_gauges.read(lambda: store.schedule_series(limit=limit), limit)

@@ -17,6 +17,7 @@ from beat.models import Quarantine, RunToPublish, UnpublishableRun
 from beat.publish.dispatch import PublishResult
 from beat.records import DatabaseClock
 from beat.store.leader import Claim, InQueue, PruneReport, Reclaim
+from beat.store.schedule_series import ScheduleSeries
 from beat.store.stats import SummaryReport
 
 
@@ -61,6 +62,7 @@ class ClaimStore(Protocol):
     def summarise(
         self, *, until: datetime | None = ..., budget: float | None = ...
     ) -> SummaryReport: ...
+    def schedule_series(self, *, limit: int) -> list[ScheduleSeries] | None: ...
 
 
 class Leader(Protocol):

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from beat.models import RunState
+from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
 from tests.e2e.cluster import Cluster, Process, wait_until
 from tests.integration.helpers import run_rows
@@ -91,6 +92,36 @@ def test_each_beat_process_says_whether_it_leads(cluster: Cluster) -> None:
     leader.signal(signal.SIGTERM)  # a clean hand-over: the standby takes over
     wait_until(lambda: value(ports[standby], "habeat_leader") == 1.0, timeout=15)
     assert value(ports[standby], "habeat_leadership_changes_total", change="acquired") == 1.0
+
+
+def test_the_leader_serves_each_schedule_s_failures_in_a_row_and_last_success(
+    cluster: Cluster, store: Store
+) -> None:
+    """What Prometheus alerts on per schedule (``HabeatScheduleFailing``): a schedule
+    whose task fails every time counts its failures in a row, one that works has none
+    and the fire time of its last success."""
+    cluster.settings = FAST
+    port = free_port()
+    start_beat(cluster, "beat0", port)
+    cluster.worker("worker0", concurrency=2)
+    schedules = Schedules(store)
+    schedules.create("always-fails", "e2e.plain_fail", every=2, args=["x"], allow_unregistered=True)
+    schedules.create("works", "e2e.plain_record", every=2, args=["y"], allow_unregistered=True)
+
+    def failures(name: str) -> float | None:
+        return value(port, "habeat_schedule_consecutive_failures", schedule=name)
+
+    # Read by the leader every 30 s: the second read sees the runs of its first seconds.
+    wait_until(lambda: (failures("always-fails") or 0) >= 3, timeout=90, interval=1)
+    assert failures("works") == 0
+    success = value(port, "habeat_schedule_last_success_timestamp_seconds", schedule="works")
+    assert success is not None
+    assert success <= store.now().timestamp()
+    assert (
+        value(port, "habeat_schedule_last_success_timestamp_seconds", schedule="always-fails")
+        is None
+    )
+    assert value(port, "habeat_schedule_series_capped") == 0.0
 
 
 def test_a_threads_worker_counts_its_runs_and_the_duplicates_it_refused(

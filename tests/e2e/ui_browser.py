@@ -12,10 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from tests.conftest import IN_CI
+from tests.conftest import not_installed
 from tests.e2e.cluster import ROOT, Cluster, Process, wait_until
 
 USER, PASSWORD = "admin", "s3cret-for-tests"
@@ -30,10 +29,7 @@ def chromium_path() -> str:
     download does not work offline."""
     found = os.environ.get("HABEAT_CHROMIUM") or shutil.which("chromium")
     if found is None:
-        message = "Chromium is not installed: apt-get install -y chromium"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        not_installed("Chromium is not installed: apt-get install -y chromium")
     return found
 
 

@@ -45,6 +45,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "metrics_port": ("9808", 9808),
     "worker_metrics_port": ("9809", 9809),
     "metrics_address": ("0.0.0.0", "0.0.0.0"),
+    "metrics_schedule_limit": ("5000", 5000),
     "dead_letter_key": ("poison", "poison"),
     "dead_letter_max_length": ("0", 0),
 }
@@ -69,6 +70,8 @@ REFUSED_TEXTS = [
     ("metrics_port", "http", "HABEAT_METRICS_PORT='http' must be a TCP port"),
     ("metrics_port", "70000", "habeat_metrics_port=70000: must be a TCP port"),
     ("worker_metrics_port", "-1", "habeat_worker_metrics_port=-1: must be a TCP port"),
+    ("metrics_schedule_limit", "-1", "habeat_metrics_schedule_limit=-1: must be at least 0"),
+    ("metrics_schedule_limit", "10.5", "HABEAT_METRICS_SCHEDULE_LIMIT='10.5' must be a whole"),
     ("dead_letter_max_length", "-1", "habeat_dead_letter_max_length=-1: must be 0"),
 ]
 
@@ -89,6 +92,7 @@ REFUSED_VALUES = [
     ("max_attempts", 0),
     ("metrics_port", 70000),
     ("worker_metrics_port", -1),
+    ("metrics_schedule_limit", -1),
     ("dead_letter_key", ""),
     ("dead_letter_max_length", -1),
 ]

@@ -1,5 +1,5 @@
-"""What operators read about the cluster: queues whose runs no worker takes, and the
-workers alive."""
+"""What operators read about the cluster: queues whose runs no worker takes, the
+workers alive, and each schedule's series for Prometheus."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from sqlalchemy import func, select, text
 from beat.publish.dispatch import ROUTING_OPTIONS
 from beat.store.leader.base import FencedStore
 from beat.store.leader.records import QueueBacklog, QueueOf, WorkerPresence
+from beat.store.schedule_series import ScheduleSeries, ScheduleSeriesReads
 from beat.store.tables import runs, workers
 
 
@@ -52,6 +53,11 @@ class ClusterReads(FencedStore):
             queue = queue_of(row.task, options)
             by_queue[queue] = _merged_backlog(by_queue.get(queue), queue, row.runs, row.oldest)
         return sorted(by_queue.values(), key=lambda b: (b.oldest_published_at, b.queue))
+
+    def schedule_series(self, *, limit: int) -> list[ScheduleSeries] | None:
+        """Each schedule's series for Prometheus; None past ``limit`` schedules
+        (:mod:`beat.store.schedule_series`). Reads only: not fenced."""
+        return ScheduleSeriesReads(self.engine, setting=self.setting).schedule_series(limit=limit)
 
     def live_workers(self, *, within: timedelta) -> list[WorkerPresence]:
         """The workers that renewed their row less than ``within`` ago (a worker does it
