@@ -24,7 +24,9 @@ from dataclasses import Field, dataclass, field, fields
 from enum import Enum
 from typing import Any, TypeVar
 
+from beat.celery_reports import hide_urls_in_celery_reports
 from beat.errors import ConfigError
+from beat.limits import MAX_FAILURE_THRESHOLD
 from beat.models import MisfirePolicy, OverlapPolicy
 
 #: Prefix of every key this package reads from ``app.conf``.
@@ -95,6 +97,12 @@ def _port(raw: str) -> int | None:
 def _at_least(low: float, unit: str = "") -> Check[float]:
     reason = f"must be at least {low:g}{unit}"
     return lambda value: reason if value < low else None
+
+
+def _failure_threshold(value: float) -> str | None:
+    if not 0 <= value <= MAX_FAILURE_THRESHOLD:
+        return f"must be from 0 (never) to {MAX_FAILURE_THRESHOLD} failures in a row"
+    return None
 
 
 def _positive(value: float) -> str | None:
@@ -400,6 +408,20 @@ class BeatConfig:
         parse=_whole_number,
         check=_at_least(0),
     )
+    alert_after_failures: int = _setting(
+        3,
+        "a schedule's failing monitor opens an incident once this many of its runs in a row"
+        " failed, were lost or expired (its own `alert_after_failures` overrides it; 0: never)",
+        parse=_whole_number,
+        check=_failure_threshold,
+    )
+    pause_after_failures: int = _setting(
+        0,
+        "the scheduler pauses a schedule after this many of its runs in a row failed, with"
+        " the reason as its pause note (its own `pause_after_failures` overrides it; 0: never)",
+        parse=_whole_number,
+        check=_failure_threshold,
+    )
     dead_letter_key: str = _setting(
         "habeat.dead_letter",
         "Redis list on the broker (after its `global_keyprefix`) where workers keep the"
@@ -572,24 +594,5 @@ def _old_name(key: str) -> str:
     return OLD_CONF_PREFIX + key.upper()
 
 
-def hide_urls_in_celery_reports() -> None:
-    """Make Celery mask this package's URL settings wherever it shows the configuration.
-
-    Celery masks settings by name only (``API|TOKEN|KEY|SECRET|PASS|...|DATABASE``) and
-    broker or backend URLs: ``habeat_redis_url`` and any URL named otherwise would reach
-    ``celery inspect conf``, Flower's worker pages and ``celery report`` with their
-    passwords. Its pattern is a module global read on every call, so widening it here
-    (once, in every process that imports this package) covers all of them.
-    """
-    from celery.app import utils
-
-    if _OUR_URLS not in utils.HIDDEN_SETTINGS.pattern:
-        utils.HIDDEN_SETTINGS = re.compile(
-            f"{utils.HIDDEN_SETTINGS.pattern}|{_OUR_URLS}", utils.HIDDEN_SETTINGS.flags
-        )
-
-
-#: Names of settings Celery must mask (case-insensitive), added to its own pattern.
-_OUR_URLS = "HABEAT_[A-Z_]*URL"
-
+# Every process that reads this configuration masks its URLs in Celery's reports.
 hide_urls_in_celery_reports()

@@ -17,3 +17,8 @@ MAX_INT4: Final = 2**31 - 1
 #: Longest jitter of a schedule (a day): a longer delay is a mistake, and a huge one
 #: overflows the date arithmetic of every claim.
 MAX_JITTER_SECONDS: Final = 86_400.0
+
+#: Most failures in a row a monitor may wait for (``alert_after_failures``,
+#: ``pause_after_failures``): the leader reads at most this many of a schedule's newest
+#: runs to count them.
+MAX_FAILURE_THRESHOLD: Final = 100

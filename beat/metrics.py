@@ -171,6 +171,25 @@ SCHEDULE_SERIES_CAPPED = Gauge(
     multiprocess_mode="max",
     registry=REGISTRY,
 )
+INCIDENTS_OPEN = Gauge(
+    "habeat_incidents_open",
+    "Incidents open, by kind (failing: a schedule's runs failed so many times in a row), as"
+    " the leader's failing monitor last counted them; 0 on a standby.",
+    ["kind"],
+    multiprocess_mode="max",
+    registry=REGISTRY,
+)
+INCIDENTS_OPENED = Counter(
+    "habeat_incidents_opened_total",
+    "Incidents the leader opened, by kind.",
+    ["kind"],
+    registry=REGISTRY,
+)
+SCHEDULES_AUTO_PAUSED = Counter(
+    "habeat_schedules_auto_paused_total",
+    "Schedules the leader paused after their runs failed pause_after_failures times in a row.",
+    registry=REGISTRY,
+)
 RUNS_SKIPPED = Counter(
     "habeat_runs_skipped_total",
     "Fire times recorded as skipped, by policy: misfire or overlap.",
@@ -226,6 +245,11 @@ def forget_schedule_series() -> None:
     SCHEDULE_CONSECUTIVE_FAILURES.clear()
     SCHEDULE_LAST_SUCCESS.clear()
     SCHEDULE_SERIES_CAPPED.set(0)
+
+
+def forget_incidents() -> None:
+    """Count no open incident (this process no longer leads)."""
+    INCIDENTS_OPEN.clear()
 
 
 #: The ``change`` label values of :data:`LEADERSHIP_CHANGES`.

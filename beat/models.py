@@ -109,6 +109,12 @@ class ScheduleDefinition:
     start_at: datetime | None = None
     end_at: datetime | None = None
     max_runs: int | None = None
+    #: The failing monitor (``beat.monitors``): an incident opens once this many of its
+    #: runs in a row failed, and the schedule pauses itself after ``pause_after_failures``
+    #: in a row. None: the cluster's default (``habeat_alert_after_failures``,
+    #: ``habeat_pause_after_failures``); 0: never.
+    alert_after_failures: int | None = None
+    pause_after_failures: int | None = None
 
     def __post_init__(self) -> None:
         require_aware(self.start_at, "start_at")
@@ -172,6 +178,38 @@ class DueSchedule:
     def __post_init__(self) -> None:
         require_aware(self.next_fire_at, "next_fire_at")
         require_aware(self.end_at, "end_at")
+
+
+class IncidentKind(enum.StrEnum):
+    """What went wrong with a schedule, as an incident records it (``beat.monitors``)."""
+
+    #: Its runs failed (``failed``, ``lost`` or ``expired``) so many times in a row.
+    FAILING = "failing"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Incident:
+    """One incident of a schedule: opened and resolved by the leader."""
+
+    id: int
+    schedule_name: str
+    kind: IncidentKind
+    opened_at: datetime
+    #: The failures in a row when it opened, and the newest it has counted.
+    failures: int
+    #: The fire time of the first failure of the streak that opened it.
+    first_failure_at: datetime | None
+    #: The newest failure's error, for people (one line).
+    last_error: str | None
+    #: When the scheduler paused the schedule because of it (its pause note says why).
+    paused_at: datetime | None = None
+    resolved_at: datetime | None = None
+    #: Why it closed: the run that succeeded, the schedule removed, its monitor off.
+    resolution: str | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.resolved_at is None
 
 
 class SkipKind(enum.Enum):

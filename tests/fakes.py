@@ -62,6 +62,7 @@ from beat.models import (
     FINISHED_STATES,
     DueSchedule,
     FirePlan,
+    IncidentKind,
     MisfirePolicy,
     OverlapPolicy,
     Quarantine,
@@ -69,10 +70,11 @@ from beat.models import (
     RunToPublish,
     UnpublishableRun,
 )
+from beat.monitors.failing import OpenIncident, Outcome, Thresholds, decide
 from beat.publish.dispatch import BUILD_STEP, PublishResult
 from beat.records import DatabaseClock, Session
 from beat.schedule.timing import Every, Once, Trigger
-from beat.store.leader import Claim, InQueue, LostRun, PruneReport, Reclaim
+from beat.store.leader import Claim, InQueue, LostRun, MonitorReport, PruneReport, Reclaim
 from beat.store.schedule_series import FAILURES as SERIES_FAILURES
 from beat.store.schedule_series import STREAK_LIMIT, ScheduleSeries
 from beat.store.stats import SETTLE, SummaryReport
@@ -444,6 +446,19 @@ class FakeSchedule:
     enabled: bool = True
     disabled_reason: str | None = None
     quarantined_at: datetime | None = None
+    alert_after_failures: int | None = None
+    pause_after_failures: int | None = None
+
+
+@dataclass(kw_only=True)
+class FakeIncident:
+    """A row of ``beat_incidents`` (the failing kind)."""
+
+    id: int
+    schedule_id: int
+    failures: int
+    paused_after_fire_at: datetime | None = None
+    resolution: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -543,6 +558,8 @@ class FakeClaimStore:
         #: The summary of finished runs: runs by (finish minute, state), and how far.
         self.run_minutes: Counter[tuple[datetime, RunState]] = Counter()
         self.summarised_until: datetime | None = None
+        #: The failing monitor's incidents, open and resolved.
+        self.incidents: list[FakeIncident] = []
 
     # -- test controls ---------------------------------------------------------------------
 
@@ -940,6 +957,100 @@ class FakeClaimStore:
             )
         return found
 
+    def watch_failures(
+        self, epoch: int, *, alert_after: int, pause_after: int, idle_timeout: float
+    ) -> MonitorReport:
+        """Every schedule looked at (no progress kept), decided by ``beat.monitors``."""
+        self._enter("watch_failures")
+        self._fence(epoch)
+        report = MonitorReport(looked_at=len(self.schedules))
+        for schedule in self.schedules.values():
+            self._watch(schedule, alert_after, pause_after, report)
+        open_count = sum(incident.resolution is None for incident in self.incidents)
+        report.open[IncidentKind.FAILING] = open_count
+        return report
+
+    def _watch(
+        self, schedule: FakeSchedule, alert_after: int, pause_after: int, report: MonitorReport
+    ) -> None:
+        counted = sorted(
+            (
+                run
+                for run in self.runs.values()
+                if run.schedule_id == schedule.id
+                and run.fire_at is not None
+                and run.state in (*SERIES_FAILURES, RunState.SUCCEEDED)
+            ),
+            key=lambda run: run.fire_at or datetime.min,
+            reverse=True,
+        )
+        outcomes = [
+            Outcome(
+                fire_at=run.fire_at or datetime.min,
+                failed=run.state != RunState.SUCCEEDED,
+                error=run.error or run.reason,
+            )
+            for run in counted
+        ]
+        incident = next(
+            (
+                found
+                for found in self.incidents
+                if found.schedule_id == schedule.id and found.resolution is None
+            ),
+            None,
+        )
+        thresholds = Thresholds(
+            alert_after=_own_or(schedule.alert_after_failures, alert_after),
+            pause_after=_own_or(schedule.pause_after_failures, pause_after),
+        )
+        decision = decide(
+            outcomes,
+            thresholds,
+            enabled=schedule.enabled,
+            incident=None
+            if incident is None
+            else OpenIncident(
+                id=incident.id,
+                failures=incident.failures,
+                paused_after_fire_at=incident.paused_after_fire_at,
+            ),
+        )
+        if decision.resolve is not None and incident is not None:
+            incident.resolution = decision.resolve
+            report.resolved.append((schedule.name, decision.resolve))
+            return
+        if decision.failures is None:
+            return
+        if decision.open:
+            incident = FakeIncident(
+                id=len(self.incidents) + 1, schedule_id=schedule.id, failures=decision.failures
+            )
+            self.incidents.append(incident)
+            report.opened.append((schedule.name, decision.failures))
+        assert incident is not None
+        incident.failures = decision.failures
+        if decision.pause_after_fire_at is not None and schedule.enabled:
+            schedule.enabled = False
+            schedule.disabled_reason = f"paused after {decision.failures} failures in a row"
+            incident.paused_after_fire_at = decision.pause_after_fire_at
+            report.paused.append((schedule.name, decision.failures))
+            self._cancel_unreleased(schedule.id)
+
+    def _cancel_unreleased(self, schedule_id: int) -> None:
+        """``beat.store.unreleased_runs.cancel_unreleased``: its runs claimed ahead."""
+        now = self.clock.now()
+        for run in self.runs.values():
+            if (
+                run.schedule_id == schedule_id
+                and run.state is RunState.PENDING
+                and run.not_before is not None
+                and run.not_before > now
+                and run.published_at is None
+                and run.retries == 0
+            ):
+                run.state, run.finished_at = RunState.CANCELLED, now
+
     def summarise(
         self, *, until: datetime | None = None, budget: float | None = None
     ) -> SummaryReport:
@@ -1111,6 +1222,10 @@ class FakeClaimStore:
 def _jittered(run: FakeRun) -> bool:
     """``not_before > fire_at`` (NULL, hence false, when either is missing)."""
     return run.not_before is not None and run.fire_at is not None and run.not_before > run.fire_at
+
+
+def _own_or(own: int | None, default: int) -> int:
+    return default if own is None else own
 
 
 def _age(run: FakeRun) -> datetime:

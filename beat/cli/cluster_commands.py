@@ -1,5 +1,5 @@
-"""The commands about the cluster: migrate the schema, who leads, and the health
-checks."""
+"""The commands about the cluster: migrate the schema, who leads, the health checks
+and the incidents."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 import click
 
 from beat.cli.group import _command, _schedules
-from beat.cli.options import _json_option
+from beat.cli.options import _json_option, _limit_option
 from beat.cli.output import _echo_json, _errors_as_exit_codes, _say, _show
-from beat.ops import rendering
+from beat.ops import incident_rendering, rendering
 
 
 @_command()
@@ -58,3 +58,20 @@ def health(ctx: click.Context, as_json: bool) -> None:
             _say(line, err=not ok)
     if not report.ok:
         sys.exit(1)
+
+
+@_command()
+@click.option("--all", "include_resolved", is_flag=True, help="resolved incidents too")
+@_limit_option(100, 10_000, "most incidents listed")
+@_json_option
+@click.pass_context
+def incidents(ctx: click.Context, include_resolved: bool, limit: int, as_json: bool) -> None:
+    """The open incidents, newest first: schedules whose runs failed so many times in a
+    row (habeat_alert_after_failures, or a schedule's own --alert-after-failures)."""
+    manager = _schedules(ctx)
+    with _errors_as_exit_codes():
+        found = manager.incidents(include_resolved=include_resolved, limit=limit)
+    if as_json:
+        _echo_json([incident_rendering.incident_document(incident) for incident in found])
+        return
+    _show(incident_rendering.incidents_text(found, include_resolved=include_resolved))

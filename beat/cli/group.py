@@ -12,7 +12,7 @@ import click
 from celery.bin.base import CeleryCommand
 
 from beat.cli.output import _errors_as_exit_codes
-from beat.ops import rendering
+from beat.ops import terminal
 from beat.ops.schedules import Schedules
 
 
@@ -23,7 +23,7 @@ class OneLineUsageError(click.ClickException):
     exit_code = 2
 
     def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"Error: {rendering.printable(self.format_message())}", file=file, err=True)
+        click.echo(f"Error: {terminal.printable(self.format_message())}", file=file, err=True)
 
 
 @contextmanager

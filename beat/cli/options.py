@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from beat.limits import MAX_FAILURE_THRESHOLD
 from beat.models import MisfirePolicy, OverlapPolicy
 from beat.ops.user_input import (
     duration_seconds,
@@ -78,6 +79,34 @@ def _parse_seconds(_ctx: click.Context, _param: click.Parameter, value: str | No
         return duration_seconds(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+#: What ``--alert-after-failures default`` means: the cluster's default again.
+DEFAULT_THRESHOLD = "default"
+
+
+def _parse_threshold(
+    _ctx: click.Context, param: click.Parameter, value: str | None
+) -> int | str | None:
+    """--alert-after-failures, --pause-after-failures: failures in a row, 0 (never) or
+    ``default``; bounds are the API's."""
+    if value is None or value == DEFAULT_THRESHOLD:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not a number of failures: give 0 (never) to"
+            f" {MAX_FAILURE_THRESHOLD}, or {DEFAULT_THRESHOLD}"
+        ) from None
+
+
+def thresholds_given(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with a threshold given as ``default`` set back to None (the cluster's)."""
+    return {
+        key: None if value == DEFAULT_THRESHOLD and key.endswith("_after_failures") else value
+        for key, value in fields.items()
+    }
 
 
 def _parse_since(
@@ -182,6 +211,18 @@ _DEFINITION_OPTIONS = (
         callback=_parse_seconds,
         help="delay each run by a stable random time up to this: seconds (30) or 5m; at most"
         " 1d, and at most the interval",
+    ),
+    click.option(
+        "--alert-after-failures",
+        callback=_parse_threshold,
+        help="open an incident after this many failures in a row: 0 (never) to"
+        f" {MAX_FAILURE_THRESHOLD}, or default (HABEAT_ALERT_AFTER_FAILURES)",
+    ),
+    click.option(
+        "--pause-after-failures",
+        callback=_parse_threshold,
+        help="pause the schedule after this many failures in a row: 0 (never) to"
+        f" {MAX_FAILURE_THRESHOLD}, or default (HABEAT_PAUSE_AFTER_FAILURES)",
     ),
     click.option(
         "--overlap-policy",

@@ -18,7 +18,7 @@ from beat.errors import (
     ScheduleExists,
     ScheduleNotFound,
 )
-from beat.ops import rendering
+from beat.ops import terminal
 
 #: Errors that mean "your input is wrong" (exit 2); every other error exits 1.
 INPUT_ERRORS = (InvalidSchedule, ScheduleExists, ScheduleNotFound, ConfigError)
@@ -27,13 +27,13 @@ INPUT_ERRORS = (InvalidSchedule, ScheduleExists, ScheduleNotFound, ConfigError)
 def _say(line: str, *, err: bool = False) -> None:
     """Print one line: whatever it quotes (a name, an error from a worker or a driver)
     is escaped, line breaks too, so it stays one line and runs nothing on the terminal."""
-    click.echo(rendering.printable(line), err=err)
+    click.echo(terminal.printable(line), err=err)
 
 
 def _show(text: str) -> None:
     """Print text of several lines made by :mod:`beat.ops.rendering` (or a JSON document):
     its lines kept, any character a terminal acts on escaped."""
-    click.echo(rendering.terminal_text(text))
+    click.echo(terminal.terminal_text(text))
 
 
 def _fail(message: str, code: int) -> NoReturn:

@@ -58,6 +58,21 @@ class ArmedRuns:
         armed, self._armed = self._armed, {}
         return sum(len(runs) for _, runs in list(armed.values()))
 
+    def discard_schedules(self, names: set[str]) -> int:
+        """Forget the armed runs of schedules ``names`` (this leader paused them, and
+        cancelled those runs in the database): a plain task has no guard to refuse a
+        cancelled run. How many there were."""
+        armed = self._armed
+        discarded = 0
+        for fire_at, (deadline, runs) in list(armed.items()):
+            kept = [run for run in runs if run.schedule_name not in names]
+            discarded += len(runs) - len(kept)
+            if not kept:
+                armed.pop(fire_at, None)
+            elif len(kept) < len(runs):
+                armed[fire_at] = (deadline, kept)
+        return discarded
+
     def run_ids(self) -> set[uuid.UUID]:
         """The runs armed here: this leader sends them at their fire time."""
         return {run.id for _, runs in list(self._armed.values()) for run in runs}

@@ -37,6 +37,7 @@ from beat.leader.loop_state import NO_CRASH_DETECTION
 from beat.leader.maintenance import Maintenance
 from beat.leader.overlapped_send import SHUTDOWN_WAIT
 from beat.leader.reporting import CLAIM
+from beat.metrics import forget_incidents
 from beat.models import RunToPublish
 from beat.records import DatabaseClock
 from beat.store.leader import Claim
@@ -122,6 +123,7 @@ class LeaderLoop(Maintenance, ClaimPacing):
         self.drop_armed()
         self.lost_messages.forget()
         self.series_gauges.forget()
+        forget_incidents()
         self._in_burst = False
         self._wait(self.config.standby_poll)
 

@@ -86,6 +86,7 @@ class LoopState:
         self._next_retention = 0.0  # clock() of the next history prune
         self._next_summary = 0.0  # clock() of the next summary of finished runs
         self._next_schedule_series = 0.0  # clock() of the next read of the schedules' series
+        self._next_monitor = 0.0  # clock() of the failing monitor's next pass
         #: The per-schedule series this process serves while it leads.
         self.series_gauges = series_gauges or ScheduleSeriesGauges()
         #: The send of a burst's batch, in flight while the next batch is claimed.

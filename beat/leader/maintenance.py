@@ -2,13 +2,14 @@
 earlier leader or a failed publish left, jittered runs whose time came), reclaim
 the runs of dead workers, send again the runs whose message the broker lost,
 prune history past its retention, summarise the runs finished
-(``beat.store.stats``), serve each schedule's series for Prometheus; every pass, once a
-second during a burst."""
+(``beat.store.stats``), watch for schedules failing in a row (``beat.monitors``), serve
+each schedule's series for Prometheus; every pass, once a second during a burst."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+from beat.errors import StaleEpoch
 from beat.leader.publishing import Publishing
 from beat.leader.reporting import OUTBOX, RECLAIM
 
@@ -26,6 +27,13 @@ SUMMARY_BUDGET = 0.25
 #: The leader reads each schedule's series for Prometheus this often (seconds), on a
 #: thread of its own: a statement over the history index, a few pages per schedule.
 SCHEDULE_SERIES_INTERVAL = 30.0
+#: The failing monitor (``beat.store.leader.monitors``) looks at the runs finished since
+#: its last pass this often (seconds), in the maintenance pass, unless an armed run is
+#: due sooner than MONITOR_HEADROOM: then at the pass after it.
+MONITOR_INTERVAL = 5.0
+MONITOR_HEADROOM = 0.5
+#: After a failed pass (its transaction refused), the next is tried this much later.
+MONITOR_RETRY = 30.0
 #: While a burst is claimed batch after batch, the outbox and the reaper run this often (s).
 BURST_MAINTENANCE_INTERVAL = 1.0
 
@@ -54,6 +62,7 @@ class Maintenance(Publishing):
         self._recover_lost_messages(epoch)
         self._enforce_retention()
         self._summarise()
+        self._watch_failures(epoch)
         self._export_schedule_series()
 
     def _reclaim(self, epoch: int) -> None:
@@ -120,6 +129,34 @@ class Maintenance(Publishing):
         if report.caught_up:
             self._next_summary = self.clock() + SUMMARY_INTERVAL
         self.report.summarised(report)
+
+    def _watch_failures(self, epoch: int) -> None:
+        """Open, update and resolve the incidents of schedules failing in a row, and pause
+        those past their ``pause_after_failures`` (``beat.monitors.failing``): every
+        ``MONITOR_INTERVAL``, when no armed run is about to be due."""
+        now = self.clock()
+        if now < self._next_monitor or self.armed.next_deadline() - now < MONITOR_HEADROOM:
+            return
+        self._next_monitor = now + MONITOR_INTERVAL
+        config = self.config
+        try:
+            report = self.store.watch_failures(
+                epoch,
+                alert_after=config.alert_after_failures,
+                pause_after=config.pause_after_failures,
+                idle_timeout=config.claim_idle_timeout,
+            )
+        except StaleEpoch:
+            raise
+        except Exception as exc:
+            # Incidents are for people: whatever breaks them must not stop the claims.
+            self._next_monitor = self.clock() + MONITOR_RETRY
+            self.report.monitor_failed(exc)
+            return
+        if report.paused:
+            # Cancelled in the database with the pause; not sent from memory either.
+            self.armed.discard_schedules({name for name, _ in report.paused})
+        self.report.watched(report)
 
     def _export_schedule_series(self) -> None:
         """Serve each schedule's failures in a row and last success (``beat.metrics``)

@@ -16,7 +16,7 @@ from beat.lease.beacon import WorkerDeaths
 from beat.models import Quarantine, RunToPublish, UnpublishableRun
 from beat.publish.dispatch import PublishResult
 from beat.records import DatabaseClock
-from beat.store.leader import Claim, InQueue, PruneReport, Reclaim
+from beat.store.leader import Claim, InQueue, MonitorReport, PruneReport, Reclaim
 from beat.store.schedule_series import ScheduleSeries
 from beat.store.stats import SummaryReport
 
@@ -63,6 +63,9 @@ class ClaimStore(Protocol):
         self, *, until: datetime | None = ..., budget: float | None = ...
     ) -> SummaryReport: ...
     def schedule_series(self, *, limit: int) -> list[ScheduleSeries] | None: ...
+    def watch_failures(
+        self, epoch: int, *, alert_after: int, pause_after: int, idle_timeout: float
+    ) -> MonitorReport: ...
 
 
 class Leader(Protocol):

@@ -16,9 +16,9 @@ from typing import Any
 from beat import metrics
 from beat.errors import HABeatError, error_text
 from beat.leader.lost_messages import Recovery
-from beat.models import Quarantine, RunToPublish, UnpublishableRun
+from beat.models import IncidentKind, Quarantine, RunToPublish, UnpublishableRun
 from beat.store.code_sync import SyncReport
-from beat.store.leader import Claim, PruneReport, Reclaim
+from beat.store.leader import Claim, MonitorReport, PruneReport, Reclaim
 from beat.store.stats import SummaryReport
 
 logger = logging.getLogger("beat.scheduler")
@@ -300,6 +300,43 @@ class Reporter:
         logger.warning(
             "could not summarise the finished runs (the plots of all schedules read them"
             " live meanwhile): %s; trying again in a minute",
+            error_text(exc),
+        )
+
+    def watched(self, report: MonitorReport) -> None:
+        """The failing monitor's pass: each incident opened or resolved and each
+        schedule paused said once (the incident's ID is in ``schedules incidents``)."""
+        for name, failures in report.opened:
+            metrics.INCIDENTS_OPENED.labels(kind=IncidentKind.FAILING.value).inc()
+            logger.warning(
+                "schedule %s failed %d times in a row: incident opened",
+                name,
+                failures,
+                extra={"schedule": name, "failures": failures},
+            )
+        for name, failures in report.paused:
+            metrics.SCHEDULES_AUTO_PAUSED.inc()
+            logger.warning(
+                "schedule %s paused after %d failures in a row; resume it once fixed"
+                " (celery -A app schedules resume %s)",
+                name,
+                failures,
+                name,
+                extra={"schedule": name, "failures": failures},
+            )
+        for name, resolution in report.resolved:
+            logger.info(
+                "schedule %s: incident resolved (%s)",
+                name,
+                resolution,
+                extra={"schedule": name},
+            )
+        for kind, count in report.open.items():
+            metrics.INCIDENTS_OPEN.labels(kind=kind.value).set(count)
+
+    def monitor_failed(self, exc: BaseException) -> None:
+        logger.warning(
+            "could not look for schedules failing in a row: %s; trying again in 30 s",
             error_text(exc),
         )
 

@@ -17,6 +17,7 @@ from beat.config import BeatConfig, setting
 from beat.errors import ConfigError, HABeatError, LeaseUnavailable, StoreUnavailable
 from beat.lease.presence import BeatProcess, leader_first, read_beats
 from beat.lease.status import LeaseStatus, read_lease
+from beat.models import Incident
 from beat.ops.health import ClusterStatus, Health, health_checks
 from beat.ops.read_models import ClusterOverview
 from beat.ops.schedules_base import SchedulesBase
@@ -52,6 +53,12 @@ class ClusterReads(SchedulesBase):
         that does not answer (its check fails)."""
         grace = default_overdue_grace(self._setting("lock_ttl"))
         return health_checks(self.store, self._read_lease, overdue_grace=grace)
+
+    def incidents(
+        self, *, include_resolved: bool = False, limit: int = 100
+    ) -> builtins.list[Incident]:
+        """The open incidents (all with ``include_resolved``), newest first."""
+        return self.store.incidents(include_resolved=include_resolved, limit=limit)
 
     def _read_lease(self) -> LeaseStatus:
         config = self._redis_config()

@@ -104,6 +104,8 @@ def _losses(schedule: Schedule, app_zone: str) -> list[str]:
         losses.append("its jitter is not kept")
     if definition.overlap_policy is not OverlapPolicy.ALLOW:
         losses.append(f"its overlap policy {definition.overlap_policy.value} is not kept")
+    if definition.alert_after_failures is not None or definition.pause_after_failures is not None:
+        losses.append("its failing monitor (alert and pause after failures) is not kept")
     if definition.misfire_policy is not MisfirePolicy.FIRE_ONCE:
         losses.append(f"its misfire policy {definition.misfire_policy.value} is not kept")
     return losses

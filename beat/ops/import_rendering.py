@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from beat.ops.importing import ImportAction, ImportLine, ImportReport
-from beat.ops.rendering import iso, printable, table, time_text, trigger_text
+from beat.ops.rendering import iso, table, time_text, trigger_text
+from beat.ops.terminal import printable
 from beat.schedule.timing import Cron
 
 _COLUMNS = ("ACTION", "NAME", "TIMING", "NEXT FIRE (UTC)", "LAST RUN (UTC)", "RUNS", "WHY")

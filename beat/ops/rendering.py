@@ -18,7 +18,6 @@ on a line of its own.
 from __future__ import annotations
 
 import json
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
@@ -37,6 +36,7 @@ from beat.ops.schedules import (
     UnreadableSchedule,
     WorkerPresence,
 )
+from beat.ops.terminal import printable
 from beat.records import RunRecord
 from beat.schedule import timing
 from beat.schedule.timing import Cron, Every, Once
@@ -89,6 +89,8 @@ def schedule_document(schedule: StoredSchedule) -> dict[str, Any]:
         "start_at": iso(definition.start_at),
         "end_at": iso(definition.end_at),
         "max_runs": definition.max_runs,
+        "alert_after_failures": definition.alert_after_failures,
+        "pause_after_failures": definition.pause_after_failures,
         "runs_count": schedule.runs_count,
         "disabled_reason": schedule.disabled_reason,
         "quarantined_at": iso(schedule.quarantined_at),
@@ -98,13 +100,32 @@ def schedule_document(schedule: StoredSchedule) -> dict[str, Any]:
     }
 
 
+def threshold_text(failures: int | None) -> str:
+    """A failing monitor's threshold, for people."""
+    if failures is None:
+        return "the cluster's default"
+    if failures == 0:
+        return "never"
+    return f"{failures} failures in a row"
+
+
 def enabled_text(schedule: StoredSchedule, *, with_reason: bool = False) -> str:
     if schedule.quarantined_at is not None:
         reason = f" since {time_text(schedule.quarantined_at)} UTC: {schedule.disabled_reason}"
         return "quarantined" + (reason if with_reason else "")
-    if isinstance(schedule, UnreadableSchedule):
-        return "yes" if schedule.enabled else "paused"
-    return "yes" if schedule.definition.enabled else "paused"
+    enabled = (
+        schedule.enabled
+        if isinstance(schedule, UnreadableSchedule)
+        else schedule.definition.enabled
+    )
+    if enabled:
+        return "yes"
+    # The scheduler's reason for a pause it made (a schedule failing in a row).
+    return (
+        f"paused: {schedule.disabled_reason}"
+        if with_reason and schedule.disabled_reason
+        else "paused"
+    )
 
 
 def definition_text(schedule: Schedule) -> str:
@@ -122,6 +143,8 @@ def definition_text(schedule: Schedule) -> str:
         ("options", json.dumps(definition.options)),
         ("misfire policy", definition.misfire_policy.value),
         ("max attempts", str(definition.max_attempts)),
+        ("alert after", threshold_text(definition.alert_after_failures)),
+        ("pause after", threshold_text(definition.pause_after_failures)),
         ("next fire", f"{time_text(schedule.next_fire_at)} UTC"),
         ("last fire", f"{time_text(schedule.last_fire_at)} UTC" if schedule.last_fire_at else "-"),
         ("created", f"{time_text(schedule.created_at)} UTC"),
@@ -560,32 +583,3 @@ def table(
 def _aligned(row: Sequence[str], widths: Sequence[int]) -> str:
     cells = (str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
     return "  ".join(cells).rstrip()
-
-
-# -- the terminal ----------------------------------------------------------------------
-
-#: Unicode categories a terminal acts on rather than shows: controls (C0 with ESC, which
-#: starts every escape sequence and OSC 52's clipboard write, DEL, C1), formats (bidi
-#: overrides such as U+202E, zero-width characters), lone surrogates, and line and
-#: paragraph separators.
-_ACTED_ON = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-
-
-def printable(text: str) -> str:
-    """``text`` as a terminal may show it: each character it would act on written as its
-    Python escape (``\\x1b``, ``\\n``, ``\\u202e``), the others as they are.
-    Applied to its own result it changes nothing (that holds no such character)."""
-    if text.isprintable():
-        return text
-    return "".join(_escaped(char) for char in text)
-
-
-def _escaped(char: str) -> str:
-    return repr(char)[1:-1] if unicodedata.category(char) in _ACTED_ON else char
-
-
-def terminal_text(text: str) -> str:
-    """Text of several lines as a terminal may show it: its line breaks kept (``\\n``,
-    the layout), every other character a terminal acts on escaped. The CLI's last
-    guard: the values inside were shown through :func:`printable` already."""
-    return "\n".join(printable(line) for line in text.split("\n"))

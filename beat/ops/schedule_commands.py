@@ -245,6 +245,8 @@ def _redefine(
         "jitter": current.jitter_seconds,
         "end_at": current.end_at,
         "max_runs": current.max_runs,
+        "alert_after_failures": current.alert_after_failures,
+        "pause_after_failures": current.pause_after_failures,
     }
     timing_keys = {"cron", "every", "at", "in_seconds", "start_at"}
     if not timing_keys & set(changes):

@@ -38,6 +38,8 @@ SCHEDULE_ENTRY_EXTRAS = frozenset(
         "max_runs",
         "max_attempts",
         "enabled",
+        "alert_after_failures",
+        "pause_after_failures",
     }
 )
 
@@ -234,6 +236,9 @@ def definition_hash(definition: ScheduleDefinition) -> str:
         # A column added later: the schedules it does not concern keep their hash, so
         # upgrading does not count them as changed.
         document.pop("cron_both_days")
+    for column in ("alert_after_failures", "pause_after_failures"):
+        if document[column] is None:
+            document.pop(column)  # added later too: the cluster's default keeps the hash
     encoded = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(encoded.encode()).hexdigest()
 

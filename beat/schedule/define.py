@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from beat.errors import (
     InvalidSchedule,
 )
-from beat.limits import MAX_DURATION, MAX_INT4, MAX_JITTER_SECONDS
+from beat.limits import MAX_DURATION, MAX_FAILURE_THRESHOLD, MAX_INT4, MAX_JITTER_SECONDS
 from beat.models import MisfirePolicy, Origin, OverlapPolicy, ScheduleDefinition
 from beat.schedule import timing
 from beat.schedule.options import check_publish_options
@@ -55,6 +55,8 @@ def define(
     max_runs: int | None = None,
     overlap_policy: OverlapPolicy | str = OverlapPolicy.ALLOW,
     jitter: float = 0.0,
+    alert_after_failures: int | None = None,
+    pause_after_failures: int | None = None,
     in_seconds: float | None = None,
     allow_past: bool = False,
     default_tz: str = "UTC",
@@ -69,7 +71,9 @@ def define(
     than ``PAST_ONE_OFF_GRACE`` in the past unless ``allow_past``, then it runs
     at once) and ``in_seconds`` (one run that many seconds from now). The window:
     no fire time before ``start_at`` or after ``end_at``, at most ``max_runs``
-    runs; a schedule past its window disables itself.
+    runs; a schedule past its window disables itself. ``alert_after_failures`` and
+    ``pause_after_failures`` set its failing monitor (None: the cluster's default; 0:
+    never).
 
     Relative times (``in_seconds``, an ``every`` without ``start_at``) count from
     ``now``: :class:`Schedules` passes the database's ``now()`` of the transaction
@@ -101,6 +105,8 @@ def define(
     publish_options = _check_options(options, queue)
     policy = _misfire_policy(misfire_policy)
     check_count(max_attempts, "max_attempts")
+    check_failure_threshold(alert_after_failures, "alert_after_failures")
+    check_failure_threshold(pause_after_failures, "pause_after_failures")
     if not isinstance(enabled, bool):
         raise InvalidSchedule(f"enabled must be true or false, got {enabled!r:.80}")
     return ScheduleDefinition(
@@ -120,6 +126,8 @@ def define(
         start_at=start_at,
         end_at=end_at,
         max_runs=max_runs,
+        alert_after_failures=alert_after_failures,
+        pause_after_failures=pause_after_failures,
     )
 
 
@@ -184,6 +192,20 @@ def check_count(value: object, what: str, *, maximum: int = MAX_INT4) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
         raise InvalidSchedule(
             f"{what} must be a whole number from 1 to {maximum}, got {value!r:.80}"
+        )
+
+
+def check_failure_threshold(value: object, what: str) -> None:
+    """None (the cluster's default), or failures in a row from 0 (never) to
+    ``MAX_FAILURE_THRESHOLD``."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSchedule(f"{what} must be a whole number of failures, got {value!r:.80}")
+    if not 0 <= value <= MAX_FAILURE_THRESHOLD:
+        raise InvalidSchedule(
+            f"{what} must be from 0 (never) to {MAX_FAILURE_THRESHOLD} failures in a row,"
+            f" got {value}"
         )
 
 

@@ -52,4 +52,6 @@ def definition_values(definition: ScheduleDefinition) -> dict[str, Any]:
         "start_at": definition.start_at,
         "end_at": definition.end_at,
         "max_runs": definition.max_runs,
+        "alert_after_failures": definition.alert_after_failures,
+        "pause_after_failures": definition.pause_after_failures,
     }

@@ -27,6 +27,7 @@ from beat.models import (
     ScheduleDefinition,
     TriggerKind,
 )
+from beat.schedule.define import check_failure_threshold
 from beat.schedule.options import check_publish_options
 from beat.schedule.payload import decoded_json, stored_payload
 from beat.schedule.timing import parse_zone
@@ -166,7 +167,11 @@ def schedule_from_row(row: Row[Any]) -> Schedule:
         start_at=row.start_at,
         end_at=row.end_at,
         max_runs=row.max_runs,
+        alert_after_failures=row.alert_after_failures,
+        pause_after_failures=row.pause_after_failures,
     )
+    check_failure_threshold(row.alert_after_failures, "alert_after_failures")
+    check_failure_threshold(row.pause_after_failures, "pause_after_failures")
     return Schedule(
         id=row.id,
         definition=definition,

@@ -28,7 +28,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
-from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState, TriggerKind
+from beat.models import (
+    FINISHED_STATES,
+    IncidentKind,
+    MisfirePolicy,
+    Origin,
+    OverlapPolicy,
+    RunState,
+    TriggerKind,
+)
 
 metadata = MetaData()
 
@@ -97,6 +105,9 @@ schedules = Table(
     Column("source_id", Text),
     #: What the schedule is for, in people's words (django-celery-beat's description).
     Column("description", Text),
+    #: Its failing monitor (``beat.monitors``): NULL, the cluster's default; 0, never.
+    Column("alert_after_failures", Integer),
+    Column("pause_after_failures", Integer),
     Column("created_at", TZ, nullable=False, server_default=text("now()")),
     Column("updated_at", TZ, nullable=False, server_default=text("now()")),
     CheckConstraint(_in("trigger_kind", TriggerKind), name="ck_beat_schedules_trigger_kind"),
@@ -112,6 +123,10 @@ schedules = Table(
     CheckConstraint(_in("overlap_policy", OverlapPolicy), name="ck_beat_schedules_overlap_policy"),
     CheckConstraint("jitter_seconds >= 0", name="ck_beat_schedules_jitter"),
     CheckConstraint("max_runs IS NULL OR max_runs >= 1", name="ck_beat_schedules_max_runs"),
+    CheckConstraint(
+        "alert_after_failures >= 0 AND pause_after_failures >= 0",
+        name="ck_beat_schedules_failure_thresholds",
+    ),
 )
 
 # Cost per tick is proportional to the runs due, not to the schedules stored.
@@ -357,4 +372,54 @@ unrecorded_consumers = Table(
     Column("seen_at", TZ, nullable=False, server_default=text("now()")),
     #: The first check that no longer found it; NULL while it is found.
     Column("gone_at", TZ),
+)
+
+#: What went wrong with a schedule (``beat.monitors``): opened and resolved by the leader
+#: in fenced transactions, at most one open per schedule and kind.
+incidents = Table(
+    "beat_incidents",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    #: NULL once the schedule is removed (the leader then resolves it); its name stays.
+    Column("schedule_id", BigInteger, ForeignKey("beat_schedules.id", ondelete="SET NULL")),
+    Column("schedule_name", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("opened_at", TZ, nullable=False, server_default=text("now()")),
+    #: The leader's epoch that opened it.
+    Column("epoch", BigInteger, nullable=False),
+    #: Failures in a row: when it opened, then the newest count the leader saw.
+    Column("failures", Integer, nullable=False),
+    #: The fire time of the first failure of the streak, and the newest failure's error.
+    Column("first_failure_at", TZ),
+    Column("last_error", Text),
+    #: When the scheduler paused the schedule because of it, and the fire time of the
+    #: failure that did: after a resume, as many failures again pause it again.
+    Column("paused_at", TZ),
+    Column("paused_after_fire_at", TZ),
+    Column("resolved_at", TZ),
+    #: Why it closed, for people: the run that succeeded, the schedule removed...
+    Column("resolution", Text),
+    CheckConstraint(_in("kind", IncidentKind), name="ck_beat_incidents_kind"),
+)
+# One open incident per schedule and kind: opening is an insert that does nothing when
+# one is open.
+Index(
+    "uq_beat_incidents_open",
+    incidents.c.schedule_id,
+    incidents.c.kind,
+    unique=True,
+    postgresql_where=text("resolved_at IS NULL"),
+)
+# Incidents newest first (the list, the UI).
+Index("ix_beat_incidents_opened_at", incidents.c.opened_at.desc())
+
+#: How far the failing monitor has looked (one row): every run that finished before
+#: ``checked_until`` has been counted (less ``beat.store.leader.monitors.MARGIN``, looked
+#: at again for transactions that committed late).
+monitor_progress = Table(
+    "beat_monitor_progress",
+    metadata,
+    Column("id", Boolean, primary_key=True, server_default=text("true")),
+    Column("checked_until", TZ, nullable=False),
+    CheckConstraint("id", name="ck_beat_monitor_progress_one_row"),
 )

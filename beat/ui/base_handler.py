@@ -228,6 +228,7 @@ class BaseHandler(tornado.web.RequestHandler):
             in_words=wording.in_words,
             spec_text=rendering.spec_text,
             enabled_text=rendering.enabled_text,
+            threshold_text=rendering.threshold_text,
             state_colours=charts.STATE_COLOURS,
             done=DONE.get(self.get_argument("done", "")),
             new_run_id=lambda: str(uuid.uuid4()),

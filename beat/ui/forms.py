@@ -38,6 +38,8 @@ FIELDS = (
     "start_at",
     "end_at",
     "max_runs",
+    "alert_after_failures",
+    "pause_after_failures",
     "enabled",
 )
 #: How the times are named in errors (the form's labels).
@@ -64,6 +66,8 @@ _ERROR_SUBJECTS = (
     ("jitter", "jitter"),
     ("max_attempts", "max_attempts"),
     ("max_runs", "max_runs"),
+    ("alert_after_failures", "alert_after_failures"),
+    ("pause_after_failures", "pause_after_failures"),
     ("start_at", "start_at"),
     ("start ", "start_at"),
     ("end_at", "end_at"),
@@ -132,9 +136,15 @@ def form_of(schedule: Schedule) -> ScheduleForm:
             "start_at": "" if definition.start_at is None else definition.start_at.isoformat(),
             "end_at": "" if definition.end_at is None else definition.end_at.isoformat(),
             "max_runs": "" if definition.max_runs is None else str(definition.max_runs),
+            "alert_after_failures": _count_text(definition.alert_after_failures),
+            "pause_after_failures": _count_text(definition.pause_after_failures),
             "enabled": "on" if definition.enabled else "",
         }
     )
+
+
+def _count_text(count: int | None) -> str:
+    return "" if count is None else str(count)
 
 
 def _timing_of(trigger: Cron | Every | Once) -> tuple[str, str]:
@@ -216,7 +226,7 @@ def _field(name: str, text: str, kind: str) -> dict[str, Any]:
         return _timing(kind, text)
     if name in {"args", "kwargs"}:
         return {name: _json(text, list if name == "args" else dict, name)}
-    if name in {"max_attempts", "max_runs"}:
+    if name in {"max_attempts", "max_runs", "alert_after_failures", "pause_after_failures"}:
         return {name: _whole_number(text, name)} if text else {name: None}
     if name == "jitter":
         return {"jitter": duration_seconds(text) if text else 0.0}

@@ -46,6 +46,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "worker_metrics_port": ("9809", 9809),
     "metrics_address": ("0.0.0.0", "0.0.0.0"),
     "metrics_schedule_limit": ("5000", 5000),
+    "alert_after_failures": ("5", 5),
+    "pause_after_failures": ("10", 10),
     "dead_letter_key": ("poison", "poison"),
     "dead_letter_max_length": ("0", 0),
 }
@@ -73,6 +75,9 @@ REFUSED_TEXTS = [
     ("metrics_schedule_limit", "-1", "habeat_metrics_schedule_limit=-1: must be at least 0"),
     ("metrics_schedule_limit", "10.5", "HABEAT_METRICS_SCHEDULE_LIMIT='10.5' must be a whole"),
     ("dead_letter_max_length", "-1", "habeat_dead_letter_max_length=-1: must be 0"),
+    ("alert_after_failures", "101", "habeat_alert_after_failures=101: must be from 0 (never)"),
+    ("pause_after_failures", "-1", "habeat_pause_after_failures=-1: must be from 0 (never)"),
+    ("pause_after_failures", "2.5", "HABEAT_PAUSE_AFTER_FAILURES='2.5' must be a whole"),
 ]
 
 #: Values app.conf may not hold, with the key the error names.
@@ -93,6 +98,8 @@ REFUSED_VALUES = [
     ("metrics_port", 70000),
     ("worker_metrics_port", -1),
     ("metrics_schedule_limit", -1),
+    ("alert_after_failures", 101),
+    ("pause_after_failures", -1),
     ("dead_letter_key", ""),
     ("dead_letter_max_length", -1),
 ]

@@ -7,7 +7,8 @@ The layers, from the bottom (``docs/explanation/code-tour.md`` tells what each h
 
 0. the kernel (errors, limits, models, records, metrics, config) and ``schedule/``:
    what a schedule is and when it fires, pure;
-1. ``claim/``: every decision of a claim, pure;
+1. ``claim/``: every decision of a claim, and ``monitors/``: when runs open or resolve an
+   incident, pure;
 2. the adapters: ``store/`` (PostgreSQL), ``lease/`` (Redis), ``publish/`` (the broker),
    ``sources/`` (the schedulers an import reads);
 3. what runs on them: ``leader/`` (the leader's loop) and ``delivery/`` (a worker's side);
@@ -35,9 +36,11 @@ LAYERS: Mapping[str, int] = {
     "beat.records": 0,
     "beat.metrics": 0,
     "beat.config": 0,
+    "beat.celery_reports": 0,
     "beat.sockets": 0,
     "beat.schedule": 0,
     "beat.claim": 1,
+    "beat.monitors": 1,
     "beat.store": 2,
     "beat.sources": 2,
     "beat.lease": 2,

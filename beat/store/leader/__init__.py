@@ -8,12 +8,14 @@ leader row and the fence every write takes): the leader row and its epoch (``ter
 the sessions crash detection finds gone (``sessions``), the claim (``claim``, with the
 due rows it reads in ``due_rows``), the outbox (``outbox``), the reaper (``reaper``),
 lost-message recovery and expiry (``lost_messages``), the times the leader wakes at
-(``wakeups``), retention (``retention``) and what operators read about the cluster
-(``cluster``). What the store returns is in ``records``; the LISTEN connection that
-wakes the loop is ``listener``. The parts import each other, never this package."""
+(``wakeups``), retention (``retention``), the failing monitor's pass and the incidents
+(``monitors``) and what operators read about the cluster (``cluster``). What the store
+returns is in ``records``; the LISTEN connection that wakes the loop is ``listener``.
+The parts import each other, never this package."""
 
 from beat.store.leader.listener import ScheduleChangeListener
 from beat.store.leader.lost_messages import MAX_SENDS
+from beat.store.leader.monitors import MonitorReport
 from beat.store.leader.reaper import MAX_INTERRUPTIONS
 from beat.store.leader.records import (
     Claim,
@@ -38,6 +40,7 @@ __all__ = [
     "LeaderInfo",
     "LeaderStore",
     "LostRun",
+    "MonitorReport",
     "PruneReport",
     "QueueBacklog",
     "QueueOf",

@@ -7,6 +7,7 @@ from beat.store.db import create_store_engine
 from beat.store.leader.claim import ClaimStatements
 from beat.store.leader.cluster import ClusterReads
 from beat.store.leader.lost_messages import LostMessageStatements
+from beat.store.leader.monitors import MonitorStatements
 from beat.store.leader.outbox import OutboxStatements
 from beat.store.leader.reaper import ReaperStatements
 from beat.store.leader.retention import RetentionStatements
@@ -24,6 +25,7 @@ class LeaderStore(
     LostMessageStatements,
     WakeupStatements,
     RetentionStatements,
+    MonitorStatements,
     ClusterReads,
 ):
     """PostgreSQL access for the leader of cluster ``leader_name``: every write fenced."""

@@ -82,7 +82,9 @@ class Hostile:
 def write_hostile(store: Store, client: redis.Redis, prefix: str, row: Hostile) -> None:
     """Empty tables, then ``row``'s schedule, run and leader (PostgreSQL and Redis)."""
     with store.engine.begin() as conn:
-        conn.execute(text("TRUNCATE beat_runs, beat_schedules, beat_leader RESTART IDENTITY"))
+        conn.execute(
+            text("TRUNCATE beat_runs, beat_schedules, beat_leader, beat_incidents RESTART IDENTITY")
+        )
         conn.execute(
             text(
                 "INSERT INTO beat_schedules (name, task, trigger_kind, every_seconds, anchor_at,"

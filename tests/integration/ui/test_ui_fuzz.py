@@ -108,6 +108,8 @@ FIELDS = (
     "start_at",
     "end_at",
     "max_runs",
+    "alert_after_failures",
+    "pause_after_failures",
     "enabled",
     "run_id",
 )

@@ -1,4 +1,4 @@
-"""``beat.ops.rendering.printable``, through which the CLI prints everything: nothing a
+"""``beat.ops.terminal.printable``, through which the CLI prints everything: nothing a
 terminal acts on survives it, printable text passes unchanged, and a table keeps one
 line a row whatever its cells hold (issue 29, finding 7)."""
 
@@ -9,7 +9,8 @@ import unicodedata
 from hypothesis import given
 from hypothesis import strategies as st
 
-from beat.ops.rendering import printable, table, terminal_text
+from beat.ops.rendering import table
+from beat.ops.terminal import printable, terminal_text
 
 ACTED_ON = {"Cc", "Cf", "Cs", "Zl", "Zp"}
 any_text = st.text(st.characters(codec=None, exclude_categories=()))

@@ -227,6 +227,23 @@ def test_a_wall_time_is_read_in_the_zone_given() -> None:
     assert fields["at"] == datetime(2027, 3, 28, 7, 0, tzinfo=UTC)
 
 
+def test_the_failing_monitor_s_thresholds_are_read_kept_and_cleared_to_the_default() -> None:
+    current = stored(timing.parse_cron("30 2 * * *"), alert_after_failures=2)
+    assert forms.form_of(current).values["alert_after_failures"] == "2"
+    assert forms.form_of(current).values["pause_after_failures"] == ""
+    paused_at_five = forms.form_of(current).values | {"pause_after_failures": "5"}
+    assert forms.update_arguments(forms.submitted(paused_at_five), current) == {
+        "pause_after_failures": 5
+    }
+    cleared = forms.form_of(current).values | {"alert_after_failures": ""}
+    assert forms.update_arguments(forms.submitted(cleared), current) == {
+        "alert_after_failures": None
+    }
+    typo = forms.submitted(forms.form_of(current).values | {"pause_after_failures": "5x"})
+    forms.update_arguments(typo, current)
+    assert set(typo.errors) == {"pause_after_failures"}
+
+
 @pytest.mark.parametrize(
     ("message", "field"),
     [
@@ -238,6 +255,7 @@ def test_a_wall_time_is_read_in_the_zone_given() -> None:
         ("jitter 90s is longer than its interval 60s", "jitter"),
         ("max_attempts must be a whole number from 1 to 2147483647, got 0", "max_attempts"),
         ("end_at 2027-01-01T00:00:00+00:00 is not after start_at", "end_at"),
+        ("pause_after_failures must be from 0 (never) to 100, got 500", "pause_after_failures"),
         ("A schedule with this name exists already: pick another name or update it.", "name"),
         ("something else entirely", ""),
     ],

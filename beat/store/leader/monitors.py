@@ -1,0 +1,296 @@
+"""The failing monitor's pass, fenced: the leader reads the newest outcomes of each
+schedule whose runs finished since its last pass, and opens, updates and resolves its
+incidents, and pauses schedules, as ``beat.monitors.failing`` decides, in one
+transaction.
+
+Which schedules are looked at: those with a run that failed, and those with an open
+incident with a run that finished, since ``beat_monitor_progress`` says the last pass
+looked (by the retention index's key, ``coalesce(finished_at, claimed_at)``), less
+``MARGIN`` (a worker's transaction that stamped its run's end and committed later is
+seen by a pass after it); at most ``BATCH`` a pass. In a cluster that works that is a
+few schedules, whatever their number. Every decision is idempotent, so a run looked at
+twice changes nothing. Every time is the database's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Row, func, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from beat.limits import MAX_FAILURE_THRESHOLD
+from beat.models import FINISHED_STATES, Incident, IncidentKind, RunState
+from beat.monitors.failing import Decision, OpenIncident, Outcome, Thresholds, decide
+from beat.store.leader.base import FencedStore
+from beat.store.tables import incidents, monitor_progress, schedules
+from beat.store.unreleased_runs import cancel_unreleased
+
+#: Runs that finished this long before the last pass's time are looked at again: a
+#: worker's transaction stamps ``finished_at`` with its start, and commits a moment later.
+MARGIN = timedelta(seconds=60)
+#: How far back the first pass of a cluster looks.
+FIRST_LOOKBACK = timedelta(hours=1)
+#: Most schedules one pass looks at (a pass is one transaction of the leader's loop).
+BATCH = 500
+#: Longest error kept on an incident (the run keeps all of it).
+ERROR_CHARS = 500
+
+_FAILURES = ("failed", "lost", "expired")
+_COUNTED = ", ".join(repr(state) for state in (*_FAILURES, RunState.SUCCEEDED.value))
+_FINISHED = ", ".join(repr(state.value) for state in FINISHED_STATES)
+_FAILURE_STATES = ", ".join(repr(state) for state in _FAILURES)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MonitorReport:
+    """What one pass did, by schedule name."""
+
+    opened: list[tuple[str, int]] = field(default_factory=list)
+    paused: list[tuple[str, int]] = field(default_factory=list)
+    resolved: list[tuple[str, str]] = field(default_factory=list)
+    #: Schedules looked at.
+    looked_at: int = 0
+    #: Incidents open after the pass, by kind.
+    open: dict[IncidentKind, int] = field(default_factory=dict)
+
+
+class MonitorStatements(FencedStore):
+    """The failing monitor's pass, and the incidents as operators read them."""
+
+    def watch_failures(
+        self, epoch: int, *, alert_after: int, pause_after: int, idle_timeout: float
+    ) -> MonitorReport:
+        """One pass of the failing monitor as leader ``epoch``, with the cluster's
+        default thresholds; StaleEpoch if a newer leader exists (nothing written)."""
+        with self._transaction() as conn:
+            now = self._fence(conn, epoch, idle_timeout)
+            since = _progress(conn, now)
+            rows = conn.execute(
+                text(_CANDIDATES_SQL),
+                {
+                    "since": since - MARGIN,
+                    "alert": alert_after,
+                    "pause": pause_after,
+                    "streak_limit": MAX_FAILURE_THRESHOLD,
+                    "batch": BATCH,
+                },
+            ).all()
+            report = MonitorReport(looked_at=len(rows))
+            for row in rows:
+                _apply(conn, row, _decision(row, alert_after, pause_after), epoch, report)
+            _resolve_orphans(conn, report)
+            conn.execute(update(monitor_progress).values(checked_until=now))
+            report.open.update(_open_counts(conn))
+        return report
+
+    def incidents(self, *, include_resolved: bool = False, limit: int = 100) -> list[Incident]:
+        """Incidents newest first: the open ones, or all with ``include_resolved``."""
+        query = select(incidents).order_by(incidents.c.opened_at.desc(), incidents.c.id.desc())
+        if not include_resolved:
+            query = query.where(incidents.c.resolved_at.is_(None))
+        with self._transaction() as conn:
+            return [incident_from_row(row) for row in conn.execute(query.limit(limit))]
+
+
+def incident_from_row(row: Row[Any]) -> Incident:
+    return Incident(
+        id=row.id,
+        schedule_name=row.schedule_name,
+        kind=IncidentKind(row.kind),
+        opened_at=row.opened_at,
+        failures=row.failures,
+        first_failure_at=row.first_failure_at,
+        last_error=row.last_error,
+        paused_at=row.paused_at,
+        resolved_at=row.resolved_at,
+        resolution=row.resolution,
+    )
+
+
+def _progress(conn: Connection, now: datetime) -> datetime:
+    """Where the last pass looked up to (held for this transaction); the first pass of a
+    cluster looks ``FIRST_LOOKBACK`` back."""
+    conn.execute(
+        pg_insert(monitor_progress)
+        .values(id=True, checked_until=now - FIRST_LOOKBACK)
+        .on_conflict_do_nothing()
+    )
+    checked: datetime = conn.execute(
+        select(monitor_progress.c.checked_until).with_for_update()
+    ).scalar_one()
+    return checked
+
+
+def _decision(row: Row[Any], alert_after: int, pause_after: int) -> Decision:
+    thresholds = Thresholds(
+        alert_after=_or_default(row.alert_after_failures, alert_after),
+        pause_after=_or_default(row.pause_after_failures, pause_after),
+    )
+    outcomes = [
+        Outcome(fire_at=fire_at, failed=state in _FAILURES, error=error)
+        for fire_at, state, error in zip(row.fire_times, row.states, row.errors, strict=True)
+    ]
+    incident = None
+    if row.incident_id is not None:
+        incident = OpenIncident(
+            id=row.incident_id,
+            failures=row.incident_failures,
+            paused_after_fire_at=row.paused_after_fire_at,
+        )
+    return decide(outcomes, thresholds, enabled=row.enabled, incident=incident)
+
+
+def _or_default(own: int | None, default: int) -> int:
+    return default if own is None else own
+
+
+def _apply(
+    conn: Connection, row: Row[Any], decision: Decision, epoch: int, report: MonitorReport
+) -> None:
+    if decision.resolve is not None:
+        _resolve(conn, row.incident_id, decision.resolve)
+        report.resolved.append((row.name, decision.resolve))
+        return
+    if decision.failures is None:
+        return
+    error = None if decision.last_error is None else decision.last_error[:ERROR_CHARS]
+    incident_id = row.incident_id
+    if decision.open:
+        incident_id = conn.execute(
+            pg_insert(incidents)
+            .values(
+                schedule_id=row.id,
+                schedule_name=row.name,
+                kind=IncidentKind.FAILING.value,
+                epoch=epoch,
+                failures=decision.failures,
+                first_failure_at=decision.first_failure_at,
+                last_error=error,
+            )
+            .on_conflict_do_nothing(
+                index_elements=["schedule_id", "kind"], index_where=text("resolved_at IS NULL")
+            )
+            .returning(incidents.c.id)
+        ).scalar_one_or_none()
+        if incident_id is None:
+            return  # one is open already (this pass holds the fence: none should be)
+        report.opened.append((row.name, decision.failures))
+    elif decision.failures != row.incident_failures:
+        conn.execute(
+            update(incidents)
+            .where(incidents.c.id == incident_id)
+            .values(failures=decision.failures, last_error=error)
+        )
+    if decision.pause_after_fire_at is not None:
+        _pause(conn, row, incident_id, decision)
+        report.paused.append((row.name, decision.failures))
+
+
+def _pause(conn: Connection, row: Row[Any], incident_id: int, decision: Decision) -> None:
+    """Pause the schedule because of incident ``incident_id``, with the reason as its
+    pause note; its runs claimed ahead are cancelled, as an operator's pause does."""
+    note = (
+        f"paused by the scheduler after {decision.failures} failures in a row"
+        f" (incident {incident_id})"
+    )
+    if decision.last_error:
+        note += f"; the last: {decision.last_error[:200]}"
+    paused = conn.execute(
+        update(schedules)
+        .where(schedules.c.id == row.id, schedules.c.enabled)
+        .values(enabled=False, disabled_reason=note, updated_at=func.now())
+        .returning(schedules.c.id)
+    ).scalar_one_or_none()
+    if paused is None:
+        return
+    cancel_unreleased(conn, row.id, "its schedule was paused after failures in a row")
+    conn.execute(
+        update(incidents)
+        .where(incidents.c.id == incident_id)
+        .values(paused_at=func.now(), paused_after_fire_at=decision.pause_after_fire_at)
+    )
+
+
+def _resolve(conn: Connection, incident_id: int, resolution: str) -> None:
+    conn.execute(
+        update(incidents)
+        .where(incidents.c.id == incident_id, incidents.c.resolved_at.is_(None))
+        .values(resolved_at=func.now(), resolution=resolution)
+    )
+
+
+def _resolve_orphans(conn: Connection, report: MonitorReport) -> None:
+    """Resolve the open incidents of schedules removed since."""
+    resolved = conn.execute(
+        update(incidents)
+        .where(incidents.c.schedule_id.is_(None), incidents.c.resolved_at.is_(None))
+        .values(resolved_at=func.now(), resolution="its schedule was removed")
+        .returning(incidents.c.schedule_name)
+    ).scalars()
+    report.resolved.extend((name, "its schedule was removed") for name in resolved)
+
+
+def _open_counts(conn: Connection) -> Sequence[tuple[IncidentKind, int]]:
+    rows = conn.execute(
+        select(incidents.c.kind, func.count())
+        .where(incidents.c.resolved_at.is_(None))
+        .group_by(incidents.c.kind)
+    ).all()
+    counts = {kind: 0 for kind in IncidentKind}
+    counts.update({IncidentKind(kind): count for kind, count in rows})
+    return list(counts.items())
+
+
+#: The schedules to look at: a run of theirs failed since :since, or one finished while
+#: they have an open incident, at most :batch of them taken at random (after a failure
+#: of many schedules at once, each pass takes others; one left out is looked at when its
+#: next run fails). Each with its thresholds, its open failing incident and its newest
+#: counted outcomes: as many as its larger threshold, or, while an incident is open, up
+#: to MAX_FAILURE_THRESHOLD, so that the incident counts its whole streak.
+_CANDIDATES_SQL = f"""
+WITH open_incident AS (
+    SELECT i.schedule_name FROM beat_incidents AS i
+    WHERE i.resolved_at IS NULL AND i.schedule_id IS NOT NULL
+), touched AS (
+    SELECT DISTINCT r.schedule_name AS name
+    FROM beat_runs AS r
+    WHERE coalesce(r.finished_at, r.claimed_at) >= :since
+      AND r.state IN ({_FINISHED})
+      AND r.schedule_name IS NOT NULL
+      AND r.fire_at IS NOT NULL
+      AND (r.state IN ({_FAILURE_STATES})
+           OR r.schedule_name IN (SELECT schedule_name FROM open_incident))
+), picked AS (
+    SELECT name FROM touched ORDER BY random() LIMIT :batch
+)
+SELECT s.id, s.name, s.enabled, s.alert_after_failures, s.pause_after_failures,
+       i.id AS incident_id, i.failures AS incident_failures, i.paused_after_fire_at,
+       coalesce(newest.fire_times, '{{}}') AS fire_times,
+       coalesce(newest.states, '{{}}') AS states,
+       coalesce(newest.errors, '{{}}') AS errors
+FROM picked
+JOIN beat_schedules AS s ON s.name = picked.name
+LEFT JOIN beat_incidents AS i
+       ON i.schedule_id = s.id AND i.kind = 'failing' AND i.resolved_at IS NULL
+CROSS JOIN LATERAL (
+    SELECT array_agg(r.fire_at ORDER BY r.fire_at DESC) AS fire_times,
+           array_agg(r.state ORDER BY r.fire_at DESC) AS states,
+           array_agg(coalesce(r.error, r.reason) ORDER BY r.fire_at DESC) AS errors
+    FROM (
+        SELECT r.fire_at, r.state, r.error, r.reason
+        FROM beat_runs AS r
+        WHERE r.schedule_name = s.name
+          AND r.fire_at IS NOT NULL
+          AND r.state IN ({_COUNTED})
+        ORDER BY r.fire_at DESC
+        LIMIT CASE WHEN i.id IS NULL THEN greatest(
+            coalesce(s.alert_after_failures, :alert), coalesce(s.pause_after_failures, :pause), 1
+        ) ELSE :streak_limit END
+    ) AS r
+) AS newest
+ORDER BY s.name
+"""

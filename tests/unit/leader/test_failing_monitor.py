@@ -1,0 +1,157 @@
+"""The failing monitor in the leader loop (``Maintenance._watch_failures``), on the
+in-memory fakes: the leader alone looks, every ``MONITOR_INTERVAL``, with the cluster's
+thresholds; a schedule it pauses is claimed no more; a monitor that fails does not stop
+the claims."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from beat import metrics
+from beat.errors import StoreUnavailable
+from beat.leader.maintenance import MONITOR_INTERVAL, MONITOR_RETRY
+from beat.models import RunState
+from beat.store.leader import MonitorReport
+from tests.fakes import World, beat_config
+
+QUICK: dict[str, Any] = {"lock_ttl": 3.0, "standby_poll": 0.25, "max_wait": 1.0}
+
+
+@pytest.fixture(autouse=True)
+def no_incidents_counted() -> Iterator[None]:
+    metrics.forget_incidents()
+    yield
+    metrics.forget_incidents()
+
+
+def world(**settings: Any) -> World:
+    return World(beat_config(**{**QUICK, **settings}))
+
+
+def fail_sent_runs(w: World, name: str) -> int:
+    """Every run of ``name`` sent so far fails; how many did."""
+    failed = 0
+    for run in w.store.runs_of(name):
+        if run.state is RunState.QUEUED:
+            run.state, run.error = RunState.FAILED, "ValueError: boom"
+            failed += 1
+    return failed
+
+
+def open_incidents() -> float | None:
+    return metrics.REGISTRY.get_sample_value("habeat_incidents_open", {"kind": "failing"})
+
+
+def test_the_leader_alone_looks_every_interval_with_the_cluster_s_thresholds() -> None:
+    w = world(alert_after_failures=4, pause_after_failures=9)
+    w.store.add_schedule("often", every=5, in_seconds=1)
+    seen: list[tuple[int, int]] = []
+    watch = w.store.watch_failures
+
+    def recorded(
+        epoch: int, *, alert_after: int, pause_after: int, idle_timeout: float
+    ) -> MonitorReport:
+        seen.append((alert_after, pause_after))
+        return watch(
+            epoch, alert_after=alert_after, pause_after=pause_after, idle_timeout=idle_timeout
+        )
+
+    w.store.watch_failures = recorded  # type: ignore[method-assign]
+    w.start("a")
+    w.start("b")
+    w.run_for(100)
+
+    times = w.store.call_times("watch_failures", of="a")
+    assert w.store.call_times("watch_failures", of="b") == []
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert len(times) >= 100 / MONITOR_INTERVAL - 3
+    assert min(gaps) >= MONITOR_INTERVAL
+    assert set(seen) == {(4, 9)}
+
+
+def test_a_schedule_failing_in_a_row_opens_an_incident_and_is_paused_then_claimed_no_more(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    w = world(alert_after_failures=2, pause_after_failures=3)
+    schedule = w.store.add_schedule("flaky", every=10, in_seconds=1)
+    w.start("a")
+    caplog.set_level(logging.WARNING)
+    for _ in range(4):
+        w.run_for(10)
+        fail_sent_runs(w, "flaky")
+    w.run_for(2 * MONITOR_INTERVAL)
+
+    assert not schedule.enabled
+    assert schedule.disabled_reason is not None
+    assert open_incidents() == 1
+    said = [record.getMessage() for record in caplog.records]
+    assert sum("incident opened" in line for line in said) == 1
+    assert sum("paused after" in line for line in said) == 1
+    claimed = len(w.store.runs_of("flaky"))
+    w.run_for(60)
+    assert len(w.store.runs_of("flaky")) == claimed, "a paused schedule is not claimed"
+
+
+def test_a_monitor_that_fails_leaves_the_claims_going_and_is_tried_again_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    w = world()
+    w.store.add_schedule("steady", every=5, in_seconds=1)
+    calls: list[float] = []
+
+    def broken(epoch: int, **_: Any) -> MonitorReport:
+        calls.append(w.clock())
+        raise StoreUnavailable("PostgreSQL (fake) refused the monitor's statement")
+
+    w.store.watch_failures = broken  # type: ignore[method-assign]
+    w.start("a")
+    caplog.set_level(logging.WARNING)
+    w.run_for(3 * MONITOR_RETRY)
+
+    assert len(w.store.runs_of("steady")) >= 3 * MONITOR_RETRY / 5 - 2
+    assert 2 <= len(calls) <= 4
+    assert any("could not look for schedules failing" in r.getMessage() for r in caplog.records)
+
+
+def test_a_process_that_stands_by_counts_no_open_incident() -> None:
+    """The gauge is the leader's: a process that stands by (``LeaderLoop.stand_by``)
+    drops it, as the per-schedule series."""
+    w = world(alert_after_failures=1)
+    w.store.add_schedule("flaky", every=10, in_seconds=1)
+    leader = w.start("a")
+    w.run_for(11)
+    fail_sent_runs(w, "flaky")
+    w.run_for(2 * MONITOR_INTERVAL)
+    assert open_incidents() == 1
+
+    leader.loop.stand_by()
+
+    assert open_incidents() is None
+
+
+def test_a_schedule_paused_by_the_leader_has_none_of_its_runs_claimed_ahead_sent() -> None:
+    """The pause cancels the runs claimed ahead of their time in the database, and the
+    leader forgets those it holds armed: a plain task has no guard that would refuse a
+    cancelled run sent anyway."""
+    w = world(claim_ahead=3.0, pause_after_failures=2)
+    w.store.add_schedule("every-second", every=1, in_seconds=1)
+    w.start("a")
+    for _ in range(30):
+        w.run_for(1)
+        fail_sent_runs(w, "every-second")
+        if not w.store.schedules[1].enabled:
+            break
+    schedule = w.store.schedules[1]
+    assert not schedule.enabled
+    paused_at = w.clock()
+    w.run_for(10)
+
+    cancelled = [run for run in w.store.runs_of("every-second") if run.state is RunState.CANCELLED]
+    sent_after = [sent for sent in w.sent if sent.clock > paused_at]
+    assert cancelled, "runs were claimed ahead when the schedule was paused"
+    assert sent_after == []
