@@ -39,6 +39,14 @@ class InvalidSchedule(HABeatError):
     """The schedule definition is invalid."""
 
 
+class InvalidChannel(HABeatError):
+    """A notification channel that cannot be used: its name, kind or target."""
+
+
+class ChannelNotFound(HABeatError):
+    """No channel has that name."""
+
+
 class UnknownTask(InvalidSchedule):
     """The task is not registered with the Celery app."""
 

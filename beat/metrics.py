@@ -190,6 +190,23 @@ SCHEDULES_AUTO_PAUSED = Counter(
     "Schedules the leader paused after their runs failed pause_after_failures times in a row.",
     registry=REGISTRY,
 )
+NOTIFICATIONS_SENT = Counter(
+    "habeat_notifications_sent_total",
+    "Notifications of incidents a channel took, by channel kind (webhook, slack, email).",
+    ["kind"],
+    registry=REGISTRY,
+)
+NOTIFICATION_FAILURES = Counter(
+    "habeat_notification_failures_total",
+    "Sends of notifications that failed (tried again after a back-off), by channel kind.",
+    ["kind"],
+    registry=REGISTRY,
+)
+NOTIFICATIONS_GIVEN_UP = Counter(
+    "habeat_notifications_given_up_total",
+    "Notifications given up after their sends had failed for a day.",
+    registry=REGISTRY,
+)
 RUNS_SKIPPED = Counter(
     "habeat_runs_skipped_total",
     "Fire times recorded as skipped, by policy: misfire or overlap.",

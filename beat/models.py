@@ -187,6 +187,32 @@ class IncidentKind(enum.StrEnum):
     FAILING = "failing"
 
 
+class ChannelKind(enum.StrEnum):
+    """Where a notification goes (``beat.notify``)."""
+
+    #: A JSON document POSTed to a URL.
+    WEBHOOK = "webhook"
+    #: A message POSTed to a Slack incoming webhook.
+    SLACK = "slack"
+    #: An email through an SMTP server.
+    EMAIL = "email"
+
+
+class NotificationEvent(enum.StrEnum):
+    """What happened to an incident, as notified."""
+
+    OPENED = "opened"
+    PAUSED = "paused"
+    RESOLVED = "resolved"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Channel:
+    name: str
+    kind: ChannelKind
+    target: str
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Incident:
     """One incident of a schedule: opened and resolved by the leader."""

@@ -134,7 +134,8 @@ def store(test_env: SessionEnv) -> Iterator[Store]:
     with store.engine.begin() as conn:
         tables = (
             "beat_runs, beat_schedules, beat_leader, beat_run_minutes, beat_run_summary,"
-            " beat_unrecorded_consumers, beat_workers, beat_incidents, beat_monitor_progress"
+            " beat_unrecorded_consumers, beat_workers, beat_incidents, beat_monitor_progress,"
+            " beat_channels, beat_notifications"
         )
         conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY"))
     yield store

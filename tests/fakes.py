@@ -54,12 +54,14 @@ from beat.leader.armed import ArmedRuns
 from beat.leader.leadership import Leadership
 from beat.leader.loop import LeaderLoop
 from beat.leader.lost_messages import Recovery
+from beat.leader.notifier import Notifier
 from beat.leader.reporting import Reporter, TickErrors
 from beat.leader.schedule_series import ScheduleSeriesGauges
 from beat.lease.holder import DRIFT_MARGIN
 from beat.models import (
     ACTIVE_STATES,
     FINISHED_STATES,
+    ChannelKind,
     DueSchedule,
     FirePlan,
     IncidentKind,
@@ -71,10 +73,12 @@ from beat.models import (
     UnpublishableRun,
 )
 from beat.monitors.failing import OpenIncident, Outcome, Thresholds, decide
+from beat.notify.senders import SendFailed
 from beat.publish.dispatch import BUILD_STEP, PublishResult
 from beat.records import DatabaseClock, Session
 from beat.schedule.timing import Every, Once, Trigger
 from beat.store.leader import Claim, InQueue, LostRun, MonitorReport, PruneReport, Reclaim
+from beat.store.leader.notifications import PendingNotification
 from beat.store.schedule_series import FAILURES as SERIES_FAILURES
 from beat.store.schedule_series import STREAK_LIMIT, ScheduleSeries
 from beat.store.stats import SETTLE, SummaryReport
@@ -560,6 +564,10 @@ class FakeClaimStore:
         self.summarised_until: datetime | None = None
         #: The failing monitor's incidents, open and resolved.
         self.incidents: list[FakeIncident] = []
+        #: The notification outbox: what tests put there, and what became of each.
+        self.outbox: list[PendingNotification] = []
+        self.notifications_sent: list[int] = []
+        self.notifications_failed: list[tuple[int, str]] = []
 
     # -- test controls ---------------------------------------------------------------------
 
@@ -969,6 +977,30 @@ class FakeClaimStore:
         open_count = sum(incident.resolution is None for incident in self.incidents)
         report.open[IncidentKind.FAILING] = open_count
         return report
+
+    def take_notifications(
+        self, epoch: int, *, limit: int, lease: timedelta, idle_timeout: float
+    ) -> list[PendingNotification]:
+        """The first ``limit`` of the outbox, taken out of it (the lease is not kept).
+        Without the latency of a call: the real one runs on the notifier's thread, and
+        costs the loop nothing."""
+        self.calls.append(
+            StoreCall(method="take_notifications", clock=self.clock(), caller=self.caller())
+        )
+        if self.unreachable:
+            raise StoreUnavailable("PostgreSQL (fake) is unreachable")
+        self._fence(epoch)
+        taken, self.outbox = self.outbox[:limit], self.outbox[limit:]
+        return taken
+
+    def notification_sent(self, notification_id: int) -> None:
+        self._enter("notification_sent")
+        self.notifications_sent.append(notification_id)
+
+    def notification_failed(self, notification_id: int, error: str) -> bool:
+        self._enter("notification_failed")
+        self.notifications_failed.append((notification_id, error))
+        return False
 
     def _watch(
         self, schedule: FakeSchedule, alert_after: int, pause_after: int, report: MonitorReport
@@ -1472,6 +1504,7 @@ class Process:
             lost_messages=NoMessageRecovery(),
             # Read at once, in the pass: a thread would read outside the simulated time.
             series_gauges=ScheduleSeriesGauges(start=lambda read: read()),
+            notifier=Notifier(send=world.send_notification, start=lambda work: work()),
             armed=self.armed,
             reporter=self.reporter,
             clock=clock,
@@ -1627,6 +1660,18 @@ class World:
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._sequence = itertools.count()
         self.clock.add_ticker(self._check_leaders)
+        #: Notifications the channels took: (kind, target, notification ID).
+        self.notified: list[tuple[ChannelKind, str, int]] = []
+        #: Targets whose sends fail.
+        self.unreachable_channels: set[str] = set()
+
+    def send_notification(
+        self, kind: ChannelKind, target: str, notification_id: int, payload: dict[str, Any]
+    ) -> None:
+        """``beat.notify.senders.send`` on the fake channels."""
+        if target in self.unreachable_channels:
+            raise SendFailed(f"{kind.value}: the receiver at {target} does not answer")
+        self.notified.append((kind, target, notification_id))
 
     def start(self, name: str | None = None, *, delay: float = 0.0) -> Process:
         """A new process (a standby until it takes the lease), running after ``delay``."""

@@ -1,7 +1,8 @@
 """``celery -A proj schedules ...``: operate the scheduler without opening psql.
 
-Commands: add, update, show, list, pause, resume, remove, trigger, runs,
-leader, sync, import, export, migrate, prune, health, and ui (serves the schedules UI, ``beat.ui``).
+Commands: add, update, show, list, pause, resume, remove, trigger, runs, leader, sync,
+import, export, migrate, prune, health, incidents, channels, and ui (serves the
+schedules UI, ``beat.ui``).
 Each but ui takes ``--json`` for scripts (one JSON document on stdout; for commands
 that change something, an object describing the result). Human output is an
 aligned table.
@@ -21,7 +22,8 @@ The group and what every command starts from are in :mod:`beat.cli.group`, the
 options the commands share in :mod:`beat.cli.options`; the commands by family in
 :mod:`beat.cli.schedule_commands` (add, update, show, list, pause, resume, remove,
 sync), :mod:`beat.cli.run_commands` (trigger, backfill, runs, prune),
-:mod:`beat.cli.cluster_commands` (migrate, leader, health),
+:mod:`beat.cli.cluster_commands` (migrate, leader, health, incidents),
+:mod:`beat.cli.channel_commands` (channels add, list, remove),
 :mod:`beat.cli.import_commands` (import, export) and
 :mod:`beat.cli.ui_command` (ui). Importing this package registers them all on the
 group.
@@ -35,6 +37,7 @@ from beat import worker  # noqa: F401
 
 # Each command module registers its commands on the group when imported.
 from beat.cli import (  # noqa: F401
+    channel_commands,
     cluster_commands,
     import_commands,
     run_commands,

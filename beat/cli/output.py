@@ -12,8 +12,10 @@ from typing import Any, NoReturn
 import click
 
 from beat.errors import (
+    ChannelNotFound,
     ConfigError,
     HABeatError,
+    InvalidChannel,
     InvalidSchedule,
     ScheduleExists,
     ScheduleNotFound,
@@ -21,7 +23,14 @@ from beat.errors import (
 from beat.ops import terminal
 
 #: Errors that mean "your input is wrong" (exit 2); every other error exits 1.
-INPUT_ERRORS = (InvalidSchedule, ScheduleExists, ScheduleNotFound, ConfigError)
+INPUT_ERRORS = (
+    InvalidSchedule,
+    ScheduleExists,
+    ScheduleNotFound,
+    ConfigError,
+    InvalidChannel,
+    ChannelNotFound,
+)
 
 
 def _say(line: str, *, err: bool = False) -> None:

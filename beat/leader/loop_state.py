@@ -10,6 +10,7 @@ from beat.claim.planning import PlanningRules
 from beat.claim.window import FIRST_BUILD_PACE, FIRST_CLAIM_PACE, Pace
 from beat.config import BeatConfig
 from beat.leader.armed import ArmedRuns
+from beat.leader.notifier import Notifier
 from beat.leader.overlapped_send import OverlappedSend
 from beat.leader.ports import (
     ClaimStore,
@@ -56,6 +57,7 @@ class LoopState:
         crash_detection: RunCrashes | None = None,
         sends: Sends | None = None,
         series_gauges: ScheduleSeriesGauges | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -89,6 +91,9 @@ class LoopState:
         self._next_monitor = 0.0  # clock() of the failing monitor's next pass
         #: The per-schedule series this process serves while it leads.
         self.series_gauges = series_gauges or ScheduleSeriesGauges()
+        #: Sends the notification outbox while this process leads.
+        self.notifier = notifier or Notifier()
+        self._next_notify = 0.0  # clock() of the next look at the notification outbox
         #: The send of a burst's batch, in flight while the next batch is claimed.
         self.sends: Sends = sends or OverlappedSend()
         #: A burst's batch claimed while the send before it failed: sent next pass.

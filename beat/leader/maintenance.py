@@ -2,8 +2,9 @@
 earlier leader or a failed publish left, jittered runs whose time came), reclaim
 the runs of dead workers, send again the runs whose message the broker lost,
 prune history past its retention, summarise the runs finished
-(``beat.store.stats``), watch for schedules failing in a row (``beat.monitors``), serve
-each schedule's series for Prometheus; every pass, once a second during a burst."""
+(``beat.store.stats``), watch for schedules failing in a row (``beat.monitors``) and send
+the notifications of their incidents, serve each schedule's series for Prometheus;
+every pass, once a second during a burst."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from datetime import timedelta
 from beat.errors import StaleEpoch
 from beat.leader.publishing import Publishing
 from beat.leader.reporting import OUTBOX, RECLAIM
+from beat.notify.senders import SEND_TIMEOUT
 
 #: The leader deletes run history past its retention on its maintenance passes: batches
 #: of RETENTION_BATCH rows for up to RETENTION_BUDGET seconds a pass, again at the next
@@ -34,6 +36,11 @@ MONITOR_INTERVAL = 5.0
 MONITOR_HEADROOM = 0.5
 #: After a failed pass (its transaction refused), the next is tried this much later.
 MONITOR_RETRY = 30.0
+#: The leader looks at the notification outbox this often (seconds), and sends up to
+#: NOTIFY_BATCH at a time on the notifier's thread, each held for NOTIFY_LEASE.
+NOTIFY_INTERVAL = 1.0
+NOTIFY_BATCH = 10
+NOTIFY_LEASE = timedelta(seconds=NOTIFY_BATCH * SEND_TIMEOUT + 30)
 #: While a burst is claimed batch after batch, the outbox and the reaper run this often (s).
 BURST_MAINTENANCE_INTERVAL = 1.0
 
@@ -63,6 +70,7 @@ class Maintenance(Publishing):
         self._enforce_retention()
         self._summarise()
         self._watch_failures(epoch)
+        self._send_notifications(epoch)
         self._export_schedule_series()
 
     def _reclaim(self, epoch: int) -> None:
@@ -157,6 +165,20 @@ class Maintenance(Publishing):
             # Cancelled in the database with the pause; not sent from memory either.
             self.armed.discard_schedules({name for name, _ in report.paused})
         self.report.watched(report)
+
+    def _send_notifications(self, epoch: int) -> None:
+        """Send the due notifications of incidents (``beat.leader.notifier``), on the
+        notifier's thread: taken as leader ``epoch``, so a deposed leader takes none."""
+        if self.clock() < self._next_notify:
+            return
+        self._next_notify = self.clock() + NOTIFY_INTERVAL
+        store, idle_timeout = self.store, self.config.claim_idle_timeout
+        self.notifier.send_due(
+            lambda: store.take_notifications(
+                epoch, limit=NOTIFY_BATCH, lease=NOTIFY_LEASE, idle_timeout=idle_timeout
+            ),
+            store,
+        )
 
     def _export_schedule_series(self) -> None:
         """Serve each schedule's failures in a row and last success (``beat.metrics``)

@@ -17,6 +17,7 @@ from beat.models import Quarantine, RunToPublish, UnpublishableRun
 from beat.publish.dispatch import PublishResult
 from beat.records import DatabaseClock
 from beat.store.leader import Claim, InQueue, MonitorReport, PruneReport, Reclaim
+from beat.store.leader.notifications import PendingNotification
 from beat.store.schedule_series import ScheduleSeries
 from beat.store.stats import SummaryReport
 
@@ -66,6 +67,11 @@ class ClaimStore(Protocol):
     def watch_failures(
         self, epoch: int, *, alert_after: int, pause_after: int, idle_timeout: float
     ) -> MonitorReport: ...
+    def take_notifications(
+        self, epoch: int, *, limit: int, lease: timedelta, idle_timeout: float
+    ) -> list[PendingNotification]: ...
+    def notification_sent(self, notification_id: int) -> None: ...
+    def notification_failed(self, notification_id: int, error: str) -> bool: ...
 
 
 class Leader(Protocol):

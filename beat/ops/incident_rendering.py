@@ -1,11 +1,14 @@
-"""Documents and text of the incidents (``schedules incidents``)."""
+"""Documents and text of the incidents (``schedules incidents``) and of the channels
+they are notified to (``schedules channels``)."""
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
-from beat.models import Incident
+from beat.models import Channel, ChannelKind, Incident
 from beat.ops.rendering import _truncate, iso, table, time_text
+from beat.store.db import masked_url
 
 
 def incident_document(incident: Incident) -> dict[str, Any]:
@@ -49,3 +52,17 @@ def _state_text(incident: Incident) -> str:
     if incident.paused_at is not None:
         return f"open, schedule paused {time_text(incident.paused_at)}"
     return "open"
+
+
+def channel_document(channel: Channel) -> dict[str, Any]:
+    """A channel, its target's secrets hidden: an SMTP URL's password; a webhook's path
+    and query (a Slack incoming webhook's path is its secret)."""
+    return {"name": channel.name, "kind": channel.kind.value, "target": shown_target(channel)}
+
+
+def shown_target(channel: Channel) -> str:
+    if channel.kind is ChannelKind.EMAIL:
+        return masked_url(channel.target)
+    parts = urlsplit(channel.target)
+    hidden = "/***" if parts.path.strip("/") or parts.query else ""
+    return masked_url(f"{parts.scheme}://{parts.netloc}{hidden}")

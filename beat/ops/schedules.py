@@ -16,7 +16,8 @@ arguments leave the database untouched::
 :mod:`beat.ops.schedules_base`: :mod:`beat.ops.schedule_commands` (what changes
 schedules and runs), :mod:`beat.ops.schedule_reads` (what reads them) and
 :mod:`beat.ops.cluster` (who leads, health, the cluster overview) and
-:mod:`beat.ops.importing` (moving in from another scheduler); the values they
+:mod:`beat.ops.importing` (moving in from another scheduler) and
+:mod:`beat.ops.channels` (where incidents are notified); the values they
 return are in :mod:`beat.ops.read_models`. This module keeps the constructor and the
 database, and re-exports the names callers import from it.
 """
@@ -29,6 +30,7 @@ from typing import Any
 
 from beat.config import BeatConfig
 from beat.lease.presence import BeatProcess as BeatProcess
+from beat.ops.channels import ChannelCommands
 from beat.ops.cluster import DEFAULT_QUEUE as DEFAULT_QUEUE
 from beat.ops.cluster import OVERDUE_LIMIT as OVERDUE_LIMIT
 from beat.ops.cluster import STUCK_QUEUED_AFTER as STUCK_QUEUED_AFTER
@@ -71,7 +73,7 @@ from beat.store.stored_schedules import StoredSchedule as StoredSchedule
 from beat.store.stored_schedules import UnreadableSchedule as UnreadableSchedule
 
 
-class Schedules(ScheduleCommands, ScheduleReads, ClusterReads, ScheduleImports):
+class Schedules(ScheduleCommands, ScheduleReads, ClusterReads, ScheduleImports, ChannelCommands):
     """Create and steer schedules in the store, read their runs, and tell the state of
     the cluster: the one entry point of code and of the CLI (a thin layer over this,
     as a web page would be). It returns domain objects and plain values, and raises

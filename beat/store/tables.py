@@ -30,8 +30,10 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 from beat.models import (
     FINISHED_STATES,
+    ChannelKind,
     IncidentKind,
     MisfirePolicy,
+    NotificationEvent,
     Origin,
     OverlapPolicy,
     RunState,
@@ -422,4 +424,52 @@ monitor_progress = Table(
     Column("id", Boolean, primary_key=True, server_default=text("true")),
     Column("checked_until", TZ, nullable=False),
     CheckConstraint("id", name="ck_beat_monitor_progress_one_row"),
+)
+
+#: Where the scheduler sends what happens to incidents (``beat.notify``): every channel
+#: gets every incident's notifications.
+channels = Table(
+    "beat_channels",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    #: The URL posted to (webhook, slack), or the SMTP server's (email: smtp:// or
+    #: smtps://, with ``from`` and ``to`` in its query).
+    Column("target", Text, nullable=False),
+    Column("created_at", TZ, nullable=False, server_default=text("now()")),
+    CheckConstraint(_in("kind", ChannelKind), name="ck_beat_channels_kind"),
+)
+
+#: The notification outbox: written in the transaction that opens, pauses or resolves an
+#: incident, one row per channel, and sent by the leader until a channel takes it (at
+#: least once: a leader that dies between the send and its record sends it again; the
+#: receiver tells by the row's ID, sent as the idempotency key).
+notifications = Table(
+    "beat_notifications",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("channel", Text, ForeignKey("beat_channels.name", ondelete="CASCADE"), nullable=False),
+    Column("incident_id", BigInteger, ForeignKey("beat_incidents.id", ondelete="CASCADE")),
+    Column("event", Text, nullable=False),
+    #: What is sent, as the receiver's document (``beat.notify.messages``).
+    Column("payload", JSONB, nullable=False),
+    Column("created_at", TZ, nullable=False, server_default=text("now()")),
+    #: Not sent before this: a send in flight holds it until then (a lease), a failed
+    #: one waits its back-off.
+    Column("next_attempt_at", TZ, nullable=False, server_default=text("now()")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    #: The epoch of the leader that took it for a send last: a newer leader takes it at
+    #: once (the older one is deposed; it may be sending it still).
+    Column("taken_by_epoch", BigInteger),
+    Column("last_error", Text),
+    Column("sent_at", TZ),
+    #: Set when the scheduler gave up (its sends failed for a day).
+    Column("given_up_at", TZ),
+    CheckConstraint(_in("event", NotificationEvent), name="ck_beat_notifications_event"),
+)
+# The outbox's due rows, oldest first.
+Index(
+    "ix_beat_notifications_due",
+    notifications.c.next_attempt_at,
+    postgresql_where=text("sent_at IS NULL AND given_up_at IS NULL"),
 )

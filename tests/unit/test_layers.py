@@ -10,6 +10,7 @@ The layers, from the bottom (``docs/explanation/code-tour.md`` tells what each h
 1. ``claim/``: every decision of a claim, and ``monitors/``: when runs open or resolve an
    incident, pure;
 2. the adapters: ``store/`` (PostgreSQL), ``lease/`` (Redis), ``publish/`` (the broker),
+   ``notify/`` (the channels incidents are sent to),
    ``sources/`` (the schedulers an import reads);
 3. what runs on them: ``leader/`` (the leader's loop) and ``delivery/`` (a worker's side);
 4. the composition roots Celery loads: ``beat.scheduler`` and ``beat.worker``;
@@ -45,6 +46,7 @@ LAYERS: Mapping[str, int] = {
     "beat.sources": 2,
     "beat.lease": 2,
     "beat.publish": 2,
+    "beat.notify": 2,
     "beat.migrations": 2,
     "beat.leader": 3,
     "beat.delivery": 3,

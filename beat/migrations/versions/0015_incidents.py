@@ -1,5 +1,6 @@
 """The failing monitor: each schedule's thresholds (NULL: the cluster's default), the
-incidents the leader opens and resolves, and how far it has looked.
+incidents the leader opens and resolves, how far it has looked, the channels it
+notifies and the outbox of its notifications.
 
 Adding two columns without a default rewrites nothing: the schedule table is locked for
 a moment only.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0015"
 down_revision = "0014"
@@ -66,8 +68,50 @@ def upgrade() -> None:
         sa.CheckConstraint("id", name="ck_beat_monitor_progress_one_row"),
     )
 
+    op.create_table(
+        "beat_channels",
+        sa.Column("name", sa.Text, primary_key=True),
+        sa.Column("kind", sa.Text, nullable=False),
+        sa.Column("target", sa.Text, nullable=False),
+        sa.Column("created_at", TZ, nullable=False, server_default=sa.text("now()")),
+        sa.CheckConstraint("kind IN ('webhook', 'slack', 'email')", name="ck_beat_channels_kind"),
+    )
+    op.create_table(
+        "beat_notifications",
+        sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+        sa.Column(
+            "channel",
+            sa.Text,
+            sa.ForeignKey("beat_channels.name", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        sa.Column(
+            "incident_id", sa.BigInteger, sa.ForeignKey("beat_incidents.id", ondelete="CASCADE")
+        ),
+        sa.Column("event", sa.Text, nullable=False),
+        sa.Column("payload", JSONB, nullable=False),
+        sa.Column("created_at", TZ, nullable=False, server_default=sa.text("now()")),
+        sa.Column("next_attempt_at", TZ, nullable=False, server_default=sa.text("now()")),
+        sa.Column("attempts", sa.Integer, nullable=False, server_default=sa.text("0")),
+        sa.Column("taken_by_epoch", sa.BigInteger),
+        sa.Column("last_error", sa.Text),
+        sa.Column("sent_at", TZ),
+        sa.Column("given_up_at", TZ),
+        sa.CheckConstraint(
+            "event IN ('opened', 'paused', 'resolved')", name="ck_beat_notifications_event"
+        ),
+    )
+    op.create_index(
+        "ix_beat_notifications_due",
+        "beat_notifications",
+        ["next_attempt_at"],
+        postgresql_where=sa.text("sent_at IS NULL AND given_up_at IS NULL"),
+    )
+
 
 def downgrade() -> None:
+    op.drop_table("beat_notifications")
+    op.drop_table("beat_channels")
     op.drop_table("beat_monitor_progress")
     op.drop_table("beat_incidents")
     op.drop_constraint("ck_beat_schedules_failure_thresholds", "beat_schedules")

@@ -14,19 +14,22 @@ twice changes nothing. Every time is the database's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, select, text, update
+from sqlalchemy import Connection, Row, cast, func, insert, literal, select, text, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.limits import MAX_FAILURE_THRESHOLD
-from beat.models import FINISHED_STATES, Incident, IncidentKind, RunState
+from beat.models import FINISHED_STATES, Incident, IncidentKind, NotificationEvent, RunState
 from beat.monitors.failing import Decision, OpenIncident, Outcome, Thresholds, decide
+from beat.monitors.messages import incident_payload
 from beat.store.leader.base import FencedStore
-from beat.store.tables import incidents, monitor_progress, schedules
+from beat.store.tables import channels, incidents, monitor_progress, notifications, schedules
 from beat.store.unreleased_runs import cancel_unreleased
 
 #: Runs that finished this long before the last pass's time are looked at again: a
@@ -80,9 +83,12 @@ class MonitorStatements(FencedStore):
                 },
             ).all()
             report = MonitorReport(looked_at=len(rows))
+            written = _Pass(
+                conn=conn, epoch=epoch, now=now, cluster=self.leader_name, report=report
+            )
             for row in rows:
-                _apply(conn, row, _decision(row, alert_after, pause_after), epoch, report)
-            _resolve_orphans(conn, report)
+                written.apply(row, _decision(row, alert_after, pause_after))
+            written.resolve_orphans()
             conn.execute(update(monitor_progress).values(checked_until=now))
             report.open.update(_open_counts(conn))
         return report
@@ -148,25 +154,47 @@ def _or_default(own: int | None, default: int) -> int:
     return default if own is None else own
 
 
-def _apply(
-    conn: Connection, row: Row[Any], decision: Decision, epoch: int, report: MonitorReport
-) -> None:
-    if decision.resolve is not None:
-        _resolve(conn, row.incident_id, decision.resolve)
-        report.resolved.append((row.name, decision.resolve))
-        return
-    if decision.failures is None:
-        return
-    error = None if decision.last_error is None else decision.last_error[:ERROR_CHARS]
-    incident_id = row.incident_id
-    if decision.open:
-        incident_id = conn.execute(
+@dataclass(kw_only=True)
+class _Pass:
+    """One pass's transaction, as leader ``epoch`` at database time ``now``: applies the
+    decisions, and writes each event's notifications in the same transaction."""
+
+    conn: Connection
+    epoch: int
+    now: datetime
+    cluster: str
+    report: MonitorReport
+
+    def apply(self, row: Row[Any], decision: Decision) -> None:
+        if decision.resolve is not None:
+            self._resolve(row.incident_id, row.name, decision.resolve, row.incident_failures)
+            return
+        if decision.failures is None:
+            return
+        error = None if decision.last_error is None else decision.last_error[:ERROR_CHARS]
+        incident_id = row.incident_id
+        if decision.open:
+            incident_id = self._open(row, decision, error)
+            if incident_id is None:
+                return  # one is open already (this pass holds the fence: none should be)
+        elif decision.failures != row.incident_failures:
+            self.conn.execute(
+                update(incidents)
+                .where(incidents.c.id == incident_id)
+                .values(failures=decision.failures, last_error=error)
+            )
+        if decision.pause_after_fire_at is not None and self._pause(row, incident_id, decision):
+            self.report.paused.append((row.name, decision.failures))
+            self._notify(NotificationEvent.PAUSED, incident_id, row.name, decision.failures, error)
+
+    def _open(self, row: Row[Any], decision: Decision, error: str | None) -> int | None:
+        incident_id: int | None = self.conn.execute(
             pg_insert(incidents)
             .values(
                 schedule_id=row.id,
                 schedule_name=row.name,
                 kind=IncidentKind.FAILING.value,
-                epoch=epoch,
+                epoch=self.epoch,
                 failures=decision.failures,
                 first_failure_at=decision.first_failure_at,
                 last_error=error,
@@ -176,62 +204,97 @@ def _apply(
             )
             .returning(incidents.c.id)
         ).scalar_one_or_none()
-        if incident_id is None:
-            return  # one is open already (this pass holds the fence: none should be)
-        report.opened.append((row.name, decision.failures))
-    elif decision.failures != row.incident_failures:
-        conn.execute(
+        if incident_id is not None:
+            assert decision.failures is not None
+            self.report.opened.append((row.name, decision.failures))
+            self._notify(NotificationEvent.OPENED, incident_id, row.name, decision.failures, error)
+        return incident_id
+
+    def _pause(self, row: Row[Any], incident_id: int, decision: Decision) -> bool:
+        """Pause the schedule because of incident ``incident_id``, with the reason as its
+        pause note; its runs claimed ahead are cancelled, as an operator's pause does.
+        False if it was paused already."""
+        note = (
+            f"paused by the scheduler after {decision.failures} failures in a row"
+            f" (incident {incident_id})"
+        )
+        if decision.last_error:
+            note += f"; the last: {decision.last_error[:200]}"
+        paused = self.conn.execute(
+            update(schedules)
+            .where(schedules.c.id == row.id, schedules.c.enabled)
+            .values(enabled=False, disabled_reason=note, updated_at=func.now())
+            .returning(schedules.c.id)
+        ).scalar_one_or_none()
+        if paused is None:
+            return False
+        cancel_unreleased(self.conn, row.id, "its schedule was paused after failures in a row")
+        self.conn.execute(
             update(incidents)
             .where(incidents.c.id == incident_id)
-            .values(failures=decision.failures, last_error=error)
+            .values(paused_at=func.now(), paused_after_fire_at=decision.pause_after_fire_at)
         )
-    if decision.pause_after_fire_at is not None:
-        _pause(conn, row, incident_id, decision)
-        report.paused.append((row.name, decision.failures))
+        return True
 
+    def _resolve(self, incident_id: int, name: str, resolution: str, failures: int) -> None:
+        self.conn.execute(
+            update(incidents)
+            .where(incidents.c.id == incident_id, incidents.c.resolved_at.is_(None))
+            .values(resolved_at=func.now(), resolution=resolution)
+        )
+        self.report.resolved.append((name, resolution))
+        self._notify(
+            NotificationEvent.RESOLVED, incident_id, name, failures, None, resolution=resolution
+        )
 
-def _pause(conn: Connection, row: Row[Any], incident_id: int, decision: Decision) -> None:
-    """Pause the schedule because of incident ``incident_id``, with the reason as its
-    pause note; its runs claimed ahead are cancelled, as an operator's pause does."""
-    note = (
-        f"paused by the scheduler after {decision.failures} failures in a row"
-        f" (incident {incident_id})"
-    )
-    if decision.last_error:
-        note += f"; the last: {decision.last_error[:200]}"
-    paused = conn.execute(
-        update(schedules)
-        .where(schedules.c.id == row.id, schedules.c.enabled)
-        .values(enabled=False, disabled_reason=note, updated_at=func.now())
-        .returning(schedules.c.id)
-    ).scalar_one_or_none()
-    if paused is None:
-        return
-    cancel_unreleased(conn, row.id, "its schedule was paused after failures in a row")
-    conn.execute(
-        update(incidents)
-        .where(incidents.c.id == incident_id)
-        .values(paused_at=func.now(), paused_after_fire_at=decision.pause_after_fire_at)
-    )
+    def resolve_orphans(self) -> None:
+        """Resolve the open incidents of schedules removed since."""
+        resolution = "its schedule was removed"
+        resolved = self.conn.execute(
+            update(incidents)
+            .where(incidents.c.schedule_id.is_(None), incidents.c.resolved_at.is_(None))
+            .values(resolved_at=func.now(), resolution=resolution)
+            .returning(incidents.c.id, incidents.c.schedule_name, incidents.c.failures)
+        ).all()
+        for incident_id, name, failures in resolved:
+            self.report.resolved.append((name, resolution))
+            self._notify(
+                NotificationEvent.RESOLVED, incident_id, name, failures, None, resolution=resolution
+            )
 
-
-def _resolve(conn: Connection, incident_id: int, resolution: str) -> None:
-    conn.execute(
-        update(incidents)
-        .where(incidents.c.id == incident_id, incidents.c.resolved_at.is_(None))
-        .values(resolved_at=func.now(), resolution=resolution)
-    )
-
-
-def _resolve_orphans(conn: Connection, report: MonitorReport) -> None:
-    """Resolve the open incidents of schedules removed since."""
-    resolved = conn.execute(
-        update(incidents)
-        .where(incidents.c.schedule_id.is_(None), incidents.c.resolved_at.is_(None))
-        .values(resolved_at=func.now(), resolution="its schedule was removed")
-        .returning(incidents.c.schedule_name)
-    ).scalars()
-    report.resolved.extend((name, "its schedule was removed") for name in resolved)
+    def _notify(
+        self,
+        event: NotificationEvent,
+        incident_id: int,
+        name: str,
+        failures: int | None,
+        error: str | None,
+        *,
+        resolution: str | None = None,
+    ) -> None:
+        """One notification of the event per channel, in the outbox (``beat.notify``)."""
+        payload = incident_payload(
+            event,
+            cluster=self.cluster,
+            incident_id=incident_id,
+            schedule=name,
+            kind=IncidentKind.FAILING.value,
+            failures=failures,
+            last_error=error,
+            at=self.now,
+            resolution=resolution,
+        )
+        self.conn.execute(
+            insert(notifications).from_select(
+                ["channel", "incident_id", "event", "payload"],
+                select(
+                    channels.c.name,
+                    literal(incident_id),
+                    literal(event.value),
+                    cast(literal(json.dumps(payload)), JSONB),
+                ),
+            )
+        )
 
 
 def _open_counts(conn: Connection) -> Sequence[tuple[IncidentKind, int]]:

@@ -8,6 +8,7 @@ from beat.store.leader.claim import ClaimStatements
 from beat.store.leader.cluster import ClusterReads
 from beat.store.leader.lost_messages import LostMessageStatements
 from beat.store.leader.monitors import MonitorStatements
+from beat.store.leader.notifications import NotificationStatements
 from beat.store.leader.outbox import OutboxStatements
 from beat.store.leader.reaper import ReaperStatements
 from beat.store.leader.retention import RetentionStatements
@@ -26,6 +27,7 @@ class LeaderStore(
     WakeupStatements,
     RetentionStatements,
     MonitorStatements,
+    NotificationStatements,
     ClusterReads,
 ):
     """PostgreSQL access for the leader of cluster ``leader_name``: every write fenced."""

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 from click.testing import Result
-from sqlalchemy import insert
+from sqlalchemy import insert, text
 
 from app.factory import create_app
 from beat.models import RunState
@@ -121,3 +122,81 @@ def test_incidents_lists_the_open_ones_and_with_all_the_resolved_too(
     assert "RuntimeError: upstream down" in text
     assert "fine" not in text
     assert as_json(cli("incidents", "--all", "--json")) == [listed]
+
+
+def channel_rows(store: Store) -> list[tuple[Any, ...]]:
+    with store.engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(text("SELECT * FROM beat_channels"))]
+
+
+def test_channels_are_added_listed_with_their_secrets_hidden_and_removed(
+    cli: Cli, store: Store
+) -> None:
+    hook = cli(
+        "channels", "add", "ops-hook", "--webhook", "https://hooks.example.com/habeat?token=s3cret"
+    )
+    slack = cli(
+        "channels", "add", "ops-slack", "--slack", "https://hooks.slack.com/services/T0/B0/s3cret"
+    )
+    mail = cli(
+        "channels", "add", "ops-mail", "--email", "smtps://beat:s3cret@mail.example.com",
+        "--from", "beat@example.com", "--to", "ops@example.com", "--to", "oncall@example.com",
+    )  # fmt: skip
+    assert [hook.exit_code, slack.exit_code, mail.exit_code] == [0, 0, 0]
+    assert hook.stdout.strip() == "added channel ops-hook (webhook)"
+
+    listed = as_json(cli("channels", "list", "--json"))
+    text_ = cli("channels", "list").stdout
+
+    assert [(channel["name"], channel["kind"]) for channel in listed] == [
+        ("ops-hook", "webhook"), ("ops-mail", "email"), ("ops-slack", "slack"),
+    ]  # fmt: skip
+    assert "s3cret" not in text_
+    assert "s3cret" not in str(listed)
+    assert "https://hooks.slack.com/***" in text_
+    assert "oncall%40example.com" in text_
+
+    assert cli("channels", "remove", "ops-hook").exit_code == 0
+    assert [channel["name"] for channel in as_json(cli("channels", "list", "--json"))] == [
+        "ops-mail", "ops-slack",
+    ]  # fmt: skip
+    gone = cli("channels", "remove", "ops-hook")
+    assert gone.exit_code == 2
+    assert "no channel named 'ops-hook'" in error_lines(gone)[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--webhook", "ftp://example.com/x"], "posts to an http(s) URL"),
+        (["--slack", "https://hooks.slack.com:99999/x"], "port from 1 to 65535"),
+        (["--email", "smtp://mail:0", "--from", "a@b.c", "--to", "d@e.f"], "port from 1"),
+        (["--email", "smtp://mail", "--to", "d@e.f"], "one sender address"),
+        (["--email", "smtp://mail", "--from", "a@b.c"], "recipient addresses"),
+        (["--webhook", "https://a.example.com", "--slack", "https://b.example.com"], "give one of"),
+        ([], "give one of --webhook URL, --slack URL or --email SMTP_URL"),
+        (
+            ["--webhook", "https://a.example.com", "--to", "d@e.f"],
+            "--from and --to go with --email",
+        ),
+        (["--pager", "x"], "No such option '--pager'"),
+    ],
+)
+def test_a_channel_that_cannot_be_used_is_refused_in_one_line_and_nothing_is_written(
+    cli: Cli, store: Store, args: list[str], says: str
+) -> None:
+    refused = cli("channels", "add", "ops", *args)
+
+    assert refused.exit_code == 2
+    [line] = error_lines(refused)
+    assert says in line
+    assert channel_rows(store) == []
+
+
+def test_a_channel_name_taken_is_refused(cli: Cli, store: Store) -> None:
+    assert cli("channels", "add", "ops", "--webhook", "https://a.example.com/x").exit_code == 0
+    before = channel_rows(store)
+    again = cli("channels", "add", "ops", "--slack", "https://hooks.slack.com/services/x")
+    assert again.exit_code == 2
+    assert "a channel named ops exists already" in error_lines(again)[0]
+    assert channel_rows(store) == before

@@ -83,7 +83,10 @@ def write_hostile(store: Store, client: redis.Redis, prefix: str, row: Hostile) 
     """Empty tables, then ``row``'s schedule, run and leader (PostgreSQL and Redis)."""
     with store.engine.begin() as conn:
         conn.execute(
-            text("TRUNCATE beat_runs, beat_schedules, beat_leader, beat_incidents RESTART IDENTITY")
+            text(
+                "TRUNCATE beat_runs, beat_schedules, beat_leader, beat_incidents,"
+                " beat_notifications RESTART IDENTITY"
+            )
         )
         conn.execute(
             text(

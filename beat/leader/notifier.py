@@ -1,0 +1,95 @@
+"""The leader sends the notification outbox (``beat.store.leader.notifications``) on a
+thread of its own: a channel that answers slowly (a send may take ``SEND_TIMEOUT``)
+never holds up a claim. One batch at a time: taken (fenced by the epoch), sent one by
+one, each send recorded after it, so a leader that dies in between leaves the
+notification to be sent again (at least once)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from beat import metrics
+from beat.errors import error_text
+from beat.models import ChannelKind
+from beat.notify.senders import SendFailed, send
+from beat.store.leader.notifications import PendingNotification
+
+logger = logging.getLogger(__name__)
+
+Send = Callable[[ChannelKind, str, int, dict[str, Any]], None]
+
+
+class Outbox(Protocol):
+    """What the notifier records (``beat.store.leader.LeaderStore``)."""
+
+    def notification_sent(self, notification_id: int) -> None: ...
+    def notification_failed(self, notification_id: int, error: str) -> bool: ...
+
+
+def _start_thread(work: Callable[[], None]) -> None:
+    threading.Thread(target=work, name="habeat-notifier", daemon=True).start()
+
+
+class Notifier:
+    """Sends the due notifications, one batch at a time."""
+
+    def __init__(
+        self, send: Send = send, start: Callable[[Callable[[], None]], None] = _start_thread
+    ) -> None:
+        self._send = send
+        #: Runs a batch (on a thread of its own, by default).
+        self._start = start
+        self._lock = threading.Lock()
+        self._sending = False
+
+    def send_due(self, take: Callable[[], list[PendingNotification]], outbox: Outbox) -> None:
+        """Start sending what ``take`` takes, unless a batch is being sent."""
+        with self._lock:
+            if self._sending:
+                return
+            self._sending = True
+
+        def work() -> None:
+            try:
+                for notification in take():
+                    self._deliver(notification, outbox)
+            except Exception as exc:
+                # Taken and not recorded: sent again once its lease ends (or by a newer
+                # leader at once). Nothing is lost; the claims go on.
+                logger.warning("could not send the notifications: %s", error_text(exc))
+            finally:
+                with self._lock:
+                    self._sending = False
+
+        self._start(work)
+
+    def _deliver(self, notification: PendingNotification, outbox: Outbox) -> None:
+        kind = notification.kind.value
+        try:
+            self._send(
+                notification.kind, notification.target, notification.id, notification.payload
+            )
+        except SendFailed as exc:
+            metrics.NOTIFICATION_FAILURES.labels(kind=kind).inc()
+            given_up = outbox.notification_failed(notification.id, str(exc))
+            _said_failed(notification, exc, given_up=given_up)
+            return
+        metrics.NOTIFICATIONS_SENT.labels(kind=kind).inc()
+        outbox.notification_sent(notification.id)
+
+
+def _said_failed(notification: PendingNotification, exc: SendFailed, *, given_up: bool) -> None:
+    if given_up:
+        metrics.NOTIFICATIONS_GIVEN_UP.inc()
+    logger.warning(
+        "notification %d to channel %s not sent (attempt %d): %s%s",
+        notification.id,
+        notification.channel,
+        notification.attempts,
+        error_text(exc),
+        "; given up: its sends have failed for a day" if given_up else "; tried again later",
+        extra={"notification": notification.id, "channel": notification.channel},
+    )

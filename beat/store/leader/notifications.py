@@ -1,0 +1,133 @@
+"""The notification outbox as the leader sends it (``beat.leader.notifier``): due
+notifications taken for a send, held for it by a lease, and the outcome of each send.
+
+A notification is sent at least once: the leader records a send after it, so one that
+dies in between (or whose record fails) leaves it to be sent again. Taking one is fenced
+by the leader's epoch; a notification an older leader took and did not record is taken
+at once by a newer one, without waiting for the lease (the older one may be sending it
+still: the receiver may see it twice, never lose it). Every time is the database's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import case, func, or_, select, update
+
+from beat.models import ChannelKind
+from beat.store.leader.base import FencedStore
+from beat.store.tables import channels, notifications
+
+#: A notification is given up once its sends have failed for this long.
+GIVE_UP_AFTER = timedelta(days=1)
+#: The back-off after a failed send: doubled each attempt, from FIRST_RETRY to LAST_RETRY.
+FIRST_RETRY = timedelta(seconds=10)
+LAST_RETRY = timedelta(minutes=15)
+
+#: The back-off stops doubling after this many attempts (LAST_RETRY is reached before).
+_DOUBLINGS = 10
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PendingNotification:
+    """A notification taken for a send."""
+
+    id: int
+    channel: str
+    kind: ChannelKind
+    target: str
+    payload: dict[str, Any]
+    attempts: int
+
+
+class NotificationStatements(FencedStore):
+    """The outbox's due notifications, and what became of their sends."""
+
+    def take_notifications(
+        self, epoch: int, *, limit: int, lease: timedelta, idle_timeout: float
+    ) -> list[PendingNotification]:
+        """Up to ``limit`` due notifications, oldest first, held for ``lease`` (no other
+        send takes them meanwhile, but a newer leader's); StaleEpoch if a newer leader
+        exists."""
+        table = notifications
+        with self._transaction() as conn:
+            self._fence(conn, epoch, idle_timeout)
+            due = (
+                select(table.c.id)
+                .where(
+                    table.c.sent_at.is_(None),
+                    table.c.given_up_at.is_(None),
+                    or_(table.c.next_attempt_at <= func.now(), table.c.taken_by_epoch < epoch),
+                )
+                .order_by(table.c.next_attempt_at, table.c.id)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+                .scalar_subquery()
+            )
+            taken = conn.execute(
+                update(table)
+                .where(table.c.id.in_(due))
+                .values(
+                    next_attempt_at=func.now() + lease,
+                    attempts=table.c.attempts + 1,
+                    taken_by_epoch=epoch,
+                )
+                .returning(table.c.id, table.c.channel, table.c.payload, table.c.attempts)
+            ).all()
+            found = {
+                row.name: row
+                for row in conn.execute(
+                    select(channels.c.name, channels.c.kind, channels.c.target).where(
+                        channels.c.name.in_({row.channel for row in taken})
+                    )
+                )
+            }
+        return [
+            PendingNotification(
+                id=row.id,
+                channel=row.channel,
+                kind=ChannelKind(found[row.channel].kind),
+                target=found[row.channel].target,
+                payload=row.payload,
+                attempts=row.attempts,
+            )
+            for row in sorted(taken, key=lambda row: row.id)
+        ]
+
+    def notification_sent(self, notification_id: int) -> None:
+        """Record a send that the channel took. Not fenced: it records a fact, whoever
+        leads now, and spares the receiver a second copy."""
+        with self._transaction() as conn:
+            conn.execute(
+                update(notifications)
+                .where(notifications.c.id == notification_id)
+                .values(sent_at=func.now(), last_error=None)
+            )
+
+    def notification_failed(self, notification_id: int, error: str) -> bool:
+        """Record a send that failed: tried again after its back-off, or given up once
+        its sends have failed for ``GIVE_UP_AFTER``. True if given up."""
+        table = notifications
+        doublings = func.least(func.greatest(table.c.attempts - 1, 0), _DOUBLINGS)
+        backoff = func.least(
+            _interval(FIRST_RETRY) * func.power(2, doublings), _interval(LAST_RETRY)
+        )
+        expired = func.now() >= table.c.created_at + GIVE_UP_AFTER
+        with self._transaction() as conn:
+            given_up: bool | None = conn.execute(
+                update(table)
+                .where(table.c.id == notification_id, table.c.sent_at.is_(None))
+                .values(
+                    last_error=error[:500],
+                    next_attempt_at=func.now() + backoff,
+                    given_up_at=case((expired, func.now()), else_=None),
+                )
+                .returning(table.c.given_up_at.is_not(None))
+            ).scalar_one_or_none()
+        return bool(given_up)
+
+
+def _interval(length: timedelta) -> Any:
+    return func.make_interval(0, 0, 0, 0, 0, 0, length.total_seconds())
