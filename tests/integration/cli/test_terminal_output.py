@@ -85,7 +85,7 @@ def write_hostile(store: Store, client: redis.Redis, prefix: str, row: Hostile) 
         conn.execute(
             text(
                 "TRUNCATE beat_runs, beat_schedules, beat_leader, beat_incidents,"
-                " beat_notifications RESTART IDENTITY"
+                " beat_notifications, beat_channels RESTART IDENTITY"
             )
         )
         conn.execute(
@@ -113,6 +113,21 @@ def write_hostile(store: Store, client: redis.Redis, prefix: str, row: Hostile) 
                 " 'failed', 1, :worker, :error, :error, now() FROM beat_schedules"
             ),
             {"id": uuid.uuid4(), "worker": row.worker, "error": row.error},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO beat_incidents (schedule_id, schedule_name, kind, epoch, failures,"
+                " last_error, resolution, resolved_at)"
+                " SELECT id, name, 'failing', 7, 3, :error, :reason, now() FROM beat_schedules"
+            ),
+            {"error": row.error, "reason": row.reason},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO beat_channels (name, kind, target) VALUES (:name, 'email', :target)"
+                " ON CONFLICT DO NOTHING"
+            ),
+            {"name": row.name, "target": f"smtp://{row.worker}:{row.error}@mail?to={row.name}"},
         )
         conn.execute(
             text("INSERT INTO beat_leader (name, epoch, holder) VALUES (:prefix, 7, :holder)"),
@@ -296,6 +311,10 @@ COMMANDS: list[tuple[str, ...]] = [
     ("leader", "--json"),
     ("health",),
     ("health", "--json"),
+    ("incidents", "--all"),
+    ("incidents", "--all", "--json"),
+    ("channels", "list"),
+    ("channels", "list", "--json"),
     ("sync",),
     ("pause", "--", "{name}"),
     ("resume", "--", "{name}"),
@@ -307,7 +326,7 @@ COMMANDS: list[tuple[str, ...]] = [
 ]
 
 
-@fuzz_settings(60)
+@fuzz_settings(45)
 @given(row=hostile_rows())
 def test_no_command_prints_what_a_terminal_acts_on(
     row: Hostile,
@@ -354,6 +373,11 @@ TYPED: list[tuple[str, ...]] = [
     ("add", "fuzzed", "tasks.demo.add", "--every", "60", "--kwargs", "{x}"),
     ("add", "fuzzed", "tasks.demo.add", "--every", "60", "--queue", "{x}"),
     ("update", "{x}", "--every", "60"),
+    ("update", "{x}", "--alert-after-failures", "{x}"),
+    ("channels", "remove", "{x}"),
+    ("channels", "add", "{x}", "--webhook", "https://hooks.example.com/x"),
+    ("channels", "add", "fuzzed", "--webhook", "{x}"),
+    ("channels", "add", "fuzzed", "--email", "{x}", "--from", "{x}", "--to", "{x}"),
     ("backfill", "{x}", "--from", "{x}", "--to", "2027-01-01T00:00:00+00:00"),
     ("prune", "--older-than", "{x}"),
     ("ui", "--basic-auth", "{x},no-colon"),
