@@ -83,6 +83,10 @@ def leader_status(info: LeaderInfo | None, lease: LeaseStatus) -> str:
     )
 
 
+#: Incidents a health line names.
+INCIDENTS_LISTED = 5
+
+
 def health_checks(
     store: Store, read_lease: Callable[[], LeaseStatus], *, overdue_grace: timedelta
 ) -> Health:
@@ -96,7 +100,9 @@ def health_checks(
     checks = _service_checks(store, read_lease)
     checks = [*checks, _claims_check(store, checks, overdue_grace)]
     checks = [*checks, _quarantine_check(store, checks)]
-    return Health(checks=[*checks, *_consumers_check(store, checks)])
+    return Health(
+        checks=[*checks, *_consumers_check(store, checks), *_incidents_check(store, checks)]
+    )
 
 
 def _service_checks(store: Store, read_lease: Callable[[], LeaseStatus]) -> list[Check]:
@@ -198,6 +204,36 @@ def _consumers_check(store: Store, checks: list[Check]) -> list[Check]:
     if not found:
         return []
     return [Check(name="consumers", ok=False, detail=consumers_text(found))]
+
+
+def _incidents_check(store: Store, checks: list[Check]) -> list[Check]:
+    """An ``incidents`` line while incidents are open: failing (red) while the scheduler
+    has paused a schedule because of one (it runs no more: ``pause_after_failures`` says
+    which incidents are that critical), passing otherwise (the schedules still fire); no
+    line without open incidents, or when the schema cannot be read."""
+    if not all(check.ok for check in checks if check.name in ("postgres", "schema")):
+        return []
+    try:
+        found = store.incidents(limit=INCIDENTS_LISTED + 1)
+    except (HABeatError, SQLAlchemyError):
+        return []
+    if not found:
+        return []
+    paused = [incident for incident in found if incident.paused_at is not None]
+    shown = paused or found
+    listed = ", ".join(
+        f"{incident.schedule_name} ({incident.failures} failures)"
+        for incident in shown[:INCIDENTS_LISTED]
+    )
+    more = "" if len(shown) <= INCIDENTS_LISTED else ", ..."
+    if paused:
+        detail = (
+            f"paused by the scheduler after failures in a row: {listed}{more}; fix each,"
+            " then `celery -A app schedules resume NAME`"
+        )
+    else:
+        detail = f"failing in a row, still firing: {listed}{more} (`schedules incidents`)"
+    return [Check(name="incidents", ok=not paused, detail=detail)]
 
 
 def consumers_text(found: Sequence[UnrecordedConsumer]) -> str:

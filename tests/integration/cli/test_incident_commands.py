@@ -5,6 +5,7 @@ leader opened."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -200,3 +201,53 @@ def test_a_channel_name_taken_is_refused(cli: Cli, store: Store) -> None:
     assert again.exit_code == 2
     assert "a channel named ops exists already" in error_lines(again)[0]
     assert channel_rows(store) == before
+
+
+def test_health_lists_open_incidents_and_is_red_while_the_scheduler_paused_a_schedule(
+    cli: Cli, store: Store
+) -> None:
+    as_json(cli("add", "flaky", "tasks.demo.heartbeat", "--every", "60", "--json"))
+    as_json(cli("add", "broken", "tasks.demo.heartbeat", "--every", "60", "--json"))
+    assert store.take_leadership(1, "leader")
+    failures_of(store, "flaky", 3)
+    store.watch_failures(1, alert_after=3, pause_after=0, idle_timeout=5)
+
+    # No lease is held here: health fails on its leader line; the incidents line is read.
+    failing = json.loads(cli("health", "--json").stdout)["checks"]["incidents"]
+    assert failing["ok"] is True
+    assert (
+        failing["detail"]
+        == "failing in a row, still firing: flaky (3 failures) (`schedules incidents`)"
+    )
+
+    as_json(cli("update", "broken", "--pause-after-failures", "3", "--json"))
+    failures_of(store, "broken", 3)
+    store.watch_failures(1, alert_after=3, pause_after=0, idle_timeout=5)
+    paused = cli("health", "--json")
+
+    incident = json.loads(paused.stdout)["checks"]["incidents"]
+    assert incident["ok"] is False
+    assert incident["detail"].startswith(
+        "paused by the scheduler after failures in a row: broken (3 failures); fix each"
+    )
+
+
+def failures_of(store: Store, name: str, count: int) -> None:
+    schedule = store.get_schedule(name)
+    now = store.now()
+    with store.engine.begin() as conn:
+        conn.execute(
+            insert(runs),
+            [
+                {
+                    "id": uuid.uuid4(),
+                    "schedule_id": schedule.id,
+                    "schedule_name": name,
+                    "task": "tasks.demo.heartbeat",
+                    "state": RunState.FAILED.value,
+                    "fire_at": now.replace(microsecond=0).replace(second=index),
+                    "finished_at": now,
+                }
+                for index in range(count)
+            ],
+        )
