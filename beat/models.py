@@ -185,6 +185,9 @@ class IncidentKind(enum.StrEnum):
 
     #: Its runs failed (``failed``, ``lost`` or ``expired``) so many times in a row.
     FAILING = "failing"
+    #: The whole cluster: fire times left unclaimed for six lease TTLs
+    #: (``beat.store.leader.stall``): no beat process leads, or the leader cannot claim.
+    STALL = "stall"
 
 
 class ChannelKind(enum.StrEnum):

@@ -79,6 +79,7 @@ from beat.records import DatabaseClock, Session
 from beat.schedule.timing import Every, Once, Trigger
 from beat.store.leader import Claim, InQueue, LostRun, MonitorReport, PruneReport, Reclaim
 from beat.store.leader.notifications import PendingNotification
+from beat.store.leader.stall import STALL_AFTER, StallReport
 from beat.store.schedule_series import FAILURES as SERIES_FAILURES
 from beat.store.schedule_series import STREAK_LIMIT, ScheduleSeries
 from beat.store.stats import SETTLE, SummaryReport
@@ -564,6 +565,8 @@ class FakeClaimStore:
         self.summarised_until: datetime | None = None
         #: The failing monitor's incidents, open and resolved.
         self.incidents: list[FakeIncident] = []
+        #: The cluster's stall incident is open.
+        self.stalled = False
         #: The notification outbox: what tests put there, and what became of each.
         self.outbox: list[PendingNotification] = []
         self.notifications_sent: list[int] = []
@@ -979,7 +982,13 @@ class FakeClaimStore:
         return report
 
     def take_notifications(
-        self, epoch: int, *, limit: int, lease: timedelta, idle_timeout: float
+        self,
+        epoch: int | None,
+        *,
+        limit: int,
+        lease: timedelta,
+        idle_timeout: float,
+        overdue_by: timedelta = timedelta(0),
     ) -> list[PendingNotification]:
         """The first ``limit`` of the outbox, taken out of it (the lease is not kept).
         Without the latency of a call: the real one runs on the notifier's thread, and
@@ -989,9 +998,27 @@ class FakeClaimStore:
         )
         if self.unreachable:
             raise StoreUnavailable("PostgreSQL (fake) is unreachable")
-        self._fence(epoch)
+        if epoch is not None:
+            self._fence(epoch)
         taken, self.outbox = self.outbox[:limit], self.outbox[limit:]
         return taken
+
+    def watch_stall(self, *, stall_after: timedelta = STALL_AFTER) -> StallReport:
+        """Counted as the SQL counts; the incident kept as a flag."""
+        self._enter("watch_stall")
+        before = self.clock.now() - stall_after
+        overdue = [
+            schedule
+            for schedule in self.schedules.values()
+            if schedule.enabled
+            and schedule.next_fire_at is not None
+            and schedule.next_fire_at < before
+        ]
+        if overdue:
+            opened, self.stalled = not self.stalled, True
+            return StallReport(overdue=len(overdue), opened=opened, detail=f"{len(overdue)} wait")
+        resolved, self.stalled = self.stalled, False
+        return StallReport(overdue=0, resolved=resolved)
 
     def notification_sent(self, notification_id: int) -> None:
         self._enter("notification_sent")

@@ -69,6 +69,7 @@ class LeaderLoop(Maintenance, ClaimPacing):
             raise
 
     def _run_once(self) -> None:
+        self._watch_stall()  # before leading: an outage of every leader is told first
         epoch = self.leadership.lead()
         if epoch is None:
             self.stand_by()
@@ -125,6 +126,7 @@ class LeaderLoop(Maintenance, ClaimPacing):
         self.series_gauges.forget()
         forget_incidents()
         self._in_burst = False
+        self._send_notifications_left()
         self._wait(self.config.standby_poll)
 
     def _finish_send_before(self, runs: list[RunToPublish]) -> None:

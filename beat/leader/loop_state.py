@@ -94,6 +94,7 @@ class LoopState:
         #: Sends the notification outbox while this process leads.
         self.notifier = notifier or Notifier()
         self._next_notify = 0.0  # clock() of the next look at the notification outbox
+        self._next_stall_check = 0.0  # clock() of the next look for a stall of the cluster
         #: The send of a burst's batch, in flight while the next batch is claimed.
         self.sends: Sends = sends or OverlappedSend()
         #: A burst's batch claimed while the send before it failed: sent next pass.

@@ -14,6 +14,7 @@ from beat.errors import StaleEpoch
 from beat.leader.publishing import Publishing
 from beat.leader.reporting import OUTBOX, RECLAIM
 from beat.notify.senders import SEND_TIMEOUT
+from beat.store.leader.stall import stall_after
 
 #: The leader deletes run history past its retention on its maintenance passes: batches
 #: of RETENTION_BATCH rows for up to RETENTION_BUDGET seconds a pass, again at the next
@@ -41,6 +42,13 @@ MONITOR_RETRY = 30.0
 NOTIFY_INTERVAL = 1.0
 NOTIFY_BATCH = 10
 NOTIFY_LEASE = timedelta(seconds=NOTIFY_BATCH * SEND_TIMEOUT + 30)
+#: Every process, leader or not, looks for a stall of the whole cluster this often
+#: (``beat.store.leader.stall``), first thing in its first pass.
+STALL_CHECK_INTERVAL = 15.0
+#: A process that does not lead sends the notifications the leader left this long past
+#: their time (none leads, or its sends fail), this often.
+STANDBY_SEND_AFTER = timedelta(seconds=30)
+STANDBY_NOTIFY_INTERVAL = 5.0
 #: While a burst is claimed batch after batch, the outbox and the reaper run this often (s).
 BURST_MAINTENANCE_INTERVAL = 1.0
 
@@ -176,6 +184,39 @@ class Maintenance(Publishing):
         self.notifier.send_due(
             lambda: store.take_notifications(
                 epoch, limit=NOTIFY_BATCH, lease=NOTIFY_LEASE, idle_timeout=idle_timeout
+            ),
+            store,
+        )
+
+    def _watch_stall(self) -> None:
+        """Open or resolve the stall incident of the whole cluster, every
+        ``STALL_CHECK_INTERVAL``, whether this process leads or not: an outage of every
+        leader is told by the first process that looks."""
+        if self.clock() < self._next_stall_check:
+            return
+        self._next_stall_check = self.clock() + STALL_CHECK_INTERVAL
+        try:
+            report = self.store.watch_stall(stall_after=stall_after(self.config.lock_ttl))
+        except Exception as exc:
+            # A finding for people: what breaks it must not stop this process leading.
+            self.report.stall_check_failed(exc)
+            return
+        self.report.stall_watched(report)
+
+    def _send_notifications_left(self) -> None:
+        """While this process does not lead, send the notifications the leader left
+        (``STANDBY_SEND_AFTER`` past their time): a stall is told with no leader."""
+        if self.clock() < self._next_notify:
+            return
+        self._next_notify = self.clock() + STANDBY_NOTIFY_INTERVAL
+        store, idle_timeout = self.store, self.config.claim_idle_timeout
+        self.notifier.send_due(
+            lambda: store.take_notifications(
+                None,
+                limit=NOTIFY_BATCH,
+                lease=NOTIFY_LEASE,
+                idle_timeout=idle_timeout,
+                overdue_by=STANDBY_SEND_AFTER,
             ),
             store,
         )

@@ -18,6 +18,7 @@ from beat.publish.dispatch import PublishResult
 from beat.records import DatabaseClock
 from beat.store.leader import Claim, InQueue, MonitorReport, PruneReport, Reclaim
 from beat.store.leader.notifications import PendingNotification
+from beat.store.leader.stall import StallReport
 from beat.store.schedule_series import ScheduleSeries
 from beat.store.stats import SummaryReport
 
@@ -68,8 +69,15 @@ class ClaimStore(Protocol):
         self, epoch: int, *, alert_after: int, pause_after: int, idle_timeout: float
     ) -> MonitorReport: ...
     def take_notifications(
-        self, epoch: int, *, limit: int, lease: timedelta, idle_timeout: float
+        self,
+        epoch: int | None,
+        *,
+        limit: int,
+        lease: timedelta,
+        idle_timeout: float,
+        overdue_by: timedelta = ...,
     ) -> list[PendingNotification]: ...
+    def watch_stall(self, *, stall_after: timedelta = ...) -> StallReport: ...
     def notification_sent(self, notification_id: int) -> None: ...
     def notification_failed(self, notification_id: int, error: str) -> bool: ...
 

@@ -19,6 +19,7 @@ from beat.leader.lost_messages import Recovery
 from beat.models import IncidentKind, Quarantine, RunToPublish, UnpublishableRun
 from beat.store.code_sync import SyncReport
 from beat.store.leader import Claim, MonitorReport, PruneReport, Reclaim
+from beat.store.leader.stall import StallReport
 from beat.store.stats import SummaryReport
 
 logger = logging.getLogger("beat.scheduler")
@@ -333,6 +334,22 @@ class Reporter:
             )
         for kind, count in report.open.items():
             metrics.INCIDENTS_OPEN.labels(kind=kind.value).set(count)
+
+    def stall_watched(self, report: StallReport) -> None:
+        if report.opened:
+            logger.error(
+                "no fire time is being claimed: %s (stall incident opened)",
+                report.detail,
+                extra={"overdue": report.overdue},
+            )
+        elif report.resolved:
+            logger.warning("fire times are claimed again: stall incident resolved")
+
+    def stall_check_failed(self, exc: BaseException) -> None:
+        logger.warning(
+            "could not look for a stall of the cluster: %s; trying again in 15 s",
+            error_text(exc),
+        )
 
     def monitor_failed(self, exc: BaseException) -> None:
         logger.warning(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from beat.models import NotificationEvent
+from beat.models import IncidentKind, NotificationEvent
 
 #: The document's version: a receiver may check it.
 PAYLOAD_VERSION = 1
@@ -23,9 +23,10 @@ def incident_payload(
     last_error: str | None,
     at: datetime,
     resolution: str | None = None,
+    detail: str | None = None,
 ) -> dict[str, Any]:
     """The document of one event of an incident (without the notification's ID, added
-    when it is sent)."""
+    when it is sent). ``detail``: what a stall found (its overdue schedules)."""
     return {
         "version": PAYLOAD_VERSION,
         "cluster": cluster,
@@ -38,8 +39,13 @@ def incident_payload(
             "failures": failures,
             "last_error": last_error,
             "resolution": resolution,
+            "detail": detail,
         },
-        "text": summary(event, schedule=schedule, failures=failures, resolution=resolution),
+        "text": (
+            stall_summary(event, detail=detail, resolution=resolution)
+            if kind == IncidentKind.STALL
+            else summary(event, schedule=schedule, failures=failures, resolution=resolution)
+        ),
     }
 
 
@@ -52,6 +58,13 @@ def summary(
     if event is NotificationEvent.PAUSED:
         return f"Schedule {schedule} was paused after {failures} failures in a row"
     return f"Schedule {schedule} recovered: {resolution}"
+
+
+def stall_summary(event: NotificationEvent, *, detail: str | None, resolution: str | None) -> str:
+    """One line for people about a stall of the whole cluster."""
+    if event is NotificationEvent.RESOLVED:
+        return f"Fire times are claimed again: {resolution}"
+    return f"No fire time is being claimed: {detail}"
 
 
 def details(payload: dict[str, Any]) -> str:
@@ -69,7 +82,12 @@ def details(payload: dict[str, Any]) -> str:
         lines.append(f"failures:   {incident['failures']} in a row")
     if incident.get("last_error"):
         lines.append(f"last error: {incident['last_error']}")
+    if incident.get("detail"):
+        lines.append(f"found:      {incident['detail']}")
     if incident.get("resolution"):
         lines.append(f"resolution: {incident['resolution']}")
-    lines += ["", f"celery -A app schedules show {incident['schedule']}"]
+    if incident["kind"] == IncidentKind.STALL:
+        lines += ["", "celery -A app schedules health"]
+    else:
+        lines += ["", f"celery -A app schedules show {incident['schedule']}"]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from beat.errors import HABeatError, LeaseUnavailable
 from beat.lease.status import LeaseStatus
+from beat.models import IncidentKind
 from beat.store.all_roles import Store
 from beat.store.db import first_line
 from beat.store.leader import LeaderInfo, UnrecordedConsumer
@@ -207,10 +208,11 @@ def _consumers_check(store: Store, checks: list[Check]) -> list[Check]:
 
 
 def _incidents_check(store: Store, checks: list[Check]) -> list[Check]:
-    """An ``incidents`` line while incidents are open: failing (red) while the scheduler
-    has paused a schedule because of one (it runs no more: ``pause_after_failures`` says
-    which incidents are that critical), passing otherwise (the schedules still fire); no
-    line without open incidents, or when the schema cannot be read."""
+    """An ``incidents`` line while incidents are open: failing (red) while the cluster
+    stalls, or while the scheduler has paused a schedule because of one (it runs no
+    more: ``pause_after_failures`` says which incidents are that critical), passing
+    otherwise (the schedules still fire); no line without open incidents, or when the
+    schema cannot be read."""
     if not all(check.ok for check in checks if check.name in ("postgres", "schema")):
         return []
     try:
@@ -219,6 +221,16 @@ def _incidents_check(store: Store, checks: list[Check]) -> list[Check]:
         return []
     if not found:
         return []
+    stalled = [incident for incident in found if incident.kind is IncidentKind.STALL]
+    if stalled:
+        return [
+            Check(
+                name="incidents",
+                ok=False,
+                detail=f"no fire time is being claimed: {stalled[0].last_error} (since"
+                f" {stalled[0].opened_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC)",
+            )
+        ]
     paused = [incident for incident in found if incident.paused_at is not None]
     shown = paused or found
     listed = ", ".join(

@@ -382,7 +382,8 @@ incidents = Table(
     "beat_incidents",
     metadata,
     Column("id", BigInteger, Identity(always=True), primary_key=True),
-    #: NULL once the schedule is removed (the leader then resolves it); its name stays.
+    #: NULL once the schedule is removed (the leader then resolves it), and for an
+    #: incident of the whole cluster (a stall); its name stays.
     Column("schedule_id", BigInteger, ForeignKey("beat_schedules.id", ondelete="SET NULL")),
     Column("schedule_name", Text, nullable=False),
     Column("kind", Text, nullable=False),
@@ -411,6 +412,13 @@ Index(
     incidents.c.kind,
     unique=True,
     postgresql_where=text("resolved_at IS NULL"),
+)
+# One open incident of the whole cluster (a stall), whichever process opens it.
+Index(
+    "uq_beat_incidents_cluster_open",
+    incidents.c.kind,
+    unique=True,
+    postgresql_where=text("kind = 'stall' AND resolved_at IS NULL"),
 )
 # Incidents newest first (the list, the UI).
 Index("ix_beat_incidents_opened_at", incidents.c.opened_at.desc())

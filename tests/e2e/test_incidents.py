@@ -196,3 +196,32 @@ def test_notifications_pending_when_leaders_are_killed_are_each_delivered_at_mos
             select(notifications.c.id).where(notifications.c.sent_at.is_(None))
         ).all()
     assert unsent == [], "every send recorded"
+
+
+def test_every_beat_stopped_past_the_stall_threshold_is_told_by_the_first_one_back(
+    cluster: Cluster, store: Store
+) -> None:
+    """Every beat stopped for longer than six lease TTLs (18 s here): the first process
+    started again opens the cluster's stall incident before it claims (its channel is
+    told), and once its claims catch up, resolves it."""
+    cluster.settings = FAST
+    with http_receiver() as http:
+        schedules = Schedules(store)
+        schedules.add_webhook("hook", http.url("/habeat"))
+        schedules.create("often", "e2e.plain_record", every=2, args=["x"], allow_unregistered=True)
+        first = cluster.beat("beat0")
+        wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+        first.signal(signal.SIGTERM)
+        first.popen.wait(timeout=30)
+        time.sleep(22)  # every fire time since waits unclaimed
+
+        cluster.beat("beat1")
+        wait_until(lambda: len(http.received("/habeat")) >= 2, timeout=60)
+        posts = http.received("/habeat")
+
+    assert events(posts) == ["opened", "resolved"]
+    opened = posts[0].body
+    assert opened["incident"]["kind"] == "stall"
+    assert opened["text"].startswith("No fire time is being claimed: 1 schedule waits unclaimed")
+    [stall] = incidents(cluster, "--all")
+    assert (stall["kind"], stall["open"]) == ("stall", False)

@@ -51,7 +51,7 @@ def upgrade() -> None:
         sa.Column("paused_after_fire_at", TZ),
         sa.Column("resolved_at", TZ),
         sa.Column("resolution", sa.Text),
-        sa.CheckConstraint("kind IN ('failing')", name="ck_beat_incidents_kind"),
+        sa.CheckConstraint("kind IN ('failing', 'stall')", name="ck_beat_incidents_kind"),
     )
     op.create_index(
         "uq_beat_incidents_open",
@@ -59,6 +59,13 @@ def upgrade() -> None:
         ["schedule_id", "kind"],
         unique=True,
         postgresql_where=sa.text("resolved_at IS NULL"),
+    )
+    op.create_index(
+        "uq_beat_incidents_cluster_open",
+        "beat_incidents",
+        ["kind"],
+        unique=True,
+        postgresql_where=sa.text("kind = 'stall' AND resolved_at IS NULL"),
     )
     op.create_index("ix_beat_incidents_opened_at", "beat_incidents", [sa.text("opened_at DESC")])
     op.create_table(

@@ -14,14 +14,12 @@ twice changes nothing. Every time is the database's.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, cast, func, insert, literal, select, text, update
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import Connection, Row, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.limits import MAX_FAILURE_THRESHOLD
@@ -29,7 +27,8 @@ from beat.models import FINISHED_STATES, Incident, IncidentKind, NotificationEve
 from beat.monitors.failing import Decision, OpenIncident, Outcome, Thresholds, decide
 from beat.monitors.messages import incident_payload
 from beat.store.leader.base import FencedStore
-from beat.store.tables import channels, incidents, monitor_progress, notifications, schedules
+from beat.store.leader.notifications import enqueue_notifications
+from beat.store.tables import incidents, monitor_progress, schedules
 from beat.store.unreleased_runs import cancel_unreleased
 
 #: Runs that finished this long before the last pass's time are looked at again: a
@@ -252,7 +251,11 @@ class _Pass:
         resolution = "its schedule was removed"
         resolved = self.conn.execute(
             update(incidents)
-            .where(incidents.c.schedule_id.is_(None), incidents.c.resolved_at.is_(None))
+            .where(
+                incidents.c.kind == IncidentKind.FAILING.value,
+                incidents.c.schedule_id.is_(None),
+                incidents.c.resolved_at.is_(None),
+            )
             .values(resolved_at=func.now(), resolution=resolution)
             .returning(incidents.c.id, incidents.c.schedule_name, incidents.c.failures)
         ).all()
@@ -284,17 +287,7 @@ class _Pass:
             at=self.now,
             resolution=resolution,
         )
-        self.conn.execute(
-            insert(notifications).from_select(
-                ["channel", "incident_id", "event", "payload"],
-                select(
-                    channels.c.name,
-                    literal(incident_id),
-                    literal(event.value),
-                    cast(literal(json.dumps(payload)), JSONB),
-                ),
-            )
-        )
+        enqueue_notifications(self.conn, event, incident_id, payload)
 
 
 def _open_counts(conn: Connection) -> Sequence[tuple[IncidentKind, int]]:

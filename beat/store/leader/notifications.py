@@ -10,13 +10,15 @@ still: the receiver may see it twice, never lose it). Every time is the database
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import case, func, or_, select, update
+from sqlalchemy import Connection, case, cast, func, insert, literal, or_, select, update
+from sqlalchemy.dialects.postgresql import JSONB
 
-from beat.models import ChannelKind
+from beat.models import ChannelKind, NotificationEvent
 from beat.store.leader.base import FencedStore
 from beat.store.tables import channels, notifications
 
@@ -42,24 +44,53 @@ class PendingNotification:
     attempts: int
 
 
+def enqueue_notifications(
+    conn: Connection, event: NotificationEvent, incident_id: int, payload: dict[str, Any]
+) -> None:
+    """One notification of an incident's event per channel, in the outbox, in the
+    caller's transaction (the one that changes the incident)."""
+    conn.execute(
+        insert(notifications).from_select(
+            ["channel", "incident_id", "event", "payload"],
+            select(
+                channels.c.name,
+                literal(incident_id),
+                literal(event.value),
+                cast(literal(json.dumps(payload)), JSONB),
+            ),
+        )
+    )
+
+
 class NotificationStatements(FencedStore):
     """The outbox's due notifications, and what became of their sends."""
 
     def take_notifications(
-        self, epoch: int, *, limit: int, lease: timedelta, idle_timeout: float
+        self,
+        epoch: int | None,
+        *,
+        limit: int,
+        lease: timedelta,
+        idle_timeout: float,
+        overdue_by: timedelta = timedelta(0),
     ) -> list[PendingNotification]:
-        """Up to ``limit`` due notifications, oldest first, held for ``lease`` (no other
-        send takes them meanwhile, but a newer leader's); StaleEpoch if a newer leader
-        exists."""
+        """Up to ``limit`` notifications due ``overdue_by`` ago or more, oldest first,
+        held for ``lease`` (no other send takes them meanwhile, but a newer leader's).
+        As leader ``epoch`` (StaleEpoch if a newer one exists), or, with None, as a
+        process that does not lead: it takes only what the leader left (``overdue_by``),
+        so that notifications go out while no process leads."""
         table = notifications
         with self._transaction() as conn:
-            self._fence(conn, epoch, idle_timeout)
+            if epoch is not None:
+                self._fence(conn, epoch, idle_timeout)
+            due_at = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, overdue_by.total_seconds())
+            taken_earlier = table.c.taken_by_epoch < epoch if epoch is not None else literal(False)
             due = (
                 select(table.c.id)
                 .where(
                     table.c.sent_at.is_(None),
                     table.c.given_up_at.is_(None),
-                    or_(table.c.next_attempt_at <= func.now(), table.c.taken_by_epoch < epoch),
+                    or_(table.c.next_attempt_at <= due_at, taken_earlier),
                 )
                 .order_by(table.c.next_attempt_at, table.c.id)
                 .limit(limit)

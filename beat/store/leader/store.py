@@ -13,6 +13,7 @@ from beat.store.leader.outbox import OutboxStatements
 from beat.store.leader.reaper import ReaperStatements
 from beat.store.leader.retention import RetentionStatements
 from beat.store.leader.sessions import SessionStatements
+from beat.store.leader.stall import StallStatements
 from beat.store.leader.term import TermStatements
 from beat.store.leader.wakeups import WakeupStatements
 
@@ -28,6 +29,7 @@ class LeaderStore(
     RetentionStatements,
     MonitorStatements,
     NotificationStatements,
+    StallStatements,
     ClusterReads,
 ):
     """PostgreSQL access for the leader of cluster ``leader_name``: every write fenced."""

@@ -95,7 +95,7 @@ def test_three_failures_in_a_row_open_one_incident_and_a_success_resolves_it(
 
     assert report.opened == [("nightly", 3)]
     assert again.opened == []
-    assert again.open == {IncidentKind.FAILING: 1}
+    assert again.open == {IncidentKind.FAILING: 1, IncidentKind.STALL: 0}
     [incident] = schedules.incidents()
     assert (incident.schedule_name, incident.failures, incident.open) == ("nightly", 3, True)
     assert incident.last_error == "ValueError: boom"
@@ -210,7 +210,7 @@ def test_the_incident_of_a_removed_schedule_is_resolved(store: Store, schedules:
     report = watch(store)
 
     assert report.resolved == [("doomed", "its schedule was removed")]
-    assert report.open == {IncidentKind.FAILING: 0}
+    assert report.open == {IncidentKind.FAILING: 0, IncidentKind.STALL: 0}
 
 
 def test_runs_finished_long_before_the_last_pass_are_not_looked_at_again(

@@ -1,22 +1,30 @@
 """The failing monitor in the leader loop (``Maintenance._watch_failures``), on the
 in-memory fakes: the leader alone looks, every ``MONITOR_INTERVAL``, with the cluster's
 thresholds; a schedule it pauses is claimed no more; a monitor that fails does not stop
-the claims."""
+the claims. Every process looks for a stall of the cluster; a standby sends only the
+notifications the leader left."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from beat import metrics
 from beat.errors import StoreUnavailable
-from beat.leader.maintenance import MONITOR_INTERVAL, MONITOR_RETRY
+from beat.leader.maintenance import (
+    MONITOR_INTERVAL,
+    MONITOR_RETRY,
+    STALL_CHECK_INTERVAL,
+    STANDBY_SEND_AFTER,
+)
 from beat.models import RunState
 from beat.store.leader import MonitorReport
+from beat.store.leader.notifications import PendingNotification
 from tests.fakes import World, beat_config
 
 QUICK: dict[str, Any] = {"lock_ttl": 3.0, "standby_poll": 0.25, "max_wait": 1.0}
@@ -155,3 +163,58 @@ def test_a_schedule_paused_by_the_leader_has_none_of_its_runs_claimed_ahead_sent
     sent_after = [sent for sent in w.sent if sent.clock > paused_at]
     assert cancelled, "runs were claimed ahead when the schedule was paused"
     assert sent_after == []
+
+
+def test_every_process_looks_for_a_stall_first_thing_and_then_every_interval() -> None:
+    """A process looks before it leads (an outage of every leader is told by the first
+    process back, before its claims catch up), and a standby goes on looking."""
+    w = world()
+    w.store.add_schedule("often", every=5, in_seconds=1)
+    w.start("a")
+    w.start("b", delay=1)
+    w.run_for(60)
+
+    for name in ("a", "b"):
+        times = w.store.call_times("watch_stall", of=name)
+        assert len(times) >= 60 / STALL_CHECK_INTERVAL - 1
+        assert min(later - earlier for earlier, later in itertools.pairwise(times)) >= (
+            STALL_CHECK_INTERVAL
+        )
+    first_claim = w.store.call_times("claim_due", of="a")[0]
+    assert w.store.call_times("watch_stall", of="a")[0] <= first_claim, "before its first claim"
+
+
+def test_a_process_back_after_an_outage_opens_the_stall_then_its_claims_resolve_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    w = world()
+    w.store.add_schedule("often", every=5, first=w.clock.now() - timedelta(minutes=3))
+    caplog.set_level(logging.INFO)
+    w.start("a")
+    w.run_for(2 * STALL_CHECK_INTERVAL)
+
+    said = [record.getMessage() for record in caplog.records]
+    assert any("no fire time is being claimed" in line for line in said)
+    assert any("fire times are claimed again" in line for line in said)
+    assert not w.store.stalled
+
+
+def test_a_standby_sends_only_what_the_leader_left_and_the_leader_all_that_is_due() -> None:
+    w = world()
+    w.store.add_schedule("often", every=5, in_seconds=1)
+    takes: list[tuple[str | None, int | None, timedelta]] = []
+    take = w.store.take_notifications
+
+    def recorded(epoch: int | None, **options: Any) -> list[PendingNotification]:
+        takes.append((w.store.caller(), epoch, options.get("overdue_by", timedelta(0))))
+        return take(epoch, **options)
+
+    w.store.take_notifications = recorded  # type: ignore[method-assign]
+    w.start("a")
+    w.start("b", delay=1)
+    w.run_for(30)
+
+    leader = {(epoch, overdue) for caller, epoch, overdue in takes if caller == "a"}
+    standby = {(epoch, overdue) for caller, epoch, overdue in takes if caller == "b"}
+    assert leader == {(1, timedelta(0))}
+    assert standby == {(None, STANDBY_SEND_AFTER)}

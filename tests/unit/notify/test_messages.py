@@ -41,7 +41,7 @@ def test_the_document_names_the_incident_and_the_email_lists_it() -> None:
     document = payload(NotificationEvent.OPENED) | {"notification_id": 12}
     assert document["incident"] == {
         "id": 4, "kind": "failing", "schedule": "rates", "failures": 3,
-        "last_error": "TypeError: boom", "resolution": None,
+        "last_error": "TypeError: boom", "resolution": None, "detail": None,
     }  # fmt: skip
     assert document["at"] == "2026-12-06T07:27:12+00:00"
     body = details(document)
