@@ -1024,7 +1024,7 @@ class FakeClaimStore:
         self._enter("notification_sent")
         self.notifications_sent.append(notification_id)
 
-    def notification_failed(self, notification_id: int, error: str) -> bool:
+    def notification_failed(self, notification_id: int, error: str, *, epoch: int | None) -> bool:
         self._enter("notification_failed")
         self.notifications_failed.append((notification_id, error))
         return False
@@ -1094,11 +1094,12 @@ class FakeClaimStore:
             schedule.disabled_reason = f"paused after {decision.failures} failures in a row"
             incident.paused_after_fire_at = decision.pause_after_fire_at
             report.paused.append((schedule.name, decision.failures))
-            self._cancel_unreleased(schedule.id)
+            report.cancelled.extend(self._cancel_unreleased(schedule.id))
 
-    def _cancel_unreleased(self, schedule_id: int) -> None:
+    def _cancel_unreleased(self, schedule_id: int) -> list[uuid.UUID]:
         """``beat.store.unreleased_runs.cancel_unreleased``: its runs claimed ahead."""
         now = self.clock.now()
+        cancelled = []
         for run in self.runs.values():
             if (
                 run.schedule_id == schedule_id
@@ -1109,6 +1110,8 @@ class FakeClaimStore:
                 and run.retries == 0
             ):
                 run.state, run.finished_at = RunState.CANCELLED, now
+                cancelled.append(run.id)
+        return cancelled
 
     def summarise(
         self, *, until: datetime | None = None, budget: float | None = None

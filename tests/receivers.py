@@ -34,6 +34,8 @@ class HttpReceiver:
     posts: list[Post] = field(default_factory=list)
     status: int = 200
     delay: float = 0.0
+    #: A Location header to answer with (a redirect).
+    location: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def url(self, path: str) -> str:
@@ -56,6 +58,14 @@ def http_receiver() -> Iterator[HttpReceiver]:
             with receiver.lock:
                 receiver.posts.append(Post(self.path, dict(self.headers.items()), body))
             self.send_response(receiver.status)
+            if receiver.location:
+                self.send_header("Location", receiver.location)
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            with receiver.lock:
+                receiver.posts.append(Post(self.path, dict(self.headers.items()), {}))
+            self.send_response(200)
             self.end_headers()
 
         def log_message(self, format: str, *args: Any) -> None:

@@ -58,14 +58,14 @@ class ArmedRuns:
         armed, self._armed = self._armed, {}
         return sum(len(runs) for _, runs in list(armed.values()))
 
-    def discard_schedules(self, names: set[str]) -> int:
-        """Forget the armed runs of schedules ``names`` (this leader paused them, and
-        cancelled those runs in the database): a plain task has no guard to refuse a
-        cancelled run. How many there were."""
+    def discard(self, run_ids: set[uuid.UUID]) -> int:
+        """Forget the armed runs ``run_ids`` (this leader cancelled them in the database,
+        pausing their schedule): a plain task has no guard to refuse a cancelled run
+        sent anyway. How many were armed."""
         armed = self._armed
         discarded = 0
         for fire_at, (deadline, runs) in list(armed.items()):
-            kept = [run for run in runs if run.schedule_name not in names]
+            kept = [run for run in runs if run.id not in run_ids]
             discarded += len(runs) - len(kept)
             if not kept:
                 armed.pop(fire_at, None)

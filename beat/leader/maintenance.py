@@ -169,9 +169,9 @@ class Maintenance(Publishing):
             self._next_monitor = self.clock() + MONITOR_RETRY
             self.report.monitor_failed(exc)
             return
-        if report.paused:
+        if report.cancelled:
             # Cancelled in the database with the pause; not sent from memory either.
-            self.armed.discard_schedules({name for name, _ in report.paused})
+            self.armed.discard(set(report.cancelled))
         self.report.watched(report)
 
     def _send_notifications(self, epoch: int) -> None:
@@ -186,6 +186,7 @@ class Maintenance(Publishing):
                 epoch, limit=NOTIFY_BATCH, lease=NOTIFY_LEASE, idle_timeout=idle_timeout
             ),
             store,
+            epoch=epoch,
         )
 
     def _watch_stall(self) -> None:
@@ -219,6 +220,7 @@ class Maintenance(Publishing):
                 overdue_by=STANDBY_SEND_AFTER,
             ),
             store,
+            epoch=None,
         )
 
     def _export_schedule_series(self) -> None:

@@ -26,7 +26,9 @@ class Outbox(Protocol):
     """What the notifier records (``beat.store.leader.LeaderStore``)."""
 
     def notification_sent(self, notification_id: int) -> None: ...
-    def notification_failed(self, notification_id: int, error: str) -> bool: ...
+    def notification_failed(
+        self, notification_id: int, error: str, *, epoch: int | None
+    ) -> bool: ...
 
 
 def _start_thread(work: Callable[[], None]) -> None:
@@ -45,8 +47,15 @@ class Notifier:
         self._lock = threading.Lock()
         self._sending = False
 
-    def send_due(self, take: Callable[[], list[PendingNotification]], outbox: Outbox) -> None:
-        """Start sending what ``take`` takes, unless a batch is being sent."""
+    def send_due(
+        self,
+        take: Callable[[], list[PendingNotification]],
+        outbox: Outbox,
+        *,
+        epoch: int | None,
+    ) -> None:
+        """Start sending what ``take`` takes (as leader ``epoch``, or None for a process
+        that does not lead), unless a batch is being sent."""
         with self._lock:
             if self._sending:
                 return
@@ -55,7 +64,7 @@ class Notifier:
         def work() -> None:
             try:
                 for notification in take():
-                    self._deliver(notification, outbox)
+                    self._deliver(notification, outbox, epoch)
             except Exception as exc:
                 # Taken and not recorded: sent again once its lease ends (or by a newer
                 # leader at once). Nothing is lost; the claims go on.
@@ -64,21 +73,36 @@ class Notifier:
                 with self._lock:
                     self._sending = False
 
-        self._start(work)
+        try:
+            self._start(work)
+        except BaseException:
+            with self._lock:  # no thread to clear it (too many threads, shutting down)
+                self._sending = False
+            raise
 
-    def _deliver(self, notification: PendingNotification, outbox: Outbox) -> None:
+    def _deliver(
+        self, notification: PendingNotification, outbox: Outbox, epoch: int | None
+    ) -> None:
         kind = notification.kind.value
         try:
             self._send(
                 notification.kind, notification.target, notification.id, notification.payload
             )
-        except SendFailed as exc:
+        except Exception as exc:
+            # Whatever the send raised (a receiver that breaks mid-reply, a target that
+            # http.client refuses): this notification failed, the batch goes on, so one
+            # bad channel never holds back the others.
+            failure = exc if isinstance(exc, SendFailed) else SendFailed(_described(exc))
             metrics.NOTIFICATION_FAILURES.labels(kind=kind).inc()
-            given_up = outbox.notification_failed(notification.id, str(exc))
-            _said_failed(notification, exc, given_up=given_up)
+            given_up = outbox.notification_failed(notification.id, str(failure), epoch=epoch)
+            _said_failed(notification, failure, given_up=given_up)
             return
         metrics.NOTIFICATIONS_SENT.labels(kind=kind).inc()
         outbox.notification_sent(notification.id)
+
+
+def _described(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
 
 
 def _said_failed(notification: PendingNotification, exc: SendFailed, *, given_up: bool) -> None:

@@ -61,10 +61,21 @@ def _post(url: str, notification_id: int, body: dict[str, Any]) -> None:
         },
     )
     try:
-        with urllib.request.urlopen(request, timeout=SEND_TIMEOUT) as response:
+        with _OPENER.open(request, timeout=SEND_TIMEOUT) as response:
             response.read(1024)
     except urllib.error.HTTPError as exc:
         raise OSError(f"HTTP {exc.code} from the receiver") from None
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is a failed send: urllib would follow a POST's 301, 302 or 303 with a
+    GET without the document, and its 200 would count as delivered."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def _send_email(target: str, notification_id: int, document: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from beat.errors import InvalidChannel
 from beat.models import ChannelKind
@@ -37,6 +37,11 @@ class SmtpTarget:
 
 def check_channel(name: str, kind: ChannelKind, target: str) -> None:
     """Refuse a channel that cannot be used, naming the fix (InvalidChannel)."""
+    if any(character.isspace() or not character.isprintable() for character in target):
+        raise InvalidChannel(
+            f"the target of {name:.100} holds a space or a control character: percent-encode"
+            " it (%20)"
+        )
     if not _NAME.fullmatch(name) or len(name) > MAX_NAME_LENGTH:
         raise InvalidChannel(
             f"channel name {name!r:.120}: use letters, digits, '.', '_' and '-' (at most"
@@ -78,16 +83,33 @@ def smtp_target(url: str) -> SmtpTarget:
         raise InvalidChannel(
             "an email channel needs recipient addresses (--to ops@example.com, repeatable)"
         )
+    tls = parts.scheme == "smtps"
+    starttls = _starttls(query.get("starttls", ["false"]))
+    if tls and starttls:
+        raise InvalidChannel(
+            "smtps:// is TLS from the start: leave starttls out, or use smtp:// with it"
+        )
+    if parts.username and not (tls or starttls):
+        raise InvalidChannel(
+            "a login over smtp:// would send the password in clear: use smtps://, or add"
+            " ?starttls=true"
+        )
     return SmtpTarget(
         host=parts.hostname,
         port=_port(url) or SMTP_SCHEMES[parts.scheme],
-        tls=parts.scheme == "smtps",
-        starttls=query.get("starttls", ["false"])[0].lower() in {"1", "true", "yes"},
-        username=parts.username,
-        password=parts.password,
+        tls=tls,
+        starttls=starttls,
+        username=None if parts.username is None else unquote(parts.username),
+        password=None if parts.password is None else unquote(parts.password),
         sender=senders[0],
         recipients=recipients,
     )
+
+
+def _starttls(values: list[str]) -> bool:
+    if len(values) != 1 or values[0].lower() not in {"true", "false"}:
+        raise InvalidChannel("starttls takes true or false (?starttls=true)")
+    return values[0].lower() == "true"
 
 
 def _port(url: str) -> int | None:

@@ -5,6 +5,7 @@ so that their fire times run under the new definition."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -42,19 +43,22 @@ def _unreleased(schedule_id: int) -> list[ColumnElement[bool]]:
     ]
 
 
-def cancel_unreleased(conn: Connection, schedule_id: int, why: str) -> None:
+def cancel_unreleased(conn: Connection, schedule_id: int, why: str) -> list[uuid.UUID]:
     """Cancel the runs of a schedule that are claimed but not released yet: claimed
     ahead of their fire time (minutes ahead of a large burst, ``beat.claim.window``)
     or held back by their jitter. The leader may still send one it holds in memory;
     the worker's guard refuses a cancelled run. A run already released (its time has
-    come) goes on: what was due before the change runs."""
-    conn.execute(
-        update(runs)
-        .where(*_unreleased(schedule_id))
-        .values(
-            state=RunState.CANCELLED.value,
-            finished_at=func.now(),
-            reason=f"{why} before its fire time",
+    come) goes on: what was due before the change runs. The runs cancelled."""
+    return list(
+        conn.scalars(
+            update(runs)
+            .where(*_unreleased(schedule_id))
+            .values(
+                state=RunState.CANCELLED.value,
+                finished_at=func.now(),
+                reason=f"{why} before its fire time",
+            )
+            .returning(runs.c.id)
         )
     )
 

@@ -38,15 +38,17 @@ started = time.monotonic(); time.sleep(0.2); slept = time.monotonic() - started
 real = datetime.datetime.fromtimestamp(0, UTC)  # made by C code: the true class
 record = logging.makeLogRecord({"msg": "x"})
 logging.Formatter("%(asctime)s").format(record)  # converter = time.localtime, unbound
-print(*(round(skew) for skew in skews), round(slept, 2), isinstance(real, dt))
+print(*(round(skew, 2) for skew in skews), round(slept, 2), isinstance(real, dt))
 """
     *skews, slept, real_class = _python(code, -120).split()
-    assert skews == ["-120"] * 5
+    # Each read beside the true clock: a loaded machine may pause between the two reads
+    # (and the mktime one counts whole seconds).
+    assert all(abs(float(skew) + 120) < 1.5 for skew in skews), skews
     # Slept on the true clock: 0.2 s, not minus two minutes (a loaded machine may be
     # late to wake, never early).
     assert 0.15 <= float(slept) < 5
     assert real_class == "True"
-    assert _python(code, 0).split()[:5] == ["0"] * 5
+    assert all(abs(float(skew)) < 1.5 for skew in _python(code, 0).split()[:5])
 
 
 def test_a_skewed_process_pickles_the_datetime_class() -> None:

@@ -14,6 +14,7 @@ twice changes nothing. Every time is the database's.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -54,6 +55,8 @@ class MonitorReport:
     opened: list[tuple[str, int]] = field(default_factory=list)
     paused: list[tuple[str, int]] = field(default_factory=list)
     resolved: list[tuple[str, str]] = field(default_factory=list)
+    #: The runs claimed ahead that the pauses cancelled (the leader forgets them).
+    cancelled: list[uuid.UUID] = field(default_factory=list)
     #: Schedules looked at.
     looked_at: int = 0
     #: Incidents open after the pass, by kind.
@@ -70,11 +73,12 @@ class MonitorStatements(FencedStore):
         default thresholds; StaleEpoch if a newer leader exists (nothing written)."""
         with self._transaction() as conn:
             now = self._fence(conn, epoch, idle_timeout)
-            since = _progress(conn, now)
+            # A cluster without a leader for long looks back FIRST_LOOKBACK at most.
+            since = max(_progress(conn, now) - MARGIN, now - FIRST_LOOKBACK)
             rows = conn.execute(
                 text(_CANDIDATES_SQL),
                 {
-                    "since": since - MARGIN,
+                    "since": since,
                     "alert": alert_after,
                     "pause": pause_after,
                     "streak_limit": MAX_FAILURE_THRESHOLD,
@@ -88,7 +92,10 @@ class MonitorStatements(FencedStore):
             for row in rows:
                 written.apply(row, _decision(row, alert_after, pause_after))
             written.resolve_orphans()
-            conn.execute(update(monitor_progress).values(checked_until=now))
+            if not rows or rows[0].touched <= len(rows):
+                # All looked at. Else the schedules left out are taken by the next passes
+                # (at random) over the same runs; those looked at again change nothing.
+                conn.execute(update(monitor_progress).values(checked_until=now))
             report.open.update(_open_counts(conn))
         return report
 
@@ -227,7 +234,9 @@ class _Pass:
         ).scalar_one_or_none()
         if paused is None:
             return False
-        cancel_unreleased(self.conn, row.id, "its schedule was paused after failures in a row")
+        self.report.cancelled.extend(
+            cancel_unreleased(self.conn, row.id, "its schedule was paused after failures in a row")
+        )
         self.conn.execute(
             update(incidents)
             .where(incidents.c.id == incident_id)
@@ -309,37 +318,39 @@ def _open_counts(conn: Connection) -> Sequence[tuple[IncidentKind, int]]:
 #: to MAX_FAILURE_THRESHOLD, so that the incident counts its whole streak.
 _CANDIDATES_SQL = f"""
 WITH open_incident AS (
-    SELECT i.schedule_name FROM beat_incidents AS i
-    WHERE i.resolved_at IS NULL AND i.schedule_id IS NOT NULL
+    SELECT i.schedule_id FROM beat_incidents AS i
+    WHERE i.resolved_at IS NULL AND i.kind = 'failing' AND i.schedule_id IS NOT NULL
 ), touched AS (
-    SELECT DISTINCT r.schedule_name AS name
+    SELECT DISTINCT r.schedule_id
     FROM beat_runs AS r
     WHERE coalesce(r.finished_at, r.claimed_at) >= :since
       AND r.state IN ({_FINISHED})
-      AND r.schedule_name IS NOT NULL
+      AND r.schedule_id IS NOT NULL
       AND r.fire_at IS NOT NULL
       AND (r.state IN ({_FAILURE_STATES})
-           OR r.schedule_name IN (SELECT schedule_name FROM open_incident))
+           OR r.schedule_id IN (SELECT schedule_id FROM open_incident))
 ), picked AS (
-    SELECT name FROM touched ORDER BY random() LIMIT :batch
+    SELECT schedule_id FROM touched ORDER BY random() LIMIT :batch
 )
 SELECT s.id, s.name, s.enabled, s.alert_after_failures, s.pause_after_failures,
        i.id AS incident_id, i.failures AS incident_failures, i.paused_after_fire_at,
        coalesce(newest.fire_times, '{{}}') AS fire_times,
        coalesce(newest.states, '{{}}') AS states,
-       coalesce(newest.errors, '{{}}') AS errors
+       coalesce(newest.errors, '{{}}') AS errors,
+       (SELECT count(*) FROM touched) AS touched
 FROM picked
-JOIN beat_schedules AS s ON s.name = picked.name
+JOIN beat_schedules AS s ON s.id = picked.schedule_id
 LEFT JOIN beat_incidents AS i
        ON i.schedule_id = s.id AND i.kind = 'failing' AND i.resolved_at IS NULL
 CROSS JOIN LATERAL (
     SELECT array_agg(r.fire_at ORDER BY r.fire_at DESC) AS fire_times,
            array_agg(r.state ORDER BY r.fire_at DESC) AS states,
-           array_agg(coalesce(r.error, r.reason) ORDER BY r.fire_at DESC) AS errors
+           array_agg(left(coalesce(r.error, r.reason), {ERROR_CHARS}) ORDER BY r.fire_at DESC)
+               AS errors
     FROM (
         SELECT r.fire_at, r.state, r.error, r.reason
         FROM beat_runs AS r
-        WHERE r.schedule_name = s.name
+        WHERE r.schedule_id = s.id
           AND r.fire_at IS NOT NULL
           AND r.state IN ({_COUNTED})
         ORDER BY r.fire_at DESC

@@ -137,9 +137,11 @@ class NotificationStatements(FencedStore):
                 .values(sent_at=func.now(), last_error=None)
             )
 
-    def notification_failed(self, notification_id: int, error: str) -> bool:
-        """Record a send that failed: tried again after its back-off, or given up once
-        its sends have failed for ``GIVE_UP_AFTER``. True if given up."""
+    def notification_failed(self, notification_id: int, error: str, *, epoch: int | None) -> bool:
+        """Record a send that failed, as the process that took it (leader ``epoch``, or
+        None): tried again after its back-off, or given up once its sends have failed for
+        ``GIVE_UP_AFTER``. True if given up. A newer leader that took it meanwhile owns
+        it: the record of a deposed one changes nothing."""
         table = notifications
         doublings = func.least(func.greatest(table.c.attempts - 1, 0), _DOUBLINGS)
         backoff = func.least(
@@ -149,7 +151,11 @@ class NotificationStatements(FencedStore):
         with self._transaction() as conn:
             given_up: bool | None = conn.execute(
                 update(table)
-                .where(table.c.id == notification_id, table.c.sent_at.is_(None))
+                .where(
+                    table.c.id == notification_id,
+                    table.c.sent_at.is_(None),
+                    table.c.taken_by_epoch.is_not_distinct_from(epoch),
+                )
                 .values(
                     last_error=error[:500],
                     next_attempt_at=func.now() + backoff,

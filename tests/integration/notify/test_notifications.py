@@ -123,7 +123,9 @@ def test_a_failed_send_backs_off_and_is_given_up_after_a_day(
     incident_notified_to_a_webhook(store, schedules)
     [taken] = take(store)
 
-    assert store.notification_failed(taken.id, "webhook: HTTP 503 from the receiver") is False
+    assert (
+        store.notification_failed(taken.id, "webhook: HTTP 503 from the receiver", epoch=1) is False
+    )
     [row] = outbox(store)
     assert row.last_error == "webhook: HTTP 503 from the receiver"
     assert row.next_attempt_at - store.now() > timedelta(seconds=8)
@@ -137,7 +139,7 @@ def test_a_failed_send_backs_off_and_is_given_up_after_a_day(
             )
         )
     [late] = take(store)
-    assert store.notification_failed(late.id, "webhook: timed out") is True
+    assert store.notification_failed(late.id, "webhook: timed out", epoch=1) is True
     [given_up] = outbox(store)
     assert given_up.given_up_at is not None
     assert take(store) == []
@@ -214,3 +216,30 @@ def test_a_receiver_that_does_not_answer_fails_the_send() -> None:
         send(ChannelKind.WEBHOOK, closed, 1, PAYLOAD)
     with pytest.raises(SendFailed, match="email"):
         send(ChannelKind.EMAIL, "smtp://127.0.0.1:1?from=a%40b.c&to=d%40e.f", 1, PAYLOAD)
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307])
+def test_a_redirect_is_a_failed_send_not_followed(status: int) -> None:
+    """urllib follows a POST's redirect with a GET without the document; its 200 would
+    count as delivered."""
+    with http_receiver() as receiver:
+        receiver.status, receiver.location = status, receiver.url("/elsewhere")
+        with pytest.raises(SendFailed, match=f"HTTP {status}"):
+            send(ChannelKind.WEBHOOK, receiver.url("/habeat"), 1, PAYLOAD)
+        assert receiver.received("/elsewhere") == []
+
+
+def test_a_deposed_leader_s_failure_record_changes_nothing(
+    store: Store, schedules: Schedules
+) -> None:
+    incident_notified_to_a_webhook(store, schedules)
+    [first] = take(store)
+    assert store.take_leadership(2, "newer")
+    [again] = take(store, epoch=2)
+    assert again.id == first.id
+
+    assert store.notification_failed(first.id, "webhook: timed out", epoch=1) is False
+
+    [row] = outbox(store)
+    assert row.last_error is None
+    assert row.taken_by_epoch == 2

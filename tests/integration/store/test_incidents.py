@@ -264,3 +264,33 @@ def test_a_pass_looks_at_a_bounded_number_of_schedules_and_the_next_at_others(
             break
 
     assert sorted(opened) == names
+
+
+def test_a_schedule_made_again_under_a_removed_one_s_name_starts_without_its_failures(
+    store: Store, schedules: Schedules
+) -> None:
+    """Runs are a schedule's by its ID: the history a removed schedule left under the same
+    name (a code schedule removed and added back, an import) is not counted."""
+    schedules.create("reborn", TASK, every=60, allow_unregistered=True, pause_after_failures=3)
+    finished(store, "reborn", [RunState.FAILED] * 2)
+    schedules.delete("reborn")
+    schedules.create("reborn", TASK, every=60, allow_unregistered=True, pause_after_failures=3)
+    finished(store, "reborn", [RunState.FAILED])
+
+    report = watch(store)
+
+    assert report.opened == []
+    assert report.paused == []
+    assert schedules.get("reborn").definition.enabled
+
+
+def test_an_incident_keeps_the_first_500_characters_of_a_long_error(
+    store: Store, schedules: Schedules
+) -> None:
+    schedules.create("verbose", TASK, every=60, allow_unregistered=True)
+    finished(store, "verbose", [RunState.FAILED] * 3, error="Traceback: " + "x" * 1_000_000)
+
+    watch(store)
+
+    [incident] = schedules.incidents()
+    assert incident.last_error == ("Traceback: " + "x" * 1_000_000)[:500]

@@ -27,6 +27,16 @@ from beat.notify.targets import check_channel, smtp_target
         ("", ChannelKind.WEBHOOK, "https://example.com/x", "use letters, digits"),
         ("-ops", ChannelKind.WEBHOOK, "https://example.com/x", "use letters, digits"),
         ("ops team", ChannelKind.WEBHOOK, "https://example.com/x", "use letters, digits"),
+        ("ops", ChannelKind.WEBHOOK, "http://host/a b", "a space or a control character"),
+        ("ops", ChannelKind.WEBHOOK, "http://host/a\x1b[31m", "a space or a control character"),
+        (
+            "ops",
+            ChannelKind.EMAIL,
+            "smtps://mail?from=a@b.c&to=d@e.f&starttls=true",
+            "leave starttls out",
+        ),
+        ("ops", ChannelKind.EMAIL, "smtp://u:p@mail?from=a@b.c&to=d@e.f", "password in clear"),
+        ("ops", ChannelKind.EMAIL, "smtp://mail?from=a@b.c&to=d@e.f&starttls=yes", "true or false"),
     ],
 )
 def test_a_channel_that_cannot_be_used_is_refused_naming_the_fix(
@@ -45,12 +55,12 @@ def test_a_password_is_not_repeated_in_a_refusal() -> None:
 
 def test_an_smtp_target_names_its_server_sender_recipients_and_tls() -> None:
     target = smtp_target(
-        "smtps://me:secret@mail.example.com?from=beat%40example.com&to=a%40example.com,b%40example.com"
+        "smtps://me%40corp:se%2Fcret@mail.example.com?from=beat%40example.com&to=a%40example.com,b%40example.com"
     )
     assert (target.host, target.port, target.tls, target.starttls) == (
         "mail.example.com", 465, True, False,
     )  # fmt: skip
-    assert (target.username, target.password) == ("me", "secret")
+    assert (target.username, target.password) == ("me@corp", "se/cret"), "percent-decoded"
     assert target.sender == "beat@example.com"
     assert target.recipients == ("a@example.com", "b@example.com")
     plain = smtp_target("smtp://localhost:2525?from=a@b.c&to=d@e.f&starttls=true")

@@ -27,7 +27,7 @@ def test_periodic_sets_its_thresholds() -> None:
     app = Celery("code-monitors", set_as_current=False)
 
     @periodic(every=60, pause_after_failures=3)
-    @app.task(name="tasks.demo.report")
+    @app.task(name="tests.code_monitors.report")
     def report() -> None: ...
 
     [(definition, _)] = collect(app, default_tz="UTC")
