@@ -1,7 +1,7 @@
 """The failing monitor's pass, fenced: the leader reads the newest outcomes of each
 schedule whose runs finished since its last pass, and opens, updates and resolves its
 incidents, and pauses schedules, as ``beat.monitors.failing`` decides, in one
-transaction.
+transaction. Operators read the incidents through ``beat.store.leader.incident_reads``.
 
 Which schedules are looked at: those with a run that failed, and those with an open
 incident with a run that finished, since ``beat_monitor_progress`` says the last pass
@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Row, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.limits import MAX_FAILURE_THRESHOLD
-from beat.models import FINISHED_STATES, Incident, IncidentKind, NotificationEvent, RunState
+from beat.models import FINISHED_STATES, IncidentKind, NotificationEvent, RunState
 from beat.monitors.failing import Decision, OpenIncident, Outcome, Thresholds, decide
 from beat.monitors.messages import incident_payload
 from beat.store.leader.base import FencedStore
@@ -98,29 +98,6 @@ class MonitorStatements(FencedStore):
                 conn.execute(update(monitor_progress).values(checked_until=now))
             report.open.update(_open_counts(conn))
         return report
-
-    def incidents(self, *, include_resolved: bool = False, limit: int = 100) -> list[Incident]:
-        """Incidents newest first: the open ones, or all with ``include_resolved``."""
-        query = select(incidents).order_by(incidents.c.opened_at.desc(), incidents.c.id.desc())
-        if not include_resolved:
-            query = query.where(incidents.c.resolved_at.is_(None))
-        with self._transaction() as conn:
-            return [incident_from_row(row) for row in conn.execute(query.limit(limit))]
-
-
-def incident_from_row(row: Row[Any]) -> Incident:
-    return Incident(
-        id=row.id,
-        schedule_name=row.schedule_name,
-        kind=IncidentKind(row.kind),
-        opened_at=row.opened_at,
-        failures=row.failures,
-        first_failure_at=row.first_failure_at,
-        last_error=row.last_error,
-        paused_at=row.paused_at,
-        resolved_at=row.resolved_at,
-        resolution=row.resolution,
-    )
 
 
 def _progress(conn: Connection, now: datetime) -> datetime:

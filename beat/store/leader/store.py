@@ -6,6 +6,7 @@ from __future__ import annotations
 from beat.store.db import create_store_engine
 from beat.store.leader.claim import ClaimStatements
 from beat.store.leader.cluster import ClusterReads
+from beat.store.leader.incident_reads import IncidentReads
 from beat.store.leader.lost_messages import LostMessageStatements
 from beat.store.leader.monitors import MonitorStatements
 from beat.store.leader.notifications import NotificationStatements
@@ -28,6 +29,7 @@ class LeaderStore(
     WakeupStatements,
     RetentionStatements,
     MonitorStatements,
+    IncidentReads,
     NotificationStatements,
     StallStatements,
     ClusterReads,
