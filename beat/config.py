@@ -378,8 +378,8 @@ class BeatConfig:
     )
     history_retention_days: float = _setting(
         30.0,
-        "the leader deletes finished runs older than this many days, as fast as they come"
-        " (0: keep them)",
+        "the leader deletes finished runs older than this many days, as fast as they come,"
+        " and incidents resolved and notifications sent that long ago (0: keep them)",
         parse=_number,
     )
     visibility_timeout: float = _setting(

@@ -119,7 +119,9 @@ def prune(ctx: click.Context, older_than: timedelta, batch: int, as_json: bool) 
 
     Age counts from finished_at (from claimed_at where that is missing). Runs still
     pending, queued, running or retrying are never deleted. Deletes --batch rows per
-    transaction, so the run table is never locked for long.
+    transaction, so the run table is never locked for long. The incidents resolved and
+    the notifications sent or given up before the cutoff go too; never an open incident,
+    a notification not sent yet, nor the incident of one. Prints the runs deleted.
     """
     manager = _schedules(ctx)
     with _errors_as_exit_codes():

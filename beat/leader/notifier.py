@@ -1,20 +1,22 @@
 """The leader sends the notification outbox (``beat.store.leader.notifications``) on a
 thread of its own: a channel that answers slowly (a send may take ``SEND_TIMEOUT``)
-never holds up a claim. One batch at a time: taken (fenced by the epoch), sent one by
-one, each send recorded after it, so a leader that dies in between leaves the
-notification to be sent again (at least once)."""
+never holds up a claim. One batch at a time: taken (fenced by the epoch) under a lease,
+sent one by one while the lease leaves time for a send, each send recorded after it, so
+a leader that dies in between leaves the notification to be sent again (at least
+once)."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from beat import metrics
 from beat.errors import error_text
 from beat.models import ChannelKind
-from beat.notify.senders import SendFailed, send
+from beat.notify.senders import SEND_TIMEOUT, SendFailed, send
 from beat.store.leader.notifications import PendingNotification
 
 logger = logging.getLogger(__name__)
@@ -39,11 +41,16 @@ class Notifier:
     """Sends the due notifications, one batch at a time."""
 
     def __init__(
-        self, send: Send = send, start: Callable[[Callable[[], None]], None] = _start_thread
+        self,
+        send: Send = send,
+        start: Callable[[Callable[[], None]], None] = _start_thread,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._send = send
         #: Runs a batch (on a thread of its own, by default).
         self._start = start
+        #: Seconds, to tell how much of a batch's lease is left.
+        self._clock = clock
         self._lock = threading.Lock()
         self._sending = False
 
@@ -63,8 +70,7 @@ class Notifier:
 
         def work() -> None:
             try:
-                for notification in take():
-                    self._deliver(notification, outbox, epoch)
+                self._send_batch(take, outbox, epoch)
             except Exception as exc:
                 # Taken and not recorded: sent again once its lease ends (or by a newer
                 # leader at once). Nothing is lost; the claims go on.
@@ -79,6 +85,23 @@ class Notifier:
             with self._lock:  # no thread to clear it (too many threads, shutting down)
                 self._sending = False
             raise
+
+    def _send_batch(
+        self, take: Callable[[], list[PendingNotification]], outbox: Outbox, epoch: int | None
+    ) -> None:
+        """Send what ``take`` takes, one by one, until less than a send's time is left
+        of the lease it was taken under: a send started later could still be under way
+        when another process takes the notification again, and a slow channel would
+        hold this thread far past the lease. The rest are left as taken, to be taken
+        again once the lease ends, like a notification whose send was never recorded."""
+        # Read before the take: the lease starts later, at the take's time in the database.
+        taken_at = self._clock()
+        taken = take()
+        for index, notification in enumerate(taken):
+            if taken_at + notification.lease.total_seconds() - self._clock() < SEND_TIMEOUT:
+                _said_left(taken[index:])
+                return
+            self._deliver(notification, outbox, epoch)
 
     def _deliver(
         self, notification: PendingNotification, outbox: Outbox, epoch: int | None
@@ -103,6 +126,16 @@ class Notifier:
 
 def _described(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def _said_left(notifications: Sequence[PendingNotification]) -> None:
+    logger.warning(
+        "%d notifications left to send after their lease ends: less than a send's time"
+        " (%gs) was left of it (a slow channel?)",
+        len(notifications),
+        SEND_TIMEOUT,
+        extra={"notifications": [notification.id for notification in notifications]},
+    )
 
 
 def _said_failed(notification: PendingNotification, exc: SendFailed, *, given_up: bool) -> None:

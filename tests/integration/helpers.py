@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any
@@ -14,11 +16,13 @@ import redis
 from celery import Celery
 from celery.bin.celery import celery as celery_main
 from click.testing import CliRunner, Result
-from sqlalchemy import text
+from sqlalchemy import func, insert, select, text
 
+from beat.models import RunState
 from beat.ops.schedules import Schedules
 from beat.publish import redis_envelopes
 from beat.store.all_roles import Store
+from beat.store.tables import runs
 from tests.conftest import SessionEnv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +69,49 @@ def run_rows(store: Store, **where: Any) -> list[Any]:
                 where,
             )
         )
+
+
+def finished_runs(
+    store: Store,
+    name: str,
+    states: Sequence[RunState],
+    *,
+    ago: timedelta = timedelta(0),
+    error: str = "ValueError: boom",
+) -> None:
+    """Runs of schedule ``name`` in ``states``, oldest first, that fired a minute apart
+    after its newest run (each call adds newer runs) and finished ``ago`` before now (the
+    database's); each but a success with ``error``."""
+    schedule = store.get_schedule(name)
+    now = store.now()
+    first = now - timedelta(minutes=len(states)) + _after_newest_run(store, name)
+    rows: list[dict[str, Any]] = [
+        {
+            "id": uuid.uuid4(),
+            "schedule_id": schedule.id,
+            "schedule_name": name,
+            "task": schedule.definition.task,
+            "state": state.value,
+            "fire_at": first + timedelta(minutes=index),
+            "claimed_at": now - ago,
+            "finished_at": now - ago,
+            "error": error if state is not RunState.SUCCEEDED else None,
+        }
+        for index, state in enumerate(states)
+    ]
+    with store.engine.begin() as conn:
+        conn.execute(insert(runs), rows)
+
+
+def _after_newest_run(store: Store, name: str) -> timedelta:
+    """How far past now fire times must start to follow the schedule's newest run."""
+    with store.engine.connect() as conn:
+        newest: datetime | None = conn.execute(
+            select(func.max(runs.c.fire_at)).where(runs.c.schedule_name == name)
+        ).scalar_one()
+    if newest is None:
+        return timedelta(0)
+    return max(timedelta(0), newest - store.now() + timedelta(hours=1))
 
 
 def schedule_row(store: Store, name: str) -> Any:

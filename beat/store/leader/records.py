@@ -97,13 +97,20 @@ class LeaderInfo:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PruneReport:
+    #: Finished runs deleted.
     deleted: int
-    #: Transactions that deleted at least one row.
+    #: Transactions that deleted at least one run.
     batches: int
-    #: Finished runs older than this were deleted (database time).
+    #: Finished runs older than this were deleted, and so were the incidents resolved
+    #: and the notifications sent or given up before it (database time).
     cutoff: datetime
-    #: False when the time budget ran out before the last old run was deleted.
+    #: False when the time budget ran out before the last old run, incident or
+    #: notification was deleted.
     caught_up: bool
+    #: Resolved incidents deleted, and notifications deleted (those of these incidents
+    #: included).
+    incidents: int
+    notifications: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

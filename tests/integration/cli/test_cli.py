@@ -489,8 +489,12 @@ def test_prune_deletes_only_old_finished_runs_in_batches(cli: Cli, store: Store)
     assert datetime.fromisoformat(report["cutoff"]) < store.now() - timedelta(days=29)
     assert {row.id for row in run_rows(store)} == kept
     assert not doomed & {row.id for row in run_rows(store)}
+    assert (report["incidents"], report["notifications"]) == (0, 0)
     again = cli("prune", "--older-than", "30d")
     assert again.stdout.startswith("deleted 0 finished runs older than ")
+    assert again.stdout.rstrip().endswith(
+        "0 incidents resolved and 0 notifications sent or given up before it"
+    )
 
 
 def test_retention_deletes_expired_runs_too(cli: Cli, store: Store) -> None:

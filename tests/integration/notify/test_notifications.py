@@ -6,19 +6,19 @@ and mail through a real SMTP server (aiosmtpd)."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 
 from beat.errors import StaleEpoch
 from beat.models import ChannelKind, RunState
 from beat.notify.senders import SendFailed, send
 from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
-from beat.store.tables import notifications, runs
+from beat.store.tables import notifications
+from tests.integration.helpers import finished_runs
 from tests.receivers import http_receiver, smtp_receiver
 
 pytestmark = pytest.mark.integration
@@ -33,33 +33,11 @@ def schedules(store: Store) -> Schedules:
     return Schedules(store)
 
 
-def fail_runs(store: Store, name: str, count: int) -> None:
-    schedule = store.get_schedule(name)
-    now = store.now()
-    with store.engine.begin() as conn:
-        conn.execute(
-            insert(runs),
-            [
-                {
-                    "id": uuid.uuid4(),
-                    "schedule_id": schedule.id,
-                    "schedule_name": name,
-                    "task": TASK,
-                    "state": RunState.FAILED.value,
-                    "fire_at": now - timedelta(minutes=count - index),
-                    "finished_at": now,
-                    "error": "RuntimeError: down",
-                }
-                for index in range(count)
-            ],
-        )
-
-
 def incident_notified_to_a_webhook(store: Store, schedules: Schedules) -> None:
     """A webhook channel, and an incident opened: one notification in the outbox."""
     schedules.add_webhook("hook", "https://hooks.example.com/habeat")
     schedules.create("flaky", TASK, every=60, allow_unregistered=True)
-    fail_runs(store, "flaky", 3)
+    finished_runs(store, "flaky", [RunState.FAILED] * 3, error="RuntimeError: down")
     store.watch_failures(1, alert_after=3, pause_after=0, idle_timeout=5)
 
 
@@ -78,7 +56,7 @@ def test_each_event_of_an_incident_is_written_once_per_channel(
     schedules.add_webhook("hook", "https://hooks.example.com/habeat")
     schedules.add_slack("chat", "https://hooks.slack.com/services/T/B/X")
     schedules.create("flaky", TASK, every=60, allow_unregistered=True, pause_after_failures=3)
-    fail_runs(store, "flaky", 3)
+    finished_runs(store, "flaky", [RunState.FAILED] * 3, error="RuntimeError: down")
 
     store.watch_failures(1, alert_after=3, pause_after=0, idle_timeout=5)
     store.watch_failures(1, alert_after=3, pause_after=0, idle_timeout=5)

@@ -1,11 +1,13 @@
 """The leader's notifier (``beat.leader.notifier``): one batch at a time, each send
 recorded after it; a send that fails is recorded as failed (and tried again later by
-the outbox), one that cannot be taken leaves the batch for later."""
+the outbox), one that cannot be taken leaves the batch for later, and no send starts
+once less than a send's time is left of the lease the batch was taken under."""
 
 from __future__ import annotations
 
 import http.client
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -13,8 +15,12 @@ import pytest
 from beat.errors import StoreUnavailable
 from beat.leader.notifier import Notifier
 from beat.models import ChannelKind
-from beat.notify.senders import SendFailed
+from beat.notify.senders import SEND_TIMEOUT, SendFailed
 from beat.store.leader.notifications import PendingNotification
+from tests.fakes import ManualClock
+
+#: The lease a batch is taken under (the leader's is longer: ``NOTIFY_LEASE``).
+LEASE = timedelta(seconds=3 * SEND_TIMEOUT)
 
 
 def pending(
@@ -27,6 +33,7 @@ def pending(
         target=target,
         payload={"text": "x"},
         attempts=1,
+        lease=LEASE,
     )
 
 
@@ -127,3 +134,43 @@ def test_a_notifier_whose_thread_cannot_start_is_ready_again() -> None:
     outbox = Outbox()
     notifier.send_due(lambda: [pending(2)], outbox, epoch=1)
     assert outbox.sent == [2]
+
+
+def test_no_send_starts_once_less_than_a_send_s_time_is_left_of_the_lease() -> None:
+    """Each send takes half a send's time: those starting with a send's time or more
+    left of the lease go, the rest are neither sent nor recorded (they stay taken, and
+    are taken again once the lease ends)."""
+    clock = ManualClock()
+    started: list[float] = []
+
+    def slow(kind: ChannelKind, target: str, notification_id: int, payload: dict[str, Any]) -> None:
+        started.append(clock())
+        clock.advance(SEND_TIMEOUT / 2)
+
+    outbox = Outbox()
+    notifier = Notifier(send=slow, start=lambda work: work(), clock=clock)
+    taken_at = clock()
+    notifier.send_due(lambda: [pending(index) for index in range(1, 11)], outbox, epoch=1)
+
+    lease_ends = taken_at + LEASE.total_seconds()
+    assert [lease_ends - at for at in started] == [30.0, 25.0, 20.0, 15.0, 10.0]
+    assert outbox.sent == [1, 2, 3, 4, 5]
+    assert outbox.failed == []
+    notifier.send_due(lambda: [pending(6)], outbox, epoch=1)
+    assert outbox.sent[-1] == 6, "the next batch has a lease of its own"
+
+
+def test_the_lease_counts_from_before_the_take() -> None:
+    """A take that keeps PostgreSQL busy most of the lease leaves no time to send."""
+    clock = ManualClock()
+
+    def slow_take() -> list[PendingNotification]:
+        clock.advance(LEASE.total_seconds() - SEND_TIMEOUT + 0.5)
+        return [pending(1)]
+
+    outbox = Outbox()
+    Notifier(send=lambda *args: None, start=lambda work: work(), clock=clock).send_due(
+        slow_take, outbox, epoch=1
+    )
+
+    assert (outbox.sent, outbox.failed) == ([], [])
