@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 import tornado.httputil
 import tornado.web
+from sqlalchemy.exc import SQLAlchemyError
 
 from beat.errors import (
     HABeatError,
@@ -25,8 +26,8 @@ from beat.errors import (
     ScheduleNotFound,
     StoreError,
 )
-from beat.ops import rendering
-from beat.ops.schedules import Schedules
+from beat.ops import monitor_rendering, rendering
+from beat.ops.schedules import Schedules, preview
 from beat.ui import charts, wording
 from beat.ui.security import (
     FORM_BODY_LIMIT,
@@ -216,6 +217,19 @@ class BaseHandler(tornado.web.RequestHandler):
         except HABeatError as exc:
             raise tornado.web.HTTPError(500, "%s", exc) from exc
 
+    async def render_page(self, template: str, **kwargs: Any) -> None:
+        """``template`` rendered, with the count of open incidents its navigation shows."""
+        self.render(template, open_incident_count=await self._open_incident_count(), **kwargs)
+
+    async def _open_incident_count(self) -> int | None:
+        """None when it cannot be read: the navigation then shows no count, and the
+        page itself says what of its own could not be read."""
+        loop = tornado.ioloop.IOLoop.current()
+        try:
+            return await loop.run_in_executor(None, self.schedules.open_incident_count)
+        except (HABeatError, SQLAlchemyError):
+            return None
+
     def get_template_namespace(self) -> dict[str, Any]:
         namespace = super().get_template_namespace()
         namespace.update(
@@ -228,7 +242,9 @@ class BaseHandler(tornado.web.RequestHandler):
             in_words=wording.in_words,
             spec_text=rendering.spec_text,
             enabled_text=rendering.enabled_text,
-            threshold_text=rendering.threshold_text,
+            monitor_settings=monitor_rendering.monitor_settings,
+            preview=preview,
+            open_incident_count=None,  # render_page reads it; an error page goes without
             state_colours=charts.STATE_COLOURS,
             done=DONE.get(self.get_argument("done", "")),
             new_run_id=lambda: str(uuid.uuid4()),

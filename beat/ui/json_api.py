@@ -11,6 +11,9 @@
 - ``GET /api/cluster``: the leader, lease, beat processes, workers, overdue schedules,
   queues nobody consumes, and the health checks
 - ``GET /api/stats?window=1h&schedule=``: lateness percentiles and runs per bucket by state
+- ``GET /api/incidents?all=1&schedule=&limit=``: ``{"incidents": [...]}``, the open ones
+  newest first (``schedules incidents --json`` documents); ``all=1``: resolved ones too;
+  ``schedule``: only those of the schedule of that name
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from typing import Any
 import tornado.web
 
 from beat.ops import rendering
+from beat.ops.incident_rendering import incident_document
 from beat.ui.base_handler import BaseHandler, UIContext
-from beat.ui.pages import WINDOWS, schedule_filter
+from beat.ui.pages import INCIDENTS_LIMIT, WINDOWS, include_resolved, schedule_filter
 
 
 class JSONHandler(BaseHandler):
@@ -121,6 +125,19 @@ class StatsAPI(JSONHandler):
         self.send(stats_document(stats))
 
 
+class IncidentsAPI(JSONHandler):
+    async def get(self) -> None:
+        limit = self.bounded_int("limit", INCIDENTS_LIMIT, 1, 500)
+        schedule = self.get_argument("schedule", "", strip=False) or None  # a name, exactly
+        found = await self.call(
+            self.schedules.incidents,
+            include_resolved=include_resolved(self),
+            limit=limit,
+            schedule=schedule,
+        )
+        self.send({"incidents": [incident_document(incident) for incident in found]})
+
+
 def stats_document(stats: Any) -> dict[str, Any]:
     """Run statistics as JSON: per bucket, the runs by state and the lateness percentiles."""
 
@@ -155,4 +172,5 @@ def routes(context: UIContext) -> list[tuple[str, type[tornado.web.RequestHandle
         (r"/api/runs/([^/]+)", RunAPI, arguments),
         (r"/api/cluster", ClusterAPI, arguments),
         (r"/api/stats", StatsAPI, arguments),
+        (r"/api/incidents", IncidentsAPI, arguments),
     ]

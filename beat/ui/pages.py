@@ -1,5 +1,5 @@
-"""The UI's pages: schedules, a schedule, its form, the cluster and the plots; and the
-actions (pause, resume, trigger, delete).
+"""The UI's pages: schedules, a schedule, its form, the cluster, the plots and the
+incidents; and the actions (pause, resume, trigger, delete).
 
 Each handler reads its parameters, calls :class:`beat.ops.schedules.Schedules` (off the event
 loop: the facade's calls block) and renders a template. Every request passes the
@@ -38,6 +38,8 @@ PAGE_SIZE = 50
 RUNS_PAGE_SIZE = 50
 #: Fire times a schedule's page lists.
 UPCOMING = 10
+#: Incidents the incidents page lists, newest first (``schedules incidents``' default).
+INCIDENTS_LIMIT = 100
 #: The windows the plots offer, by the name in the URL.
 WINDOWS = {
     "15m": timedelta(minutes=15),
@@ -88,7 +90,7 @@ class SchedulesPage(BaseHandler):
         def page_link(target: int) -> str:
             return "/?" + urlencode(query | {"page": str(target)})
 
-        self.render(
+        await self.render_page(
             "schedules.html",
             section="schedules",
             found=found,
@@ -109,11 +111,13 @@ class SchedulePage(BaseHandler):
         history = await self.call(
             self.schedules.run_page, name, before=before, limit=RUNS_PAGE_SIZE
         )
-        self.render(
+        incidents = await self.call(self.schedules.incidents, schedule=name)
+        await self.render_page(
             "schedule.html",
             details=details,
             schedule=details.schedule,
             history=history,
+            incidents=incidents,
             first_page=before is None,
             shown_json=shown_json,
             **_definition_parts(details.schedule),
@@ -156,9 +160,11 @@ class FormPage(BaseHandler):
         if not self._finished and self.context.settings.read_only:
             self.send_error(403, reason="read-only")
 
-    def render_form(self, form: forms.ScheduleForm, *, editing: str | None, status: int) -> None:
+    async def render_form(
+        self, form: forms.ScheduleForm, *, editing: str | None, status: int
+    ) -> None:
         self.set_status(status)
-        self.render(
+        await self.render_page(
             "form.html",
             section="" if editing else "new",
             form=form,
@@ -186,7 +192,7 @@ class FormPage(BaseHandler):
             except INPUT_ERRORS as exc:
                 form.fail(str(exc))
         if not form.ok:
-            self.render_form(form, editing=editing, status=400)
+            await self.render_form(form, editing=editing, status=400)
             return
         self.redirect(f"{schedule_url(name)}?done={done}", status=303)
 
@@ -194,7 +200,7 @@ class FormPage(BaseHandler):
 class NewSchedulePage(FormPage):
     async def get(self) -> None:
         defaults = {"default_tz": self.schedules.default_tz, **self.schedules.defaults}
-        self.render_form(forms.blank_form(defaults), editing=None, status=200)
+        await self.render_form(forms.blank_form(defaults), editing=None, status=200)
 
     @signed_form
     async def post(self) -> None:
@@ -208,7 +214,7 @@ class NewSchedulePage(FormPage):
 class EditSchedulePage(FormPage):
     async def get(self, name: str) -> None:
         current = await self.current(name)
-        self.render_form(forms.form_of(current), editing=name, status=200)
+        await self.render_form(forms.form_of(current), editing=name, status=200)
 
     @signed_form
     async def post(self, name: str) -> None:
@@ -275,7 +281,7 @@ class ClusterPage(BaseHandler):
         overview = await self.call(self.schedules.cluster_overview)
         health = await self.call(self.schedules.health)
         consumers = await self.call(unrecorded_consumers, self.schedules)
-        self.render(
+        await self.render_page(
             "cluster.html",
             section="cluster",
             overview=overview,
@@ -313,7 +319,7 @@ class PlotsPage(BaseHandler):
             for bucket in stats.buckets
         ]
         order = [*(s.value for s in FINISHED_STATES), *(s.value for s in RunState)]
-        self.render(
+        await self.render_page(
             "plots.html",
             section="plots",
             stats=stats,
@@ -338,6 +344,29 @@ def _bucket_label(start: datetime, width: timedelta) -> str:
     return moment.strftime("%m-%d %H:%M" if width >= timedelta(hours=1) else "%H:%M")
 
 
+# -- the incidents -------------------------------------------------------------------
+
+
+def include_resolved(handler: tornado.web.RequestHandler) -> bool:
+    """``?all=1``: the resolved incidents too, not only the open ones."""
+    return handler.get_argument("all", "") == "1"
+
+
+class IncidentsPage(BaseHandler):
+    async def get(self) -> None:
+        resolved_too = include_resolved(self)
+        found = await self.call(
+            self.schedules.incident_list, include_resolved=resolved_too, limit=INCIDENTS_LIMIT
+        )
+        await self.render_page(
+            "incidents.html",
+            section="incidents",
+            found=found,
+            include_resolved=resolved_too,
+            limit=INCIDENTS_LIMIT,
+        )
+
+
 class NotFoundHandler(BaseHandler):
     def prepare(self) -> None:
         super().prepare()
@@ -355,4 +384,5 @@ def routes(context: UIContext) -> list[tuple[str, type[tornado.web.RequestHandle
         (r"/schedules/([^/]+)/(pause|resume|trigger|delete)", ActionHandler, arguments),
         (r"/cluster", ClusterPage, arguments),
         (r"/plots", PlotsPage, arguments),
+        (r"/incidents", IncidentsPage, arguments),
     ]

@@ -14,10 +14,12 @@ import urllib.request
 
 import pytest
 from playwright.sync_api import Page, expect
+from sqlalchemy import insert
 
-from beat.models import RunState
+from beat.models import IncidentKind, RunState
 from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
+from beat.store.tables import incidents
 from tests.e2e.cluster import Cluster, wait_until
 from tests.e2e.ui_browser import (
     FLOWER_URL,
@@ -169,4 +171,40 @@ def test_a_schedule_is_created_from_the_apps_tasks_and_deleted(
         page.get_by_role("button", name=re.compile("^Delete made-in-the-browser")).click()
         expect(page.get_by_role("status")).to_contain_text("Deleted")
         assert Schedules(store).list() == []
+        context.close()
+
+
+def test_an_operator_finds_an_open_incident_from_the_navigation_and_opens_its_schedule(
+    cluster: Cluster, store: Store
+) -> None:
+    schedules = Schedules(store)
+    schedules.create("exports/hourly", "e2e.record", every=3600)
+    with store.engine.begin() as conn:
+        conn.execute(
+            insert(incidents).values(
+                schedule_id=store.get_schedule("exports/hourly").id,
+                schedule_name="exports/hourly",
+                kind=IncidentKind.FAILING.value,
+                epoch=1,
+                failures=3,
+                last_error="ConnectionError: the export bucket refused us",
+            )
+        )
+    _, base = start_ui(cluster)
+    with browser() as chromium:
+        context = chromium.new_context(http_credentials={"username": USER, "password": PASSWORD})
+        page = context.new_page()
+        page.goto(base + "/")
+        page.get_by_role("navigation").get_by_role("link", name="Incidents 1").click()
+        expect(page.locator("h1")).to_contain_text("Incidents")
+        expect(page.locator("#incidents tbody tr")).to_have_count(1)
+        expect(page.locator("#incidents")).to_contain_text("the export bucket refused us")
+        screenshot(page, "incidents")
+
+        page.locator("#incidents").get_by_role("link", name="exports/hourly").click()
+        expect(page.locator("h1")).to_contain_text("exports/hourly")
+        expect(page.locator("#schedule-incidents")).to_contain_text("failing")
+        screenshot(page, "schedule-incidents")
+        page.locator("#open-incidents").get_by_role("link", name="all incidents").click()
+        expect(page).to_have_url(base + "/incidents")
         context.close()

@@ -9,10 +9,12 @@ the sessions crash detection finds gone (``sessions``), the claim (``claim``, wi
 due rows it reads in ``due_rows``), the outbox (``outbox``), the reaper (``reaper``),
 lost-message recovery and expiry (``lost_messages``), the times the leader wakes at
 (``wakeups``), retention (``retention``), the failing monitor's pass and the incidents
-(``monitors``) and what operators read about the cluster (``cluster``). What the store
-returns is in ``records``; the LISTEN connection that wakes the loop is ``listener``.
+(``monitors``), the incidents as operators read them (``incident_reads``) and what
+operators read about the cluster (``cluster``). What the store returns is in
+``records``; the LISTEN connection that wakes the loop is ``listener``.
 The parts import each other, never this package."""
 
+from beat.store.leader.incident_reads import IncidentList
 from beat.store.leader.listener import ScheduleChangeListener
 from beat.store.leader.lost_messages import MAX_SENDS
 from beat.store.leader.monitors import MonitorReport
@@ -37,6 +39,7 @@ __all__ = [
     "MAX_SENDS",
     "Claim",
     "InQueue",
+    "IncidentList",
     "LeaderInfo",
     "LeaderStore",
     "LostRun",

@@ -149,8 +149,10 @@ def test_every_page_and_api_needs_the_password(
         "/new",
         "/cluster",
         "/plots",
+        "/incidents",
         "/api/schedules",
         "/api/cluster",
+        "/api/incidents",
         "/no-such-page",
     ):
         refused = ui.request(path, authorization=None)
