@@ -4,6 +4,7 @@ a value past it is a mistake (a unit off, a runaway loop) or an attack."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Final
 
@@ -22,3 +23,9 @@ MAX_JITTER_SECONDS: Final = 86_400.0
 #: ``pause_after_failures``): the leader reads at most this many of a schedule's newest
 #: runs to count them.
 MAX_FAILURE_THRESHOLD: Final = 100
+
+#: A notification channel's name (``beat.notify``), and the most channels a schedule
+#: routes its incidents to.
+CHANNEL_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_CHANNEL_NAME_LENGTH: Final = 100
+MAX_SCHEDULE_CHANNELS: Final = 20

@@ -115,6 +115,18 @@ class ScheduleDefinition:
     #: ``habeat_pause_after_failures``); 0: never.
     alert_after_failures: int | None = None
     pause_after_failures: int | None = None
+    #: The run monitors (``beat.monitors.timing``), in seconds; None: none. A run still
+    #: running ``max_runtime_seconds`` after it started has overran (it is revoked, its
+    #: pool process terminated, if ``revoke_after_max_runtime``); a run that started
+    #: ``late_after_seconds`` after its fire time is late; a fire time not sent within
+    #: ``missed_after_seconds`` of it was missed.
+    max_runtime_seconds: float | None = None
+    revoke_after_max_runtime: bool = False
+    late_after_seconds: float | None = None
+    missed_after_seconds: float | None = None
+    #: The notification channels its incidents are told to (``beat.notify``); None:
+    #: every channel. One no longer there is passed over; none left, every channel.
+    channels: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         require_aware(self.start_at, "start_at")
@@ -188,6 +200,12 @@ class IncidentKind(enum.StrEnum):
     #: The whole cluster: fire times left unclaimed for six lease TTLs
     #: (``beat.store.leader.stall``): no beat process leads, or the leader cannot claim.
     STALL = "stall"
+    #: A run still running past its schedule's ``max_runtime``.
+    OVERRAN = "overran"
+    #: Its newest run started more than ``late_after`` after its fire time.
+    LATE = "late"
+    #: A fire time not sent within ``missed_after`` of it.
+    MISSED = "missed"
 
 
 class ChannelKind(enum.StrEnum):

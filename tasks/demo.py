@@ -30,3 +30,10 @@ def report(size: int = 3) -> dict[str, int]:
 @celery_app.task(name="tasks.demo.add", base=IdempotentTask)
 def add(x: int, y: int) -> int:
     return x + y
+
+
+@celery_app.task(name="tasks.demo.export", base=IdempotentTask)
+def export(seconds: float = 5) -> str:
+    """An export that takes ``seconds``: a job to watch with ``--max-runtime``."""
+    time.sleep(seconds)
+    return "exported"

@@ -79,6 +79,7 @@ from beat.records import DatabaseClock, Session
 from beat.schedule.timing import Every, Once, Trigger
 from beat.store.leader import Claim, InQueue, LostRun, MonitorReport, PruneReport, Reclaim
 from beat.store.leader.notifications import PendingNotification
+from beat.store.leader.run_monitors import RunMonitorReport
 from beat.store.leader.stall import STALL_AFTER, StallReport
 from beat.store.schedule_series import FAILURES as SERIES_FAILURES
 from beat.store.schedule_series import STREAK_LIMIT, ScheduleSeries
@@ -571,6 +572,9 @@ class FakeClaimStore:
         self.outbox: list[PendingNotification] = []
         self.notifications_sent: list[int] = []
         self.notifications_failed: list[tuple[int, str]] = []
+        #: The task IDs the next pass of the run monitors ends (runs past their
+        #: max_runtime whose schedule revokes them), as the SQL would find them.
+        self.overrunning: list[str] = []
 
     # -- test controls ---------------------------------------------------------------------
 
@@ -934,7 +938,13 @@ class FakeClaimStore:
             caught_up = len(doomed) < batch
             if caught_up or (deadline is not None and self.clock() >= deadline):
                 return PruneReport(
-                    deleted=deleted, batches=batches, cutoff=cutoff, caught_up=caught_up
+                    deleted=deleted,
+                    batches=batches,
+                    cutoff=cutoff,
+                    caught_up=caught_up,
+                    # No test of the loop counts on the retention of incidents.
+                    incidents=0,
+                    notifications=0,
                 )
 
     def schedule_series(self, *, limit: int) -> list[ScheduleSeries] | None:
@@ -980,6 +990,13 @@ class FakeClaimStore:
         open_count = sum(incident.resolution is None for incident in self.incidents)
         report.open[IncidentKind.FAILING] = open_count
         return report
+
+    def watch_runs(self, epoch: int, *, idle_timeout: float) -> RunMonitorReport:
+        """The runs in ``overrunning`` end (revoked) in the pass that finds them."""
+        self._enter("watch_runs")
+        self._fence(epoch)
+        revoked, self.overrunning = self.overrunning, []
+        return RunMonitorReport(revoke=revoked)
 
     def take_notifications(
         self,
@@ -1328,6 +1345,7 @@ class RecordingPublisher:
         self.sent: list[Sent] = [] if sent is None else sent
         self.sleep: Callable[[float], None] = sleep or clock.advance_to
         self.revoked: list[uuid.UUID] = []
+        self.terminated: list[str] = []
         #: Schedules whose messages cannot be built (their runs are ``rejected``).
         self.unpublishable: set[str] = set()
         #: Called with the runs about to be recorded as sent.
@@ -1377,6 +1395,9 @@ class RecordingPublisher:
 
     def revoke(self, run_ids: Sequence[uuid.UUID]) -> None:
         self.revoked.extend(run_ids)
+
+    def terminate(self, task_ids: Sequence[str]) -> None:
+        self.terminated.extend(task_ids)
 
     def sends_of(self, run_id: uuid.UUID) -> list[Sent]:
         return [sent for sent in self.sent if sent.run.id == run_id]
@@ -1534,7 +1555,7 @@ class Process:
             lost_messages=NoMessageRecovery(),
             # Read at once, in the pass: a thread would read outside the simulated time.
             series_gauges=ScheduleSeriesGauges(start=lambda read: read()),
-            notifier=Notifier(send=world.send_notification, start=lambda work: work()),
+            notifier=Notifier(send=world.send_notification, start=lambda work: work(), clock=clock),
             armed=self.armed,
             reporter=self.reporter,
             clock=clock,

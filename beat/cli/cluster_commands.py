@@ -10,6 +10,7 @@ import click
 from beat.cli.group import _command, _schedules
 from beat.cli.options import _json_option, _limit_option
 from beat.cli.output import _echo_json, _errors_as_exit_codes, _say, _show
+from beat.models import IncidentKind
 from beat.ops import incident_rendering, rendering
 
 
@@ -41,16 +42,43 @@ def leader(ctx: click.Context, as_json: bool) -> None:
     _show(rendering.leader_text(status))
 
 
+#: The incident kinds ``health --fail-on-incidents`` takes (a stall always fails).
+_KINDS_FAILING_HEALTH = [kind.value for kind in IncidentKind if kind is not IncidentKind.STALL]
+
+
+def _incident_kinds(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> frozenset[IncidentKind]:
+    if not value:
+        return frozenset()
+    kinds = [part.strip() for part in value.split(",")]
+    unknown = next((kind for kind in kinds if kind not in _KINDS_FAILING_HEALTH), None)
+    if unknown is not None:
+        raise click.BadParameter(
+            f"{unknown!r:.40} is not an incident kind: give some of"
+            f" {', '.join(_KINDS_FAILING_HEALTH)}, separated by commas"
+        )
+    return frozenset(IncidentKind(kind) for kind in kinds)
+
+
 @_command()
+@click.option(
+    "--fail-on-incidents",
+    "fail_on",
+    callback=_incident_kinds,
+    help="also fail while an incident of these kinds is open: some of"
+    f" {', '.join(_KINDS_FAILING_HEALTH)}, separated by commas (a stall, and a schedule the"
+    " scheduler paused, always fail)",
+)
 @_json_option
 @click.pass_context
-def health(ctx: click.Context, as_json: bool) -> None:
+def health(ctx: click.Context, fail_on: frozenset[IncidentKind], as_json: bool) -> None:
     """Exit 0 if PostgreSQL answers, the schema is current, Redis answers, a leader
-    holds a valid lease and no schedule is quarantined; else exit 1 with one line per
-    failing check."""
+    holds a valid lease, no schedule is quarantined and no critical incident is open;
+    else exit 1 with one line per failing check."""
     manager = _schedules(ctx, check_schema=False)
     with _errors_as_exit_codes():
-        report = manager.health()
+        report = manager.health(fail_on=fail_on)
     if as_json:
         _echo_json(rendering.health_document(report))
     else:
@@ -67,7 +95,9 @@ def health(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def incidents(ctx: click.Context, include_resolved: bool, limit: int, as_json: bool) -> None:
     """The open incidents, newest first: schedules whose runs failed so many times in a
-    row (habeat_alert_after_failures, or a schedule's own --alert-after-failures)."""
+    row (habeat_alert_after_failures, or a schedule's own --alert-after-failures), that
+    overran their --max-runtime, started past their --late-after or missed their
+    --missed-after; a stall of the whole cluster."""
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
         found = manager.incidents(include_resolved=include_resolved, limit=limit)

@@ -101,12 +101,50 @@ def _parse_threshold(
         ) from None
 
 
-def thresholds_given(fields: dict[str, Any]) -> dict[str, Any]:
-    """``fields`` with a threshold given as ``default`` set back to None (the cluster's)."""
-    return {
-        key: None if value == DEFAULT_THRESHOLD and key.endswith("_after_failures") else value
-        for key, value in fields.items()
-    }
+#: What ``--max-runtime none`` (and ``--late-after``, ``--missed-after``) means: no
+#: such monitor.
+NO_MONITOR = "none"
+_RUN_MONITORS = frozenset({"max_runtime", "late_after", "missed_after"})
+
+
+def _parse_monitor_seconds(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> float | str | None:
+    """--max-runtime, --late-after, --missed-after: seconds, bare or with units, or
+    ``none``; bounds are the API's."""
+    if value is None or value == NO_MONITOR:
+        return value
+    return _parse_seconds(ctx, param, value)
+
+
+#: What ``--channels all`` means: every channel.
+ALL_CHANNELS = "all"
+
+
+def _parse_channels(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> list[str] | str | None:
+    """--channels: names separated by commas, or ``all``; the names are the API's to check."""
+    if value is None or value == ALL_CHANNELS:
+        return value
+    return [name.strip() for name in value.split(",")]
+
+
+def monitors_given(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with a threshold given as ``default`` set back to None (the cluster's),
+    a run monitor given as ``none`` to None (none), and ``--channels all`` to None
+    (every channel)."""
+
+    def meant(key: str, value: Any) -> Any:
+        if value == DEFAULT_THRESHOLD and key.endswith("_after_failures"):
+            return None
+        if value == NO_MONITOR and key in _RUN_MONITORS:
+            return None
+        if value == ALL_CHANNELS and key == "channels":
+            return None
+        return value
+
+    return {key: meant(key, value) for key, value in fields.items()}
 
 
 def _parse_since(
@@ -223,6 +261,36 @@ _DEFINITION_OPTIONS = (
         callback=_parse_threshold,
         help="pause the schedule after this many failures in a row: 0 (never) to"
         f" {MAX_FAILURE_THRESHOLD}, or default (HABEAT_PAUSE_AFTER_FAILURES)",
+    ),
+    click.option(
+        "--max-runtime",
+        callback=_parse_monitor_seconds,
+        help="open an overran incident while a run has been running this long: seconds (600)"
+        " or with units (10m, 1h30m), or none",
+    ),
+    click.option(
+        "--revoke-after-max-runtime/--no-revoke-after-max-runtime",
+        default=None,
+        help="revoke a run past its --max-runtime (Celery terminates its pool process; the"
+        " run ends failed)",
+    ),
+    click.option(
+        "--late-after",
+        callback=_parse_monitor_seconds,
+        help="open a late incident when a run starts this long after its fire time: seconds"
+        " or with units, or none",
+    ),
+    click.option(
+        "--missed-after",
+        callback=_parse_monitor_seconds,
+        help="open a missed incident when a fire time is not sent this long after it:"
+        " seconds or with units, or none",
+    ),
+    click.option(
+        "--channels",
+        callback=_parse_channels,
+        help="tell its incidents to these channels only: names separated by commas (see"
+        " `schedules channels list`), or all (every channel, the default)",
     ),
     click.option(
         "--overlap-policy",

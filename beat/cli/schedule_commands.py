@@ -12,7 +12,7 @@ from beat.cli.options import (
     _MISFIRE_POLICIES,
     _definition_options,
     _json_option,
-    thresholds_given,
+    monitors_given,
 )
 from beat.cli.output import _echo_json, _errors_as_exit_codes, _fail, _say, _show
 from beat.errors import ConfigError
@@ -38,7 +38,7 @@ from beat.schedule import code as code_schedules
 def add(ctx: click.Context, /, name: str, task: str, as_json: bool, **options: Any) -> None:
     """Add schedule NAME that runs TASK (give one of --cron, --every, --at)."""
     manager = _schedules(ctx)
-    fields = thresholds_given({key: value for key, value in options.items() if value is not None})
+    fields = monitors_given({key: value for key, value in options.items() if value is not None})
     fields["enabled"] = not fields.pop("paused", False)
     allow = fields.pop("allow_unregistered", False)
     with _errors_as_exit_codes():
@@ -62,7 +62,7 @@ def update(ctx: click.Context, /, name: str, as_json: bool, **options: Any) -> N
     """Change schedule NAME: only the options given change; new timing recomputes the next fire."""
     allow = options.pop("allow_unregistered")
     allow_past = options.pop("allow_past")
-    changes = thresholds_given({key: value for key, value in options.items() if value is not None})
+    changes = monitors_given({key: value for key, value in options.items() if value is not None})
     if not changes:
         _fail("nothing to change: give at least one option, e.g. --cron '0 * * * *'", 2)
     manager = _schedules(ctx)

@@ -77,7 +77,7 @@ class Maintenance(Publishing):
         self._recover_lost_messages(epoch)
         self._enforce_retention()
         self._summarise()
-        self._watch_failures(epoch)
+        self._watch_schedules(epoch)
         self._send_notifications(epoch)
         self._export_schedule_series()
 
@@ -146,14 +146,20 @@ class Maintenance(Publishing):
             self._next_summary = self.clock() + SUMMARY_INTERVAL
         self.report.summarised(report)
 
-    def _watch_failures(self, epoch: int) -> None:
-        """Open, update and resolve the incidents of schedules failing in a row, and pause
-        those past their ``pause_after_failures`` (``beat.monitors.failing``): every
-        ``MONITOR_INTERVAL``, when no armed run is about to be due."""
+    def _watch_schedules(self, epoch: int) -> None:
+        """The monitors (``beat.monitors``), every ``MONITOR_INTERVAL``, when no armed run
+        is about to be due: the failing monitor, then the run monitors."""
         now = self.clock()
         if now < self._next_monitor or self.armed.next_deadline() - now < MONITOR_HEADROOM:
             return
         self._next_monitor = now + MONITOR_INTERVAL
+        if self._watch_failures(epoch):
+            self._watch_runs(epoch)
+
+    def _watch_failures(self, epoch: int) -> bool:
+        """Open, update and resolve the incidents of schedules failing in a row, and pause
+        those past their ``pause_after_failures`` (``beat.monitors.failing``); False if
+        the pass failed (tried again ``MONITOR_RETRY`` later)."""
         config = self.config
         try:
             report = self.store.watch_failures(
@@ -168,11 +174,31 @@ class Maintenance(Publishing):
             # Incidents are for people: whatever breaks them must not stop the claims.
             self._next_monitor = self.clock() + MONITOR_RETRY
             self.report.monitor_failed(exc)
-            return
+            return False
         if report.cancelled:
             # Cancelled in the database with the pause; not sent from memory either.
             self.armed.discard(set(report.cancelled))
         self.report.watched(report)
+        return True
+
+    def _watch_runs(self, epoch: int) -> None:
+        """Open, update and resolve the run monitors' incidents (``beat.monitors.timing``:
+        overran, late, missed), and terminate the runs the pass revoked, once it committed
+        (they ended ``failed`` in it: no second execution whatever the broadcast does)."""
+        try:
+            report = self.store.watch_runs(epoch, idle_timeout=self.config.claim_idle_timeout)
+        except StaleEpoch:
+            raise
+        except Exception as exc:
+            self._next_monitor = self.clock() + MONITOR_RETRY
+            self.report.monitor_failed(exc)
+            return
+        self.report.runs_watched(report)
+        if report.revoke:
+            try:
+                self.publisher.terminate(report.revoke)
+            except Exception as exc:  # the runs ended failed: they run to their own end
+                self.report.revoke_failed(len(report.revoke), exc)
 
     def _send_notifications(self, epoch: int) -> None:
         """Send the due notifications of incidents (``beat.leader.notifier``), on the

@@ -18,6 +18,7 @@ from beat.publish.dispatch import PublishResult
 from beat.records import DatabaseClock
 from beat.store.leader import Claim, InQueue, MonitorReport, PruneReport, Reclaim
 from beat.store.leader.notifications import PendingNotification
+from beat.store.leader.run_monitors import RunMonitorReport
 from beat.store.leader.stall import StallReport
 from beat.store.schedule_series import ScheduleSeries
 from beat.store.stats import SummaryReport
@@ -68,6 +69,7 @@ class ClaimStore(Protocol):
     def watch_failures(
         self, epoch: int, *, alert_after: int, pause_after: int, idle_timeout: float
     ) -> MonitorReport: ...
+    def watch_runs(self, epoch: int, *, idle_timeout: float) -> RunMonitorReport: ...
     def take_notifications(
         self,
         epoch: int | None,
@@ -115,6 +117,7 @@ class Publisher(Protocol):
         while_waiting: Callable[[], float] | None = ...,
     ) -> PublishResult: ...
     def revoke(self, run_ids: Sequence[uuid.UUID]) -> None: ...
+    def terminate(self, task_ids: Sequence[str]) -> None: ...
 
 
 class Waiter(Protocol):

@@ -16,10 +16,10 @@ from typing import Any
 from beat import metrics
 from beat.errors import HABeatError, error_text
 from beat.leader.lost_messages import Recovery
-from beat.models import IncidentKind, Quarantine, RunToPublish, UnpublishableRun
+from beat.leader.monitor_reporting import MonitorReporting
+from beat.models import Quarantine, RunToPublish, UnpublishableRun
 from beat.store.code_sync import SyncReport
-from beat.store.leader import Claim, MonitorReport, PruneReport, Reclaim
-from beat.store.leader.stall import StallReport
+from beat.store.leader import Claim, PruneReport, Reclaim
 from beat.store.stats import SummaryReport
 
 logger = logging.getLogger("beat.scheduler")
@@ -67,7 +67,7 @@ class TickErrors:
         self._streak, self._last_message = 0, ""
 
 
-class Reporter:
+class Reporter(MonitorReporting):
     """Metrics and log lines of the leader loop and the leadership."""
 
     # -- leadership -----------------------------------------------------------------
@@ -304,66 +304,20 @@ class Reporter:
             error_text(exc),
         )
 
-    def watched(self, report: MonitorReport) -> None:
-        """The failing monitor's pass: each incident opened or resolved and each
-        schedule paused said once (the incident's ID is in ``schedules incidents``)."""
-        for name, failures in report.opened:
-            metrics.INCIDENTS_OPENED.labels(kind=IncidentKind.FAILING.value).inc()
-            logger.warning(
-                "schedule %s failed %d times in a row: incident opened",
-                name,
-                failures,
-                extra={"schedule": name, "failures": failures},
-            )
-        for name, failures in report.paused:
-            metrics.SCHEDULES_AUTO_PAUSED.inc()
-            logger.warning(
-                "schedule %s paused after %d failures in a row; resume it once fixed"
-                " (celery -A app schedules resume %s)",
-                name,
-                failures,
-                name,
-                extra={"schedule": name, "failures": failures},
-            )
-        for name, resolution in report.resolved:
-            logger.info(
-                "schedule %s: incident resolved (%s)",
-                name,
-                resolution,
-                extra={"schedule": name},
-            )
-        for kind, count in report.open.items():
-            metrics.INCIDENTS_OPEN.labels(kind=kind.value).set(count)
-
-    def stall_watched(self, report: StallReport) -> None:
-        if report.opened:
-            logger.error(
-                "no fire time is being claimed: %s (stall incident opened)",
-                report.detail,
-                extra={"overdue": report.overdue},
-            )
-        elif report.resolved:
-            logger.warning("fire times are claimed again: stall incident resolved")
-
-    def stall_check_failed(self, exc: BaseException) -> None:
-        logger.warning(
-            "could not look for a stall of the cluster: %s; trying again in 15 s",
-            error_text(exc),
-        )
-
-    def monitor_failed(self, exc: BaseException) -> None:
-        logger.warning(
-            "could not look for schedules failing in a row: %s; trying again in 30 s",
-            error_text(exc),
-        )
-
     def pruned(self, report: PruneReport, days: float) -> None:
-        if report.deleted:
+        if report.deleted or report.incidents or report.notifications:
             logger.info(
-                "deleted %d runs finished before %s (history retention %g days)%s",
+                "deleted %d runs finished, %d incidents resolved and %d notifications sent"
+                " or given up before %s (history retention %g days)%s",
                 report.deleted,
+                report.incidents,
+                report.notifications,
                 report.cutoff.isoformat(),
                 days,
                 "" if report.caught_up else "; more at the next pass",
-                extra={"deleted": report.deleted},
+                extra={
+                    "deleted": report.deleted,
+                    "incidents": report.incidents,
+                    "notifications": report.notifications,
+                },
             )

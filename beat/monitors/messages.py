@@ -26,7 +26,7 @@ def incident_payload(
     detail: str | None = None,
 ) -> dict[str, Any]:
     """The document of one event of an incident (without the notification's ID, added
-    when it is sent). ``detail``: what a stall found (its overdue schedules)."""
+    when it is sent). ``detail``: what a stall or a run monitor found."""
     return {
         "version": PAYLOAD_VERSION,
         "cluster": cluster,
@@ -41,12 +41,52 @@ def incident_payload(
             "resolution": resolution,
             "detail": detail,
         },
-        "text": (
-            stall_summary(event, detail=detail, resolution=resolution)
-            if kind == IncidentKind.STALL
-            else summary(event, schedule=schedule, failures=failures, resolution=resolution)
-        ),
+        "text": _text(event, kind, schedule, failures, detail, resolution),
     }
+
+
+def _text(
+    event: NotificationEvent,
+    kind: str,
+    schedule: str,
+    failures: int | None,
+    detail: str | None,
+    resolution: str | None,
+) -> str:
+    if kind == IncidentKind.STALL:
+        return stall_summary(event, detail=detail, resolution=resolution)
+    if kind == IncidentKind.FAILING:
+        return summary(event, schedule=schedule, failures=failures, resolution=resolution)
+    return timing_summary(
+        event, IncidentKind(kind), schedule=schedule, detail=detail, resolution=resolution
+    )
+
+
+#: What a run monitor's incident says of its schedule (``beat.monitors.timing``).
+_TIMING_HEADLINES = {
+    IncidentKind.OVERRAN: "overran",
+    IncidentKind.LATE: "is late",
+    IncidentKind.MISSED: "missed a fire time",
+}
+_TIMING_RECOVERIES = {
+    IncidentKind.OVERRAN: "no longer overruns",
+    IncidentKind.LATE: "is on time again",
+    IncidentKind.MISSED: "fires on time again",
+}
+
+
+def timing_summary(
+    event: NotificationEvent,
+    kind: IncidentKind,
+    *,
+    schedule: str,
+    detail: str | None,
+    resolution: str | None,
+) -> str:
+    """One line for people about a run monitor's incident."""
+    if event is NotificationEvent.RESOLVED:
+        return f"Schedule {schedule} {_TIMING_RECOVERIES[kind]}: {resolution}"
+    return f"Schedule {schedule} {_TIMING_HEADLINES[kind]}: {detail}"
 
 
 def summary(

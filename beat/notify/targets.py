@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from beat.errors import InvalidChannel
+from beat.limits import CHANNEL_NAME, MAX_CHANNEL_NAME_LENGTH
 from beat.models import ChannelKind
 
-#: Longest channel name and target.
-MAX_NAME_LENGTH = 100
+#: Longest channel target.
 MAX_TARGET_LENGTH = 2000
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: An address as SMTP takes it: something@domain, no spaces or angle brackets.
 _ADDRESS = re.compile(r"[^@\s<>,;]+@[^@\s<>,;]+")
 SMTP_SCHEMES = {"smtp": 25, "smtps": 465}
@@ -42,10 +41,10 @@ def check_channel(name: str, kind: ChannelKind, target: str) -> None:
             f"the target of {name:.100} holds a space or a control character: percent-encode"
             " it (%20)"
         )
-    if not _NAME.fullmatch(name) or len(name) > MAX_NAME_LENGTH:
+    if not CHANNEL_NAME.fullmatch(name) or len(name) > MAX_CHANNEL_NAME_LENGTH:
         raise InvalidChannel(
             f"channel name {name!r:.120}: use letters, digits, '.', '_' and '-' (at most"
-            f" {MAX_NAME_LENGTH}), starting with a letter or digit"
+            f" {MAX_CHANNEL_NAME_LENGTH}), starting with a letter or digit"
         )
     if len(target) > MAX_TARGET_LENGTH:
         raise InvalidChannel(f"the target of {name} is over {MAX_TARGET_LENGTH} characters")

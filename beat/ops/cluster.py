@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -17,13 +17,13 @@ from beat.config import BeatConfig, setting
 from beat.errors import ConfigError, HABeatError, LeaseUnavailable, StoreUnavailable
 from beat.lease.presence import BeatProcess, leader_first, read_beats
 from beat.lease.status import LeaseStatus, read_lease
-from beat.models import Incident
+from beat.models import Incident, IncidentKind
 from beat.ops.health import ClusterStatus, Health, health_checks
 from beat.ops.read_models import ClusterOverview
 from beat.ops.schedules_base import SchedulesBase
 from beat.publish.inventory import queue_of
 from beat.store.db import first_line
-from beat.store.leader import LeaderInfo, QueueOf, WorkerPresence
+from beat.store.leader import IncidentList, LeaderInfo, QueueOf, WorkerPresence
 from beat.store.schedules import OverdueSchedules
 
 #: Overdue schedules :meth:`Schedules.cluster_overview` lists (it counts them all).
@@ -48,17 +48,28 @@ class ClusterReads(SchedulesBase):
         now = self.store.now()
         return ClusterStatus(leader=info, lease=self._read_lease(), now=now)
 
-    def health(self) -> Health:
+    def health(self, *, fail_on: Collection[IncidentKind] = ()) -> Health:
         """The checks of :func:`beat.ops.health.health_checks`; never raises for a service
         that does not answer (its check fails)."""
         grace = default_overdue_grace(self._setting("lock_ttl"))
-        return health_checks(self.store, self._read_lease, overdue_grace=grace)
+        return health_checks(self.store, self._read_lease, overdue_grace=grace, fail_on=fail_on)
 
     def incidents(
-        self, *, include_resolved: bool = False, limit: int = 100
+        self, *, include_resolved: bool = False, limit: int = 100, schedule: str | None = None
     ) -> builtins.list[Incident]:
-        """The open incidents (all with ``include_resolved``), newest first."""
-        return self.store.incidents(include_resolved=include_resolved, limit=limit)
+        """The open incidents (all with ``include_resolved``), newest first; ``schedule``:
+        only those of the schedule of that name (not the cluster's)."""
+        return self.store.incidents(
+            include_resolved=include_resolved, limit=limit, schedule=schedule
+        )
+
+    def incident_list(self, *, include_resolved: bool = False, limit: int = 100) -> IncidentList:
+        """:meth:`incidents`, telling which have a schedule whose page can be linked."""
+        return self.store.incident_list(include_resolved=include_resolved, limit=limit)
+
+    def open_incident_count(self) -> int:
+        """How many incidents are open."""
+        return self.store.open_incident_count()
 
     def _read_lease(self) -> LeaseStatus:
         config = self._redis_config()

@@ -106,6 +106,15 @@ def _losses(schedule: Schedule, app_zone: str) -> list[str]:
         losses.append(f"its overlap policy {definition.overlap_policy.value} is not kept")
     if definition.alert_after_failures is not None or definition.pause_after_failures is not None:
         losses.append("its failing monitor (alert and pause after failures) is not kept")
+    if any(
+        seconds is not None
+        for seconds in (
+            definition.max_runtime_seconds,
+            definition.late_after_seconds,
+            definition.missed_after_seconds,
+        )
+    ):
+        losses.append("its run monitors (max_runtime, late_after, missed_after) are not kept")
     if definition.misfire_policy is not MisfirePolicy.FIRE_ONCE:
         losses.append(f"its misfire policy {definition.misfire_policy.value} is not kept")
     return losses

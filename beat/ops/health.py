@@ -8,7 +8,7 @@ Plain values, computed here and rendered elsewhere (:mod:`beat.ops.rendering`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -16,7 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from beat.errors import HABeatError, LeaseUnavailable
 from beat.lease.status import LeaseStatus
-from beat.models import IncidentKind
+from beat.models import Incident, IncidentKind
 from beat.store.all_roles import Store
 from beat.store.db import first_line
 from beat.store.leader import LeaderInfo, UnrecordedConsumer
@@ -89,7 +89,11 @@ INCIDENTS_LISTED = 5
 
 
 def health_checks(
-    store: Store, read_lease: Callable[[], LeaseStatus], *, overdue_grace: timedelta
+    store: Store,
+    read_lease: Callable[[], LeaseStatus],
+    *,
+    overdue_grace: timedelta,
+    fail_on: Collection[IncidentKind] = (),
 ) -> Health:
     """postgres, schema, redis, leader, claims, schedules: each passes or says what is
     wrong.
@@ -97,12 +101,18 @@ def health_checks(
     ``read_lease`` reads the lease's status from Redis (LeaseUnavailable if Redis
     does not answer); a check whose service does not answer leaves those that
     depend on it not checked. ``overdue_grace``: how late a fire time may be before
-    the claims check fails (``beat.ops.cluster.default_overdue_grace``)."""
+    the claims check fails (``beat.ops.cluster.default_overdue_grace``); ``fail_on``:
+    the kinds of incident that fail the incidents check while open (a stall, and a
+    schedule the scheduler paused, always do)."""
     checks = _service_checks(store, read_lease)
     checks = [*checks, _claims_check(store, checks, overdue_grace)]
     checks = [*checks, _quarantine_check(store, checks)]
     return Health(
-        checks=[*checks, *_consumers_check(store, checks), *_incidents_check(store, checks)]
+        checks=[
+            *checks,
+            *_consumers_check(store, checks),
+            *_incidents_check(store, checks, fail_on),
+        ]
     )
 
 
@@ -207,12 +217,14 @@ def _consumers_check(store: Store, checks: list[Check]) -> list[Check]:
     return [Check(name="consumers", ok=False, detail=consumers_text(found))]
 
 
-def _incidents_check(store: Store, checks: list[Check]) -> list[Check]:
+def _incidents_check(
+    store: Store, checks: list[Check], fail_on: Collection[IncidentKind]
+) -> list[Check]:
     """An ``incidents`` line while incidents are open: failing (red) while the cluster
-    stalls, or while the scheduler has paused a schedule because of one (it runs no
-    more: ``pause_after_failures`` says which incidents are that critical), passing
-    otherwise (the schedules still fire); no line without open incidents, or when the
-    schema cannot be read."""
+    stalls, while the scheduler has paused a schedule because of one (it runs no more:
+    ``pause_after_failures`` says which incidents are that critical), or while one of a
+    kind in ``fail_on`` is open; passing otherwise (the schedules still fire); no line
+    without open incidents, or when the schema cannot be read."""
     if not all(check.ok for check in checks if check.name in ("postgres", "schema")):
         return []
     try:
@@ -232,20 +244,40 @@ def _incidents_check(store: Store, checks: list[Check]) -> list[Check]:
             )
         ]
     paused = [incident for incident in found if incident.paused_at is not None]
-    shown = paused or found
-    listed = ", ".join(
-        f"{incident.schedule_name} ({incident.failures} failures)"
-        for incident in shown[:INCIDENTS_LISTED]
-    )
-    more = "" if len(shown) <= INCIDENTS_LISTED else ", ..."
     if paused:
-        detail = (
-            f"paused by the scheduler after failures in a row: {listed}{more}; fix each,"
-            " then `celery -A app schedules resume NAME`"
+        return [
+            Check(
+                name="incidents",
+                ok=False,
+                detail=f"paused by the scheduler after failures in a row: {_listed(paused)};"
+                " fix each, then `celery -A app schedules resume NAME`",
+            )
+        ]
+    critical = [incident for incident in found if incident.kind in fail_on]
+    shown = critical or found
+    return [
+        Check(
+            name="incidents",
+            ok=not critical,
+            detail=f"{'' if critical else 'still firing: '}{_listed(shown)}"
+            " (`schedules incidents`)",
         )
-    else:
-        detail = f"failing in a row, still firing: {listed}{more} (`schedules incidents`)"
-    return [Check(name="incidents", ok=not paused, detail=detail)]
+    ]
+
+
+def _listed(incidents: Sequence[Incident]) -> str:
+    """The first ``INCIDENTS_LISTED`` incidents, each its schedule and what is wrong."""
+    listed = ", ".join(
+        f"{incident.schedule_name} ({_wrong(incident)})"
+        for incident in incidents[:INCIDENTS_LISTED]
+    )
+    return listed + ("" if len(incidents) <= INCIDENTS_LISTED else ", ...")
+
+
+def _wrong(incident: Incident) -> str:
+    if incident.kind is IncidentKind.FAILING:
+        return f"failed {incident.failures} times in a row"
+    return incident.kind.value
 
 
 def consumers_text(found: Sequence[UnrecordedConsumer]) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 
 from beat.models import FINISHED_STATES, Schedule
 from beat.ops.health import ClusterStatus, Health
+from beat.ops.monitor_rendering import monitor_settings
 from beat.ops.schedules import (
     BeatProcess,
     ClusterOverview,
@@ -91,6 +92,11 @@ def schedule_document(schedule: StoredSchedule) -> dict[str, Any]:
         "max_runs": definition.max_runs,
         "alert_after_failures": definition.alert_after_failures,
         "pause_after_failures": definition.pause_after_failures,
+        "max_runtime_seconds": definition.max_runtime_seconds,
+        "revoke_after_max_runtime": definition.revoke_after_max_runtime,
+        "late_after_seconds": definition.late_after_seconds,
+        "missed_after_seconds": definition.missed_after_seconds,
+        "channels": None if definition.channels is None else list(definition.channels),
         "runs_count": schedule.runs_count,
         "disabled_reason": schedule.disabled_reason,
         "quarantined_at": iso(schedule.quarantined_at),
@@ -98,15 +104,6 @@ def schedule_document(schedule: StoredSchedule) -> dict[str, Any]:
         "last_fire_at": iso(schedule.last_fire_at),
         "problem": None,
     }
-
-
-def threshold_text(failures: int | None) -> str:
-    """A failing monitor's threshold, for people."""
-    if failures is None:
-        return "the cluster's default"
-    if failures == 0:
-        return "never"
-    return f"{failures} failures in a row"
 
 
 def enabled_text(schedule: StoredSchedule, *, with_reason: bool = False) -> str:
@@ -143,8 +140,7 @@ def definition_text(schedule: Schedule) -> str:
         ("options", json.dumps(definition.options)),
         ("misfire policy", definition.misfire_policy.value),
         ("max attempts", str(definition.max_attempts)),
-        ("alert after", threshold_text(definition.alert_after_failures)),
-        ("pause after", threshold_text(definition.pause_after_failures)),
+        *monitor_settings(definition),
         ("next fire", f"{time_text(schedule.next_fire_at)} UTC"),
         ("last fire", f"{time_text(schedule.last_fire_at)} UTC" if schedule.last_fire_at else "-"),
         ("created", f"{time_text(schedule.created_at)} UTC"),
@@ -389,6 +385,8 @@ def prune_document(report: PruneReport) -> dict[str, Any]:
     return {
         "deleted": report.deleted,
         "batches": report.batches,
+        "incidents": report.incidents,
+        "notifications": report.notifications,
         "cutoff": iso(report.cutoff),
         "states": [state.value for state in FINISHED_STATES],
     }
@@ -397,7 +395,8 @@ def prune_document(report: PruneReport) -> dict[str, Any]:
 def prune_text(report: PruneReport, batch: int) -> str:
     return (
         f"deleted {report.deleted} finished runs older than {time_text(report.cutoff)} UTC"
-        f" ({report.batches} batches of at most {batch})"
+        f" ({report.batches} batches of at most {batch}), {report.incidents} incidents"
+        f" resolved and {report.notifications} notifications sent or given up before it"
     )
 
 

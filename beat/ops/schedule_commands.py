@@ -21,6 +21,7 @@ from beat.records import RunRecord
 from beat.schedule import timing
 from beat.schedule.define import (
     arguments_problem,
+    check_channel_names,
     check_count,
     check_task_name,
     define,
@@ -48,6 +49,7 @@ class ScheduleCommands(SchedulesBase):
         fields.setdefault("default_tz", self.default_tz)
         # Bad input is refused before the task lookup; the past is the database's, below.
         checked = define(name, task, **(fields | {"allow_past": True}))
+        self.check_channels(checked.channels)
         if not allow_unregistered:
             self.check_task_registered(task)
             self.check_arguments(checked)
@@ -60,6 +62,8 @@ class ScheduleCommands(SchedulesBase):
 
     def update(self, name: str, *, allow_unregistered: bool = False, **changes: Any) -> Schedule:
         """Change some fields of a schedule; a changed timing recomputes the next fire time."""
+        if changes.get("channels") is not None:
+            self.check_channels(check_channel_names(changes["channels"]))
         if "task" in changes:
             check_task_name(changes["task"])  # before it is looked up
             if not allow_unregistered:
@@ -134,6 +138,20 @@ class ScheduleCommands(SchedulesBase):
                 f"task {task!r:.200} is not registered with the Celery app '{self.app.main}':"
                 " check the name, or allow it explicitly (--allow-unregistered)"
                 " if only the workers import it"
+            )
+
+    def check_channels(self, names: Sequence[str] | None) -> None:
+        """Refuse a route to a channel that does not exist (a typo would send the
+        schedule's incidents elsewhere)."""
+        if not names:
+            return
+        known = {channel.name for channel in self.store.list_channels()}
+        unknown = next((name for name in names if name not in known), None)
+        if unknown is not None:
+            have = ", ".join(sorted(known)[:10]) or "none yet"
+            raise InvalidSchedule(
+                f"no channel {unknown!r}: add it first (celery -A app schedules channels add"
+                f" {unknown} --webhook URL), or name one of the channels ({have})"
             )
 
     def check_arguments(self, definition: ScheduleDefinition) -> None:
@@ -247,6 +265,11 @@ def _redefine(
         "max_runs": current.max_runs,
         "alert_after_failures": current.alert_after_failures,
         "pause_after_failures": current.pause_after_failures,
+        "max_runtime": current.max_runtime_seconds,
+        "revoke_after_max_runtime": current.revoke_after_max_runtime,
+        "late_after": current.late_after_seconds,
+        "missed_after": current.missed_after_seconds,
+        "channels": current.channels,
     }
     timing_keys = {"cron", "every", "at", "in_seconds", "start_at"}
     if not timing_keys & set(changes):

@@ -153,6 +153,10 @@ class CeleryPublisher:
     def revoke(self, run_ids: Sequence[uuid.UUID]) -> None:
         self.app.control.revoke([str(run_id) for run_id in run_ids])
 
+    def terminate(self, task_ids: Sequence[str]) -> None:
+        """Revoke the tasks and terminate the pool processes running them (SIGTERM)."""
+        self.app.control.revoke(list(task_ids), terminate=True)
+
 
 def batches(producer: Any) -> bool:
     """Whether a batch of ``producer`` holds its messages until it is flushed: kombu's

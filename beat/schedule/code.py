@@ -40,6 +40,11 @@ SCHEDULE_ENTRY_EXTRAS = frozenset(
         "enabled",
         "alert_after_failures",
         "pause_after_failures",
+        "max_runtime",
+        "revoke_after_max_runtime",
+        "late_after",
+        "missed_after",
+        "channels",
     }
 )
 
@@ -226,6 +231,19 @@ def task_warnings(app: Any, definitions: Iterable[tuple[ScheduleDefinition, str]
     return warnings
 
 
+#: Columns added after code schedules were first hashed: unset (None, False), they are
+#: left out of the hash.
+_LATER_COLUMNS = (
+    "alert_after_failures",
+    "pause_after_failures",
+    "max_runtime_seconds",
+    "revoke_after_max_runtime",
+    "late_after_seconds",
+    "missed_after_seconds",
+    "channels",
+)
+
+
 def definition_hash(definition: ScheduleDefinition) -> str:
     """A stable hash of what code says: every column the definition sets, except the
     anchor of an interval (set when it is first synced) and the bookkeeping ones."""
@@ -236,9 +254,9 @@ def definition_hash(definition: ScheduleDefinition) -> str:
         # A column added later: the schedules it does not concern keep their hash, so
         # upgrading does not count them as changed.
         document.pop("cron_both_days")
-    for column in ("alert_after_failures", "pause_after_failures"):
-        if document[column] is None:
-            document.pop(column)  # added later too: the cluster's default keeps the hash
+    for column in _LATER_COLUMNS:
+        if not document[column]:
+            document.pop(column)  # added later too: the schedules without keep their hash
     encoded = json.dumps(document, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(encoded.encode()).hexdigest()
 

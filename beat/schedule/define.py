@@ -14,7 +14,15 @@ from typing import Any, TypeVar
 from beat.errors import (
     InvalidSchedule,
 )
-from beat.limits import MAX_DURATION, MAX_FAILURE_THRESHOLD, MAX_INT4, MAX_JITTER_SECONDS
+from beat.limits import (
+    CHANNEL_NAME,
+    MAX_CHANNEL_NAME_LENGTH,
+    MAX_DURATION,
+    MAX_FAILURE_THRESHOLD,
+    MAX_INT4,
+    MAX_JITTER_SECONDS,
+    MAX_SCHEDULE_CHANNELS,
+)
 from beat.models import MisfirePolicy, Origin, OverlapPolicy, ScheduleDefinition
 from beat.schedule import timing
 from beat.schedule.options import check_publish_options
@@ -57,6 +65,11 @@ def define(
     jitter: float = 0.0,
     alert_after_failures: int | None = None,
     pause_after_failures: int | None = None,
+    max_runtime: float | timedelta | None = None,
+    revoke_after_max_runtime: bool = False,
+    late_after: float | timedelta | None = None,
+    missed_after: float | timedelta | None = None,
+    channels: Sequence[str] | None = None,
     in_seconds: float | None = None,
     allow_past: bool = False,
     default_tz: str = "UTC",
@@ -73,7 +86,10 @@ def define(
     no fire time before ``start_at`` or after ``end_at``, at most ``max_runs``
     runs; a schedule past its window disables itself. ``alert_after_failures`` and
     ``pause_after_failures`` set its failing monitor (None: the cluster's default; 0:
-    never).
+    never); ``max_runtime`` (revoked past it with ``revoke_after_max_runtime``),
+    ``late_after`` and ``missed_after`` its run monitors (seconds or a timedelta; None:
+    none); ``channels`` the notification channels its incidents go to (None: every
+    channel).
 
     Relative times (``in_seconds``, an ``every`` without ``start_at``) count from
     ``now``: :class:`Schedules` passes the database's ``now()`` of the transaction
@@ -107,8 +123,16 @@ def define(
     check_count(max_attempts, "max_attempts")
     check_failure_threshold(alert_after_failures, "alert_after_failures")
     check_failure_threshold(pause_after_failures, "pause_after_failures")
-    if not isinstance(enabled, bool):
-        raise InvalidSchedule(f"enabled must be true or false, got {enabled!r:.80}")
+    for flag, label in (
+        (enabled, "enabled"),
+        (revoke_after_max_runtime, "revoke_after_max_runtime"),
+    ):
+        if not isinstance(flag, bool):
+            raise InvalidSchedule(f"{label} must be true or false, got {flag!r:.80}")
+    if revoke_after_max_runtime and max_runtime is None:
+        raise InvalidSchedule(
+            "revoke_after_max_runtime needs a max_runtime: give one (--max-runtime SECONDS)"
+        )
     return ScheduleDefinition(
         name=name,
         task=task,
@@ -128,6 +152,11 @@ def define(
         max_runs=max_runs,
         alert_after_failures=alert_after_failures,
         pause_after_failures=pause_after_failures,
+        max_runtime_seconds=check_monitor_seconds(max_runtime, "max_runtime"),
+        revoke_after_max_runtime=revoke_after_max_runtime,
+        late_after_seconds=check_monitor_seconds(late_after, "late_after"),
+        missed_after_seconds=check_monitor_seconds(missed_after, "missed_after"),
+        channels=check_channel_names(channels),
     )
 
 
@@ -193,6 +222,41 @@ def check_count(value: object, what: str, *, maximum: int = MAX_INT4) -> None:
         raise InvalidSchedule(
             f"{what} must be a whole number from 1 to {maximum}, got {value!r:.80}"
         )
+
+
+def check_monitor_seconds(value: object, what: str) -> float | None:
+    """None (no such monitor), or a run monitor's time: seconds (or a timedelta) from 1
+    to ``MAX_DURATION``; the monitors look every few seconds, so less means nothing."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    return _checked_seconds(value, what, minimum=1)
+
+
+def check_channel_names(names: object) -> tuple[str, ...] | None:
+    """None (every channel), or the names of up to ``MAX_SCHEDULE_CHANNELS`` channels,
+    each once, in the order given. Whether they exist is the store's to say."""
+    if names is None:
+        return None
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise InvalidSchedule(f"channels must be a list of channel names, got {names!r:.80}")
+    if not 1 <= len(names) <= MAX_SCHEDULE_CHANNELS:
+        raise InvalidSchedule(
+            f"channels must name 1 to {MAX_SCHEDULE_CHANNELS} channels (leave it out for"
+            f" every channel), got {len(names)}"
+        )
+    for name in names:
+        if (
+            not isinstance(name, str)
+            or not CHANNEL_NAME.fullmatch(name)
+            or len(name) > MAX_CHANNEL_NAME_LENGTH
+        ):
+            raise InvalidSchedule(
+                f"channel name {name!r:.120}: use letters, digits, '.', '_' and '-' (at most"
+                f" {MAX_CHANNEL_NAME_LENGTH}), starting with a letter or digit"
+            )
+    return tuple(dict.fromkeys(names))
 
 
 def check_failure_threshold(value: object, what: str) -> None:

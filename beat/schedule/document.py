@@ -54,4 +54,9 @@ def definition_values(definition: ScheduleDefinition) -> dict[str, Any]:
         "max_runs": definition.max_runs,
         "alert_after_failures": definition.alert_after_failures,
         "pause_after_failures": definition.pause_after_failures,
+        "max_runtime_seconds": definition.max_runtime_seconds,
+        "revoke_after_max_runtime": definition.revoke_after_max_runtime,
+        "late_after_seconds": definition.late_after_seconds,
+        "missed_after_seconds": definition.missed_after_seconds,
+        "channels": None if definition.channels is None else list(definition.channels),
     }

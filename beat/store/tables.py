@@ -110,6 +110,16 @@ schedules = Table(
     #: Its failing monitor (``beat.monitors``): NULL, the cluster's default; 0, never.
     Column("alert_after_failures", Integer),
     Column("pause_after_failures", Integer),
+    #: Its run monitors (``beat.monitors.timing``), in seconds; NULL: none. A run still
+    #: running ``max_runtime_seconds`` after it started overran (and is revoked if
+    #: ``revoke_after_max_runtime``); one started ``late_after_seconds`` after its fire
+    #: time is late; a fire time not sent ``missed_after_seconds`` after it was missed.
+    Column("max_runtime_seconds", Double),
+    Column("revoke_after_max_runtime", Boolean, nullable=False, server_default=text("false")),
+    Column("late_after_seconds", Double),
+    Column("missed_after_seconds", Double),
+    #: The notification channels its incidents go to; NULL: every channel.
+    Column("channels", ARRAY(Text)),
     Column("created_at", TZ, nullable=False, server_default=text("now()")),
     Column("updated_at", TZ, nullable=False, server_default=text("now()")),
     CheckConstraint(_in("trigger_kind", TriggerKind), name="ck_beat_schedules_trigger_kind"),
@@ -129,6 +139,16 @@ schedules = Table(
         "alert_after_failures >= 0 AND pause_after_failures >= 0",
         name="ck_beat_schedules_failure_thresholds",
     ),
+    CheckConstraint(
+        "max_runtime_seconds > 0 AND late_after_seconds > 0 AND missed_after_seconds > 0",
+        name="ck_beat_schedules_run_monitors",
+    ),
+)
+# The schedules whose fire times the run monitors look at (few: it is set per schedule).
+Index(
+    "ix_beat_schedules_timed",
+    schedules.c.id,
+    postgresql_where=text("late_after_seconds IS NOT NULL OR missed_after_seconds IS NOT NULL"),
 )
 
 # Cost per tick is proportional to the runs due, not to the schedules stored.
@@ -481,3 +501,5 @@ Index(
     notifications.c.next_attempt_at,
     postgresql_where=text("sent_at IS NULL AND given_up_at IS NULL"),
 )
+# An incident's notifications: deleting an incident (retention) finds them by it.
+Index("ix_beat_notifications_incident", notifications.c.incident_id)

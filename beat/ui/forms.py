@@ -40,8 +40,15 @@ FIELDS = (
     "max_runs",
     "alert_after_failures",
     "pause_after_failures",
+    "max_runtime",
+    "late_after",
+    "missed_after",
+    "channels",
+    "revoke_after_max_runtime",
     "enabled",
 )
+#: The fields that are checkboxes: "on" when checked, absent when not.
+_CHECKBOXES = frozenset({"enabled", "revoke_after_max_runtime"})
 #: How the times are named in errors (the form's labels).
 _TIME_LABELS = {"at": "time", "start_at": "start", "end_at": "end"}
 #: Where an error of the API belongs, by how it starts (its subject comes first): the
@@ -68,6 +75,13 @@ _ERROR_SUBJECTS = (
     ("max_runs", "max_runs"),
     ("alert_after_failures", "alert_after_failures"),
     ("pause_after_failures", "pause_after_failures"),
+    ("max_runtime", "max_runtime"),
+    ("revoke_after_max_runtime needs", "max_runtime"),
+    ("revoke_after_max_runtime", "revoke_after_max_runtime"),
+    ("late_after", "late_after"),
+    ("missed_after", "missed_after"),
+    ("channel", "channels"),
+    ("no channel", "channels"),
     ("start_at", "start_at"),
     ("start ", "start_at"),
     ("end_at", "end_at"),
@@ -138,6 +152,11 @@ def form_of(schedule: Schedule) -> ScheduleForm:
             "max_runs": "" if definition.max_runs is None else str(definition.max_runs),
             "alert_after_failures": _count_text(definition.alert_after_failures),
             "pause_after_failures": _count_text(definition.pause_after_failures),
+            "max_runtime": _seconds_text(definition.max_runtime_seconds),
+            "late_after": _seconds_text(definition.late_after_seconds),
+            "missed_after": _seconds_text(definition.missed_after_seconds),
+            "channels": ", ".join(definition.channels or ()),
+            "revoke_after_max_runtime": "on" if definition.revoke_after_max_runtime else "",
             "enabled": "on" if definition.enabled else "",
         }
     )
@@ -145,6 +164,10 @@ def form_of(schedule: Schedule) -> ScheduleForm:
 
 def _count_text(count: int | None) -> str:
     return "" if count is None else str(count)
+
+
+def _seconds_text(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds:g}s"
 
 
 def _timing_of(trigger: Cron | Every | Once) -> tuple[str, str]:
@@ -171,7 +194,8 @@ def creation_arguments(form: ScheduleForm, default_tz: str) -> dict[str, Any]:
     """The keyword arguments of ``Schedules.create`` (besides name and task); the errors
     of reading the fields are left on ``form``."""
     fields = _read(form, [name for name in FIELDS if name not in {"name", "task"}])
-    fields["enabled"] = form.values.get("enabled") == "on"
+    for checkbox in _CHECKBOXES:
+        fields[checkbox] = form.values.get(checkbox) == "on"
     return _wall_times_read(form, fields, lambda: fields.get("tz") or default_tz)
 
 
@@ -183,13 +207,17 @@ def update_arguments(form: ScheduleForm, current: Schedule) -> dict[str, Any]:
     changed = [
         name
         for name in FIELDS
-        if name not in {"name", "enabled"} and form.values.get(name, "") != before.get(name, "")
+        if name != "name"
+        and name not in _CHECKBOXES
+        and form.values.get(name, "") != before.get(name, "")
     ]
     if "kind" in changed or "tz" in changed:
         changed.append("timing")  # a timing of another kind, or read in another zone
     fields = _read(form, list(dict.fromkeys(changed)))
-    if (form.values.get("enabled") == "on") != current.definition.enabled:
-        fields["enabled"] = form.values.get("enabled") == "on"
+    for checkbox in _CHECKBOXES:
+        checked = form.values.get(checkbox) == "on"
+        if checked != getattr(current.definition, checkbox):
+            fields[checkbox] = checked
     zone = fields.get("tz") or current.definition.timezone
     return _wall_times_read(form, fields, lambda: zone)
 
@@ -210,7 +238,7 @@ def _wall_times_read(
 def _read(form: ScheduleForm, names: list[str]) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for name in names:
-        if name in {"name", "kind", "enabled"}:
+        if name in {"name", "kind"} or name in _CHECKBOXES:
             continue
         text = form.values.get(name, "")
         try:
@@ -230,6 +258,11 @@ def _field(name: str, text: str, kind: str) -> dict[str, Any]:
         return {name: _whole_number(text, name)} if text else {name: None}
     if name == "jitter":
         return {"jitter": duration_seconds(text) if text else 0.0}
+    if name in {"max_runtime", "late_after", "missed_after"}:
+        return {name: duration_seconds(text) if text else None}
+    if name == "channels":
+        names = [part.strip() for part in text.split(",") if part.strip()]
+        return {"channels": names or None}
     if name in {"start_at", "end_at"}:
         return {name: parse_time(text) if text else None}
     if name == "queue":

@@ -26,9 +26,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from beat.limits import MAX_FAILURE_THRESHOLD
 from beat.models import FINISHED_STATES, IncidentKind, NotificationEvent, RunState
 from beat.monitors.failing import Decision, OpenIncident, Outcome, Thresholds, decide
-from beat.monitors.messages import incident_payload
 from beat.store.leader.base import FencedStore
-from beat.store.leader.notifications import enqueue_notifications
+from beat.store.leader.incident_writes import open_incident, resolve_incident
+from beat.store.leader.notifications import notify_incident
 from beat.store.tables import incidents, monitor_progress, schedules
 from beat.store.unreleased_runs import cancel_unreleased
 
@@ -150,7 +150,9 @@ class _Pass:
 
     def apply(self, row: Row[Any], decision: Decision) -> None:
         if decision.resolve is not None:
-            self._resolve(row.incident_id, row.name, decision.resolve, row.incident_failures)
+            self._resolve(
+                row.incident_id, (row.id, row.name), decision.resolve, row.incident_failures
+            )
             return
         if decision.failures is None:
             return
@@ -168,29 +170,26 @@ class _Pass:
             )
         if decision.pause_after_fire_at is not None and self._pause(row, incident_id, decision):
             self.report.paused.append((row.name, decision.failures))
-            self._notify(NotificationEvent.PAUSED, incident_id, row.name, decision.failures, error)
+            self._notify(
+                NotificationEvent.PAUSED, incident_id, (row.id, row.name), decision.failures, error
+            )
 
     def _open(self, row: Row[Any], decision: Decision, error: str | None) -> int | None:
-        incident_id: int | None = self.conn.execute(
-            pg_insert(incidents)
-            .values(
-                schedule_id=row.id,
-                schedule_name=row.name,
-                kind=IncidentKind.FAILING.value,
-                epoch=self.epoch,
-                failures=decision.failures,
-                first_failure_at=decision.first_failure_at,
-                last_error=error,
-            )
-            .on_conflict_do_nothing(
-                index_elements=["schedule_id", "kind"], index_where=text("resolved_at IS NULL")
-            )
-            .returning(incidents.c.id)
-        ).scalar_one_or_none()
+        assert decision.failures is not None
+        incident_id = open_incident(
+            self.conn,
+            schedule=(row.id, row.name),
+            kind=IncidentKind.FAILING,
+            epoch=self.epoch,
+            count=decision.failures,
+            first_at=decision.first_failure_at,
+            finding=error,
+        )
         if incident_id is not None:
-            assert decision.failures is not None
             self.report.opened.append((row.name, decision.failures))
-            self._notify(NotificationEvent.OPENED, incident_id, row.name, decision.failures, error)
+            self._notify(
+                NotificationEvent.OPENED, incident_id, (row.id, row.name), decision.failures, error
+            )
         return incident_id
 
     def _pause(self, row: Row[Any], incident_id: int, decision: Decision) -> bool:
@@ -221,15 +220,13 @@ class _Pass:
         )
         return True
 
-    def _resolve(self, incident_id: int, name: str, resolution: str, failures: int) -> None:
-        self.conn.execute(
-            update(incidents)
-            .where(incidents.c.id == incident_id, incidents.c.resolved_at.is_(None))
-            .values(resolved_at=func.now(), resolution=resolution)
-        )
-        self.report.resolved.append((name, resolution))
+    def _resolve(
+        self, incident_id: int, schedule: tuple[int | None, str], resolution: str, failures: int
+    ) -> None:
+        resolve_incident(self.conn, incident_id, resolution)
+        self.report.resolved.append((schedule[1], resolution))
         self._notify(
-            NotificationEvent.RESOLVED, incident_id, name, failures, None, resolution=resolution
+            NotificationEvent.RESOLVED, incident_id, schedule, failures, None, resolution=resolution
         )
 
     def resolve_orphans(self) -> None:
@@ -248,32 +245,39 @@ class _Pass:
         for incident_id, name, failures in resolved:
             self.report.resolved.append((name, resolution))
             self._notify(
-                NotificationEvent.RESOLVED, incident_id, name, failures, None, resolution=resolution
+                NotificationEvent.RESOLVED,
+                incident_id,
+                (None, name),
+                failures,
+                None,
+                resolution=resolution,
             )
 
     def _notify(
         self,
         event: NotificationEvent,
         incident_id: int,
-        name: str,
+        schedule: tuple[int | None, str],
         failures: int | None,
         error: str | None,
         *,
         resolution: str | None = None,
     ) -> None:
         """One notification of the event per channel, in the outbox (``beat.notify``)."""
-        payload = incident_payload(
+        schedule_id, name = schedule
+        notify_incident(
+            self.conn,
             event,
             cluster=self.cluster,
             incident_id=incident_id,
             schedule=name,
-            kind=IncidentKind.FAILING.value,
+            schedule_id=schedule_id,
+            kind=IncidentKind.FAILING,
+            at=self.now,
             failures=failures,
             last_error=error,
-            at=self.now,
             resolution=resolution,
         )
-        enqueue_notifications(self.conn, event, incident_id, payload)
 
 
 def _open_counts(conn: Connection) -> Sequence[tuple[IncidentKind, int]]:

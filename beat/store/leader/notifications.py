@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, case, cast, func, insert, literal, or_, select, update
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import Connection, case, func, literal, or_, select, text, update
 
-from beat.models import ChannelKind, NotificationEvent
+from beat.models import ChannelKind, IncidentKind, NotificationEvent
+from beat.monitors.messages import incident_payload
 from beat.store.leader.base import FencedStore
 from beat.store.tables import channels, notifications
 
@@ -42,24 +42,79 @@ class PendingNotification:
     target: str
     payload: dict[str, Any]
     attempts: int
+    #: How long it is held for this send, from the take: past it, any process may take
+    #: it again, so a send started late could reach the receiver twice.
+    lease: timedelta
 
 
 def enqueue_notifications(
-    conn: Connection, event: NotificationEvent, incident_id: int, payload: dict[str, Any]
+    conn: Connection,
+    event: NotificationEvent,
+    incident_id: int,
+    payload: dict[str, Any],
+    *,
+    schedule_id: int | None = None,
 ) -> None:
     """One notification of an incident's event per channel, in the outbox, in the
-    caller's transaction (the one that changes the incident)."""
+    caller's transaction (the one that changes the incident): to the channels schedule
+    ``schedule_id`` names that are still there, else (it names none, none of them is
+    left, or no schedule: the cluster's stall) to every channel, so that an incident is
+    never told to nobody."""
     conn.execute(
-        insert(notifications).from_select(
-            ["channel", "incident_id", "event", "payload"],
-            select(
-                channels.c.name,
-                literal(incident_id),
-                literal(event.value),
-                cast(literal(json.dumps(payload)), JSONB),
-            ),
-        )
+        text(_ENQUEUE_SQL),
+        {
+            "schedule_id": schedule_id,
+            "incident_id": incident_id,
+            "event": event.value,
+            "payload": json.dumps(payload),
+        },
     )
+
+
+def notify_incident(
+    conn: Connection,
+    event: NotificationEvent,
+    *,
+    cluster: str,
+    incident_id: int,
+    schedule: str,
+    schedule_id: int | None,
+    kind: IncidentKind,
+    at: datetime,
+    failures: int | None = None,
+    last_error: str | None = None,
+    resolution: str | None = None,
+    detail: str | None = None,
+) -> None:
+    """The notifications of one event of an incident (``beat.monitors.messages``), in
+    the caller's transaction."""
+    payload = incident_payload(
+        event,
+        cluster=cluster,
+        incident_id=incident_id,
+        schedule=schedule,
+        kind=kind.value,
+        failures=failures,
+        last_error=last_error,
+        at=at,
+        resolution=resolution,
+        detail=detail,
+    )
+    enqueue_notifications(conn, event, incident_id, payload, schedule_id=schedule_id)
+
+
+_ENQUEUE_SQL = """
+WITH routed AS (
+    SELECT coalesce(
+        (SELECT channels FROM beat_schedules WHERE id = :schedule_id), '{}'::text[]
+    ) AS names
+)
+INSERT INTO beat_notifications (channel, incident_id, event, payload)
+SELECT c.name, :incident_id, :event, CAST(:payload AS jsonb)
+FROM beat_channels AS c, routed
+WHERE c.name = ANY(routed.names)
+   OR NOT EXISTS (SELECT 1 FROM beat_channels AS named WHERE named.name = ANY(routed.names))
+"""
 
 
 class NotificationStatements(FencedStore):
@@ -123,6 +178,7 @@ class NotificationStatements(FencedStore):
                 target=found[row.channel].target,
                 payload=row.payload,
                 attempts=row.attempts,
+                lease=lease,
             )
             for row in sorted(taken, key=lambda row: row.id)
         ]

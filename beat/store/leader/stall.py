@@ -19,9 +19,8 @@ from sqlalchemy import Connection, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 
 from beat.models import IncidentKind, NotificationEvent
-from beat.monitors.messages import incident_payload
 from beat.store.leader.base import FencedStore
-from beat.store.leader.notifications import enqueue_notifications
+from beat.store.leader.notifications import notify_incident
 from beat.store.tables import incidents, schedules
 
 #: A fire time unclaimed for this many lease TTLs past its time is a stall: a leader
@@ -110,19 +109,18 @@ class StallStatements(FencedStore):
         detail: str | None = None,
         resolution: str | None = None,
     ) -> None:
-        payload = incident_payload(
+        notify_incident(
+            conn,
             event,
             cluster=self.leader_name,
             incident_id=incident_id,
             schedule=CLUSTER,
-            kind=IncidentKind.STALL.value,
-            failures=None,
-            last_error=None,
+            schedule_id=None,
+            kind=IncidentKind.STALL,
             at=now,
             resolution=resolution,
             detail=detail,
         )
-        enqueue_notifications(conn, event, incident_id, payload)
 
 
 def _stall_detail(count: int, oldest: timedelta) -> str:

@@ -13,6 +13,7 @@ from beat.store.leader.notifications import NotificationStatements
 from beat.store.leader.outbox import OutboxStatements
 from beat.store.leader.reaper import ReaperStatements
 from beat.store.leader.retention import RetentionStatements
+from beat.store.leader.run_monitors import RunMonitorStatements
 from beat.store.leader.sessions import SessionStatements
 from beat.store.leader.stall import StallStatements
 from beat.store.leader.term import TermStatements
@@ -29,6 +30,7 @@ class LeaderStore(
     WakeupStatements,
     RetentionStatements,
     MonitorStatements,
+    RunMonitorStatements,
     IncidentReads,
     NotificationStatements,
     StallStatements,

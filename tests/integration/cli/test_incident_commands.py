@@ -6,7 +6,6 @@ leader opened."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -14,14 +13,13 @@ import pytest
 import redis
 from celery import Celery
 from click.testing import Result
-from sqlalchemy import insert, text
+from sqlalchemy import text
 
 from app.factory import create_app
 from beat.models import RunState
 from beat.store.all_roles import Store
-from beat.store.tables import runs
 from tests.conftest import SessionEnv
-from tests.integration.helpers import as_json, error_lines, invoke, table_rows
+from tests.integration.helpers import as_json, error_lines, finished_runs, invoke, table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -80,35 +78,24 @@ def test_a_threshold_out_of_range_is_refused_in_one_line_and_nothing_is_written(
     assert table_rows(store) == before
 
 
+def heartbeats_under_a_leader(cli: Cli, store: Store, *names: str) -> None:
+    """Schedules ``names`` added by the command, and a leader (epoch 1) to watch them."""
+    for name in names:
+        as_json(cli("add", name, "tasks.demo.heartbeat", "--every", "60", "--json"))
+    assert store.take_leadership(1, "leader")
+
+
 def test_incidents_lists_the_open_ones_and_with_all_the_resolved_too(
     cli: Cli, store: Store
 ) -> None:
-    as_json(cli("add", "flaky", "tasks.demo.heartbeat", "--every", "60", "--json"))
-    as_json(cli("add", "fine", "tasks.demo.heartbeat", "--every", "60", "--json"))
-    assert store.take_leadership(1, "leader")
-    now = store.now()
-    for name, states in (
-        ("flaky", [RunState.FAILED] * 3),
-        ("fine", [RunState.FAILED] * 3 + [RunState.SUCCEEDED]),
-    ):
-        schedule = store.get_schedule(name)
-        with store.engine.begin() as conn:
-            conn.execute(
-                insert(runs),
-                [
-                    {
-                        "id": uuid.uuid4(),
-                        "schedule_id": schedule.id,
-                        "schedule_name": name,
-                        "task": "tasks.demo.heartbeat",
-                        "state": state.value,
-                        "fire_at": now.replace(microsecond=0).replace(second=index),
-                        "finished_at": now,
-                        "error": "RuntimeError: upstream down",
-                    }
-                    for index, state in enumerate(states)
-                ],
-            )
+    heartbeats_under_a_leader(cli, store, "flaky", "fine")
+    finished_runs(store, "flaky", [RunState.FAILED] * 3, error="RuntimeError: upstream down")
+    finished_runs(
+        store,
+        "fine",
+        [RunState.FAILED] * 3 + [RunState.SUCCEEDED],
+        error="RuntimeError: upstream down",
+    )
     assert cli("incidents").stdout.strip() == "no open incidents"
     store.watch_failures(1, alert_after=3, pause_after=0, idle_timeout=5)
 
@@ -203,51 +190,54 @@ def test_a_channel_name_taken_is_refused(cli: Cli, store: Store) -> None:
     assert channel_rows(store) == before
 
 
+def flaky_with_an_incident(cli: Cli, store: Store) -> None:
+    """Schedules ``flaky`` and ``broken``; ``flaky`` failed 3 times: its incident is open."""
+    heartbeats_under_a_leader(cli, store, "flaky", "broken")
+    finished_runs(store, "flaky", [RunState.FAILED] * 3)
+    store.watch_failures(1, alert_after=3, pause_after=0, idle_timeout=5)
+
+
 def test_health_lists_open_incidents_and_is_red_while_the_scheduler_paused_a_schedule(
     cli: Cli, store: Store
 ) -> None:
-    as_json(cli("add", "flaky", "tasks.demo.heartbeat", "--every", "60", "--json"))
-    as_json(cli("add", "broken", "tasks.demo.heartbeat", "--every", "60", "--json"))
-    assert store.take_leadership(1, "leader")
-    failures_of(store, "flaky", 3)
-    store.watch_failures(1, alert_after=3, pause_after=0, idle_timeout=5)
+    flaky_with_an_incident(cli, store)
 
     # No lease is held here: health fails on its leader line; the incidents line is read.
     failing = json.loads(cli("health", "--json").stdout)["checks"]["incidents"]
     assert failing["ok"] is True
     assert (
-        failing["detail"]
-        == "failing in a row, still firing: flaky (3 failures) (`schedules incidents`)"
+        failing["detail"] == "still firing: flaky (failed 3 times in a row) (`schedules incidents`)"
     )
 
     as_json(cli("update", "broken", "--pause-after-failures", "3", "--json"))
-    failures_of(store, "broken", 3)
+    finished_runs(store, "broken", [RunState.FAILED] * 3)
     store.watch_failures(1, alert_after=3, pause_after=0, idle_timeout=5)
     paused = cli("health", "--json")
 
     incident = json.loads(paused.stdout)["checks"]["incidents"]
     assert incident["ok"] is False
     assert incident["detail"].startswith(
-        "paused by the scheduler after failures in a row: broken (3 failures); fix each"
+        "paused by the scheduler after failures in a row: broken (failed 3 times in a row);"
+        " fix each"
     )
 
 
-def failures_of(store: Store, name: str, count: int) -> None:
-    schedule = store.get_schedule(name)
-    now = store.now()
-    with store.engine.begin() as conn:
-        conn.execute(
-            insert(runs),
-            [
-                {
-                    "id": uuid.uuid4(),
-                    "schedule_id": schedule.id,
-                    "schedule_name": name,
-                    "task": "tasks.demo.heartbeat",
-                    "state": RunState.FAILED.value,
-                    "fire_at": now.replace(microsecond=0).replace(second=index),
-                    "finished_at": now,
-                }
-                for index in range(count)
-            ],
-        )
+def test_health_fails_on_the_incident_kinds_asked_and_refuses_an_unknown_one(
+    cli: Cli, store: Store
+) -> None:
+    flaky_with_an_incident(cli, store)
+
+    asked = cli("health", "--json", "--fail-on-incidents", "overran,failing")
+    incident = json.loads(asked.stdout)["checks"]["incidents"]
+    assert incident == {
+        "ok": False,
+        "detail": "flaky (failed 3 times in a row) (`schedules incidents`)",
+    }
+    assert asked.exit_code == 1
+
+    unknown = cli("health", "--fail-on-incidents", "overran,stalled")
+    assert unknown.exit_code == 2
+    assert (
+        "'stalled' is not an incident kind: give some of failing, overran, late, missed"
+        in (error_lines(unknown)[0])
+    )

@@ -17,54 +17,11 @@ from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
 from beat.store.leader.monitors import MARGIN
 from beat.store.tables import incidents, monitor_progress, runs
+from tests.integration.helpers import finished_runs
 
 pytestmark = pytest.mark.integration
 
 TASK = "tasks.demo.add"
-
-
-def finished(
-    store: Store,
-    name: str,
-    states: list[RunState],
-    *,
-    ago: timedelta = timedelta(0),
-    error: str = "ValueError: boom",
-) -> None:
-    """Runs of schedule ``name`` that fired a minute apart, oldest first, finished
-    ``ago`` before now."""
-    schedule = store.get_schedule(name)
-    now = store.now()
-    first = now - timedelta(minutes=len(states))
-    rows: list[dict[str, Any]] = [
-        {
-            "id": uuid.uuid4(),
-            "schedule_id": schedule.id,
-            "schedule_name": name,
-            "task": TASK,
-            "state": state.value,
-            "fire_at": first + timedelta(minutes=index) + _newest_offset(store, name),
-            "claimed_at": now - ago,
-            "finished_at": now - ago,
-            "error": error if state is not RunState.SUCCEEDED else None,
-        }
-        for index, state in enumerate(states)
-    ]
-    with store.engine.begin() as conn:
-        conn.execute(insert(runs), rows)
-
-
-def _newest_offset(store: Store, name: str) -> timedelta:
-    """Fire times after the schedule's newest run: each call adds newer runs."""
-    with store.engine.connect() as conn:
-        newest = conn.execute(
-            select(runs.c.fire_at)
-            .where(runs.c.schedule_name == name)
-            .order_by(runs.c.fire_at.desc())
-        ).first()
-    if newest is None:
-        return timedelta(0)
-    return max(timedelta(0), newest.fire_at - store.now() + timedelta(hours=1))
 
 
 def watch(store: Store, epoch: int = 1, *, alert: int = 3, pause: int = 0) -> Any:
@@ -86,21 +43,21 @@ def test_three_failures_in_a_row_open_one_incident_and_a_success_resolves_it(
     store: Store, schedules: Schedules
 ) -> None:
     schedules.create("nightly", TASK, every=60, allow_unregistered=True)
-    finished(store, "nightly", [RunState.SUCCEEDED, RunState.FAILED, RunState.LOST])
+    finished_runs(store, "nightly", [RunState.SUCCEEDED, RunState.FAILED, RunState.LOST])
     assert watch(store).opened == []
 
-    finished(store, "nightly", [RunState.EXPIRED])
+    finished_runs(store, "nightly", [RunState.EXPIRED])
     report = watch(store)
     again = watch(store)
 
     assert report.opened == [("nightly", 3)]
     assert again.opened == []
-    assert again.open == {IncidentKind.FAILING: 1, IncidentKind.STALL: 0}
+    assert again.open == {kind: 0 for kind in IncidentKind} | {IncidentKind.FAILING: 1}
     [incident] = schedules.incidents()
     assert (incident.schedule_name, incident.failures, incident.open) == ("nightly", 3, True)
     assert incident.last_error == "ValueError: boom"
 
-    finished(store, "nightly", [RunState.SUCCEEDED])
+    finished_runs(store, "nightly", [RunState.SUCCEEDED])
     resolved = watch(store)
 
     assert [name for name, _ in resolved.resolved] == ["nightly"]
@@ -114,7 +71,7 @@ def test_skipped_and_cancelled_runs_neither_break_nor_extend_a_streak(
     store: Store, schedules: Schedules
 ) -> None:
     schedules.create("skips", TASK, every=60, allow_unregistered=True)
-    finished(
+    finished_runs(
         store,
         "skips",
         [RunState.FAILED, RunState.SKIPPED, RunState.FAILED, RunState.CANCELLED, RunState.FAILED],
@@ -127,8 +84,8 @@ def test_a_schedule_s_own_thresholds_override_the_cluster_s(
 ) -> None:
     schedules.create("quiet", TASK, every=60, allow_unregistered=True, alert_after_failures=0)
     schedules.create("touchy", TASK, every=60, allow_unregistered=True, alert_after_failures=1)
-    finished(store, "quiet", [RunState.FAILED] * 5)
-    finished(store, "touchy", [RunState.FAILED])
+    finished_runs(store, "quiet", [RunState.FAILED] * 5)
+    finished_runs(store, "touchy", [RunState.FAILED])
 
     assert watch(store).opened == [("touchy", 1)]
 
@@ -137,7 +94,7 @@ def test_a_schedule_failing_past_its_pause_threshold_is_paused_with_the_reason(
     store: Store, schedules: Schedules
 ) -> None:
     schedules.create("flaky", TASK, every=60, allow_unregistered=True, pause_after_failures=2)
-    finished(store, "flaky", [RunState.FAILED] * 2, error="KeyError: 'rates'")
+    finished_runs(store, "flaky", [RunState.FAILED] * 2, error="KeyError: 'rates'")
 
     report = watch(store)
 
@@ -153,10 +110,10 @@ def test_a_schedule_failing_past_its_pause_threshold_is_paused_with_the_reason(
     assert incident.paused_at is not None
 
     schedules.resume("flaky")
-    finished(store, "flaky", [RunState.FAILED])
+    finished_runs(store, "flaky", [RunState.FAILED])
     assert watch(store).paused == []
     assert schedules.get("flaky").definition.enabled
-    finished(store, "flaky", [RunState.FAILED])
+    finished_runs(store, "flaky", [RunState.FAILED])
     assert watch(store).paused == [("flaky", 4)]
     assert not schedules.get("flaky").definition.enabled
 
@@ -180,7 +137,7 @@ def test_a_pause_cancels_the_runs_claimed_ahead_of_their_time(
                 not_before=later,
             )
         )
-    finished(store, "ahead", [RunState.FAILED])
+    finished_runs(store, "ahead", [RunState.FAILED])
 
     watch(store)
 
@@ -191,7 +148,7 @@ def test_a_pause_cancels_the_runs_claimed_ahead_of_their_time(
 
 def test_a_deposed_leader_writes_nothing(store: Store, schedules: Schedules) -> None:
     schedules.create("fenced", TASK, every=60, allow_unregistered=True, pause_after_failures=1)
-    finished(store, "fenced", [RunState.FAILED] * 3)
+    finished_runs(store, "fenced", [RunState.FAILED] * 3)
     assert store.take_leadership(2, "newer")
 
     with pytest.raises(StaleEpoch):
@@ -203,14 +160,14 @@ def test_a_deposed_leader_writes_nothing(store: Store, schedules: Schedules) -> 
 
 def test_the_incident_of_a_removed_schedule_is_resolved(store: Store, schedules: Schedules) -> None:
     schedules.create("doomed", TASK, every=60, allow_unregistered=True)
-    finished(store, "doomed", [RunState.FAILED] * 3)
+    finished_runs(store, "doomed", [RunState.FAILED] * 3)
     watch(store)
 
     schedules.delete("doomed")
     report = watch(store)
 
     assert report.resolved == [("doomed", "its schedule was removed")]
-    assert report.open == {IncidentKind.FAILING: 0, IncidentKind.STALL: 0}
+    assert report.open == {kind: 0 for kind in IncidentKind}
 
 
 def test_runs_finished_long_before_the_last_pass_are_not_looked_at_again(
@@ -220,7 +177,7 @@ def test_runs_finished_long_before_the_last_pass_are_not_looked_at_again(
     commits: an old failure is not counted anew by every pass."""
     schedules.create("old", TASK, every=60, allow_unregistered=True)
     watch(store)
-    finished(store, "old", [RunState.FAILED] * 3, ago=MARGIN + timedelta(minutes=1))
+    finished_runs(store, "old", [RunState.FAILED] * 3, ago=MARGIN + timedelta(minutes=1))
     assert watch(store).looked_at == 0
 
     with store.engine.begin() as conn:
@@ -237,7 +194,7 @@ def test_a_run_finished_within_the_margin_before_the_last_pass_is_still_counted(
     run that appears after a pass, stamped before it, is counted by the next."""
     schedules.create("late-commit", TASK, every=60, allow_unregistered=True)
     watch(store)
-    finished(store, "late-commit", [RunState.FAILED] * 3, ago=MARGIN / 2)
+    finished_runs(store, "late-commit", [RunState.FAILED] * 3, ago=MARGIN / 2)
 
     assert watch(store).opened == [("late-commit", 3)]
 
@@ -251,7 +208,7 @@ def test_a_pass_looks_at_a_bounded_number_of_schedules_and_the_next_at_others(
     names = [f"outage-{index}" for index in range(5)]
     for name in names:
         schedules.create(name, TASK, every=60, allow_unregistered=True, alert_after_failures=1)
-        finished(store, name, [RunState.FAILED])
+        finished_runs(store, name, [RunState.FAILED])
 
     opened: list[str] = []
     for _ in range(30):
@@ -259,7 +216,7 @@ def test_a_pass_looks_at_a_bounded_number_of_schedules_and_the_next_at_others(
         assert len(report.opened) <= 2
         opened += [name for name, _ in report.opened]
         for name in set(names) - set(opened):
-            finished(store, name, [RunState.FAILED])  # their next runs fail too
+            finished_runs(store, name, [RunState.FAILED])  # their next runs fail too
         if len(opened) == len(names):
             break
 
@@ -272,10 +229,10 @@ def test_a_schedule_made_again_under_a_removed_one_s_name_starts_without_its_fai
     """Runs are a schedule's by its ID: the history a removed schedule left under the same
     name (a code schedule removed and added back, an import) is not counted."""
     schedules.create("reborn", TASK, every=60, allow_unregistered=True, pause_after_failures=3)
-    finished(store, "reborn", [RunState.FAILED] * 2)
+    finished_runs(store, "reborn", [RunState.FAILED] * 2)
     schedules.delete("reborn")
     schedules.create("reborn", TASK, every=60, allow_unregistered=True, pause_after_failures=3)
-    finished(store, "reborn", [RunState.FAILED])
+    finished_runs(store, "reborn", [RunState.FAILED])
 
     report = watch(store)
 
@@ -288,7 +245,7 @@ def test_an_incident_keeps_the_first_500_characters_of_a_long_error(
     store: Store, schedules: Schedules
 ) -> None:
     schedules.create("verbose", TASK, every=60, allow_unregistered=True)
-    finished(store, "verbose", [RunState.FAILED] * 3, error="Traceback: " + "x" * 1_000_000)
+    finished_runs(store, "verbose", [RunState.FAILED] * 3, error="Traceback: " + "x" * 1_000_000)
 
     watch(store)
 

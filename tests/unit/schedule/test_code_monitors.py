@@ -5,6 +5,8 @@ nothing anew."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from celery import Celery
 
@@ -45,3 +47,46 @@ def test_thresholds_change_the_hash_and_none_keeps_the_one_before() -> None:
     [(_, set_)] = collect(beat_app({"schedule": 60.0, "alert_after_failures": 1}), default_tz="UTC")
     assert unset == HASH_BEFORE_MONITORS
     assert set_ != unset
+
+
+def test_a_beat_schedule_entry_sets_its_run_monitors_and_channels() -> None:
+    entry = {
+        "schedule": 60.0,
+        "max_runtime": 600,
+        "revoke_after_max_runtime": True,
+        "late_after": 30,
+        "missed_after": 120.0,
+        "channels": ["ops-hook"],
+    }
+    [(definition, hashed)] = collect(beat_app(entry), default_tz="UTC")
+    assert definition.max_runtime_seconds == 600
+    assert definition.revoke_after_max_runtime is True
+    assert (definition.late_after_seconds, definition.missed_after_seconds) == (30, 120)
+    assert definition.channels == ("ops-hook",)
+    assert hashed != HASH_BEFORE_MONITORS
+
+
+def test_periodic_sets_its_max_runtime_as_a_timedelta() -> None:
+    app = Celery("code-run-monitors", set_as_current=False)
+
+    @periodic(every=60, max_runtime=timedelta(minutes=5), channels=["team"])
+    @app.task(name="tests.code_monitors.export")
+    def export() -> None: ...
+
+    [(definition, _)] = collect(app, default_tz="UTC")
+    assert (definition.max_runtime_seconds, definition.channels) == (300, ("team",))
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"late_after": 0}, "late_after must be a number of seconds >= 1"),
+        ({"channels": "ops-hook"}, "channels must be a list of channel names"),
+        ({"revoke_after_max_runtime": True}, "needs a max_runtime"),
+    ],
+)
+def test_a_bad_run_monitor_in_code_is_refused_naming_the_fix(
+    extra: dict[str, object], says: str
+) -> None:
+    with pytest.raises(ConfigError, match=says):
+        collect(beat_app({"schedule": 60.0, **extra}), default_tz="UTC")
