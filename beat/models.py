@@ -115,6 +115,9 @@ class ScheduleDefinition:
     #: ``habeat_pause_after_failures``); 0: never.
     alert_after_failures: int | None = None
     pause_after_failures: int | None = None
+    #: The outcomes its failing monitor counts as failures (some of ``failed``, ``lost``,
+    #: ``expired``; the others are passed over, as skipped runs are); None: all three.
+    failure_states: tuple[str, ...] | None = None
     #: The run monitors (``beat.monitors.timing``), in seconds; None: none. A run still
     #: running ``max_runtime_seconds`` after it started has overran (it is revoked, its
     #: pool process terminated, if ``revoke_after_max_runtime``); a run that started

@@ -117,30 +117,32 @@ def _parse_monitor_seconds(
     return _parse_seconds(ctx, param, value)
 
 
-#: What ``--channels all`` means: every channel.
-ALL_CHANNELS = "all"
+#: What ``--channels all`` and ``--failure-states all`` mean: every one.
+ALL = "all"
+_LISTS = frozenset({"channels", "failure_states"})
 
 
-def _parse_channels(
+def _parse_names(
     _ctx: click.Context, _param: click.Parameter, value: str | None
 ) -> list[str] | str | None:
-    """--channels: names separated by commas, or ``all``; the names are the API's to check."""
-    if value is None or value == ALL_CHANNELS:
+    """--channels, --failure-states: names separated by commas, or ``all``; the names
+    are the API's to check."""
+    if value is None or value == ALL:
         return value
     return [name.strip() for name in value.split(",")]
 
 
 def monitors_given(fields: dict[str, Any]) -> dict[str, Any]:
     """``fields`` with a threshold given as ``default`` set back to None (the cluster's),
-    a run monitor given as ``none`` to None (none), and ``--channels all`` to None
-    (every channel)."""
+    a run monitor given as ``none`` to None (none), and a list given as ``all`` to None
+    (every channel, every failure state)."""
 
     def meant(key: str, value: Any) -> Any:
         if value == DEFAULT_THRESHOLD and key.endswith("_after_failures"):
             return None
         if value == NO_MONITOR and key in _RUN_MONITORS:
             return None
-        if value == ALL_CHANNELS and key == "channels":
+        if value == ALL and key in _LISTS:
             return None
         return value
 
@@ -263,6 +265,12 @@ _DEFINITION_OPTIONS = (
         f" {MAX_FAILURE_THRESHOLD}, or default (HABEAT_PAUSE_AFTER_FAILURES)",
     ),
     click.option(
+        "--failure-states",
+        callback=_parse_names,
+        help="what the failing monitor counts as a failure: some of failed, lost, expired,"
+        " separated by commas, or all (the default)",
+    ),
+    click.option(
         "--max-runtime",
         callback=_parse_monitor_seconds,
         help="open an overran incident while a run has been running this long: seconds (600)"
@@ -288,7 +296,7 @@ _DEFINITION_OPTIONS = (
     ),
     click.option(
         "--channels",
-        callback=_parse_channels,
+        callback=_parse_names,
         help="tell its incidents to these channels only: names separated by commas (see"
         " `schedules channels list`), or all (every channel, the default)",
     ),

@@ -104,7 +104,11 @@ def _losses(schedule: Schedule, app_zone: str) -> list[str]:
         losses.append("its jitter is not kept")
     if definition.overlap_policy is not OverlapPolicy.ALLOW:
         losses.append(f"its overlap policy {definition.overlap_policy.value} is not kept")
-    if definition.alert_after_failures is not None or definition.pause_after_failures is not None:
+    if (
+        definition.alert_after_failures is not None
+        or definition.pause_after_failures is not None
+        or definition.failure_states is not None
+    ):
         losses.append("its failing monitor (alert and pause after failures) is not kept")
     if any(
         seconds is not None

@@ -23,6 +23,7 @@ def monitor_settings(definition: ScheduleDefinition) -> list[tuple[str, str]]:
     return [
         ("alert after", threshold_text(definition.alert_after_failures)),
         ("pause after", threshold_text(definition.pause_after_failures)),
+        ("failures", ", ".join(definition.failure_states or ("failed", "lost", "expired"))),
         ("max runtime", _max_runtime_text(definition)),
         ("late after", _monitor_seconds_text(definition.late_after_seconds)),
         ("missed after", _monitor_seconds_text(definition.missed_after_seconds)),

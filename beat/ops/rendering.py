@@ -92,6 +92,9 @@ def schedule_document(schedule: StoredSchedule) -> dict[str, Any]:
         "max_runs": definition.max_runs,
         "alert_after_failures": definition.alert_after_failures,
         "pause_after_failures": definition.pause_after_failures,
+        "failure_states": None
+        if definition.failure_states is None
+        else list(definition.failure_states),
         "max_runtime_seconds": definition.max_runtime_seconds,
         "revoke_after_max_runtime": definition.revoke_after_max_runtime,
         "late_after_seconds": definition.late_after_seconds,

@@ -265,6 +265,7 @@ def _redefine(
         "max_runs": current.max_runs,
         "alert_after_failures": current.alert_after_failures,
         "pause_after_failures": current.pause_after_failures,
+        "failure_states": current.failure_states,
         "max_runtime": current.max_runtime_seconds,
         "revoke_after_max_runtime": current.revoke_after_max_runtime,
         "late_after": current.late_after_seconds,

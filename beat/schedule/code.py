@@ -40,6 +40,7 @@ SCHEDULE_ENTRY_EXTRAS = frozenset(
         "enabled",
         "alert_after_failures",
         "pause_after_failures",
+        "failure_states",
         "max_runtime",
         "revoke_after_max_runtime",
         "late_after",
@@ -236,6 +237,7 @@ def task_warnings(app: Any, definitions: Iterable[tuple[ScheduleDefinition, str]
 _LATER_COLUMNS = (
     "alert_after_failures",
     "pause_after_failures",
+    "failure_states",
     "max_runtime_seconds",
     "revoke_after_max_runtime",
     "late_after_seconds",

@@ -65,6 +65,7 @@ def define(
     jitter: float = 0.0,
     alert_after_failures: int | None = None,
     pause_after_failures: int | None = None,
+    failure_states: Sequence[str] | None = None,
     max_runtime: float | timedelta | None = None,
     revoke_after_max_runtime: bool = False,
     late_after: float | timedelta | None = None,
@@ -86,10 +87,10 @@ def define(
     no fire time before ``start_at`` or after ``end_at``, at most ``max_runs``
     runs; a schedule past its window disables itself. ``alert_after_failures`` and
     ``pause_after_failures`` set its failing monitor (None: the cluster's default; 0:
-    never); ``max_runtime`` (revoked past it with ``revoke_after_max_runtime``),
-    ``late_after`` and ``missed_after`` its run monitors (seconds or a timedelta; None:
-    none); ``channels`` the notification channels its incidents go to (None: every
-    channel).
+    never), ``failure_states`` what it counts (None: failed, lost and expired);
+    ``max_runtime`` (revoked past it with ``revoke_after_max_runtime``), ``late_after``
+    and ``missed_after`` its run monitors (seconds or a timedelta; None: none);
+    ``channels`` the notification channels its incidents go to (None: every channel).
 
     Relative times (``in_seconds``, an ``every`` without ``start_at``) count from
     ``now``: :class:`Schedules` passes the database's ``now()`` of the transaction
@@ -152,6 +153,7 @@ def define(
         max_runs=max_runs,
         alert_after_failures=alert_after_failures,
         pause_after_failures=pause_after_failures,
+        failure_states=check_failure_states(failure_states),
         max_runtime_seconds=check_monitor_seconds(max_runtime, "max_runtime"),
         revoke_after_max_runtime=revoke_after_max_runtime,
         late_after_seconds=check_monitor_seconds(late_after, "late_after"),
@@ -232,6 +234,28 @@ def check_monitor_seconds(value: object, what: str) -> float | None:
     if isinstance(value, timedelta):
         value = value.total_seconds()
     return _checked_seconds(value, what, minimum=1)
+
+
+#: The outcomes a failing monitor may count as failures.
+FAILURE_STATES = ("failed", "lost", "expired")
+
+
+def check_failure_states(states: object) -> tuple[str, ...] | None:
+    """None (all of ``FAILURE_STATES``), or some of them, each once."""
+    if states is None:
+        return None
+    if isinstance(states, str) or not isinstance(states, Sequence) or not states:
+        raise InvalidSchedule(
+            f"failure_states must be a list of some of {', '.join(FAILURE_STATES)},"
+            f" got {states!r:.80}"
+        )
+    unknown = next((state for state in states if state not in FAILURE_STATES), None)
+    if unknown is not None:
+        raise InvalidSchedule(
+            f"failure_states: {unknown!r:.40} is not an outcome counted as a failure: give"
+            f" some of {', '.join(FAILURE_STATES)}"
+        )
+    return tuple(dict.fromkeys(states))
 
 
 def check_channel_names(names: object) -> tuple[str, ...] | None:

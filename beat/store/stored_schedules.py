@@ -27,7 +27,11 @@ from beat.models import (
     ScheduleDefinition,
     TriggerKind,
 )
-from beat.schedule.define import check_channel_names, check_failure_threshold
+from beat.schedule.define import (
+    check_channel_names,
+    check_failure_states,
+    check_failure_threshold,
+)
 from beat.schedule.options import check_publish_options
 from beat.schedule.payload import decoded_json, stored_payload
 from beat.schedule.timing import parse_zone
@@ -169,6 +173,7 @@ def schedule_from_row(row: Row[Any]) -> Schedule:
         max_runs=row.max_runs,
         alert_after_failures=row.alert_after_failures,
         pause_after_failures=row.pause_after_failures,
+        failure_states=check_failure_states(row.failure_states),
         max_runtime_seconds=row.max_runtime_seconds,
         revoke_after_max_runtime=row.revoke_after_max_runtime,
         late_after_seconds=row.late_after_seconds,

@@ -110,6 +110,8 @@ schedules = Table(
     #: Its failing monitor (``beat.monitors``): NULL, the cluster's default; 0, never.
     Column("alert_after_failures", Integer),
     Column("pause_after_failures", Integer),
+    #: What its failing monitor counts as failures; NULL: failed, lost and expired.
+    Column("failure_states", ARRAY(Text)),
     #: Its run monitors (``beat.monitors.timing``), in seconds; NULL: none. A run still
     #: running ``max_runtime_seconds`` after it started overran (and is revoked if
     #: ``revoke_after_max_runtime``); one started ``late_after_seconds`` after its fire

@@ -40,6 +40,7 @@ FIELDS = (
     "max_runs",
     "alert_after_failures",
     "pause_after_failures",
+    "failure_states",
     "max_runtime",
     "late_after",
     "missed_after",
@@ -75,6 +76,7 @@ _ERROR_SUBJECTS = (
     ("max_runs", "max_runs"),
     ("alert_after_failures", "alert_after_failures"),
     ("pause_after_failures", "pause_after_failures"),
+    ("failure_states", "failure_states"),
     ("max_runtime", "max_runtime"),
     ("revoke_after_max_runtime needs", "max_runtime"),
     ("revoke_after_max_runtime", "revoke_after_max_runtime"),
@@ -152,6 +154,7 @@ def form_of(schedule: Schedule) -> ScheduleForm:
             "max_runs": "" if definition.max_runs is None else str(definition.max_runs),
             "alert_after_failures": _count_text(definition.alert_after_failures),
             "pause_after_failures": _count_text(definition.pause_after_failures),
+            "failure_states": ", ".join(definition.failure_states or ()),
             "max_runtime": _seconds_text(definition.max_runtime_seconds),
             "late_after": _seconds_text(definition.late_after_seconds),
             "missed_after": _seconds_text(definition.missed_after_seconds),
@@ -260,9 +263,9 @@ def _field(name: str, text: str, kind: str) -> dict[str, Any]:
         return {"jitter": duration_seconds(text) if text else 0.0}
     if name in {"max_runtime", "late_after", "missed_after"}:
         return {name: duration_seconds(text) if text else None}
-    if name == "channels":
+    if name in {"channels", "failure_states"}:
         names = [part.strip() for part in text.split(",") if part.strip()]
-        return {"channels": names or None}
+        return {name: names or None}
     if name in {"start_at", "end_at"}:
         return {name: parse_time(text) if text else None}
     if name == "queue":

@@ -228,6 +228,9 @@ CLI_REFUSALS = [
                  id="late-after-word"),
     pytest.param([*ADD, "--every", "60", "--max-runtime", "0.5"], "max_runtime must be a number"
                  " of seconds >= 1", id="max-runtime-under-a-second"),
+    pytest.param([*ADD, "--every", "60", "--failure-states", "failed,stalled"],
+                 "'stalled' is not an outcome counted as a failure: give some of failed, lost,"
+                 " expired", id="failure-states-unknown"),
     pytest.param([*ADD, "--every", "60", "--revoke-after-max-runtime"],
                  "revoke_after_max_runtime needs a max_runtime: give one (--max-runtime SECONDS)",
                  id="revoke-without-max-runtime"),
@@ -301,6 +304,8 @@ API_REFUSALS = [
                  id="missed-after-negative"),
     pytest.param({"every": 60, "late_after": float("nan")}, "late_after must be a number",
                  id="late-after-nan"),
+    pytest.param({"every": 60, "failure_states": []}, "failure_states must be a list of some",
+                 id="failure-states-empty"),
     pytest.param({"every": 60, "max_runtime": "10m"}, "max_runtime must be a number",
                  id="max-runtime-a-string"),
     pytest.param({"every": 60, "max_runtime": 60, "revoke_after_max_runtime": "yes"},

@@ -3,7 +3,8 @@ past it is an ``overran`` incident, and may be revoked), ``late_after`` (a run s
 that long after its fire time is a ``late`` incident) and ``missed_after`` (a fire time
 not sent within it is a ``missed`` incident); and the notification channels a
 schedule's incidents are told to (``channels``; NULL: every channel); an index of the
-notifications by incident, for retention.
+notifications by incident, for retention; the outcomes a schedule's failing monitor
+counts (``failure_states``; NULL: failed, lost and expired).
 
 Adding columns without a default, and a boolean with a constant default, rewrites
 nothing: the schedule table is locked for a moment only.
@@ -37,6 +38,7 @@ def upgrade() -> None:
         ),
     )
     op.add_column("beat_schedules", sa.Column("channels", ARRAY(sa.Text)))
+    op.add_column("beat_schedules", sa.Column("failure_states", ARRAY(sa.Text)))
     op.create_check_constraint(
         "ck_beat_schedules_run_monitors",
         "beat_schedules",
@@ -70,6 +72,7 @@ def downgrade() -> None:
     )
     op.drop_index("ix_beat_schedules_timed", "beat_schedules")
     op.drop_constraint("ck_beat_schedules_run_monitors", "beat_schedules")
+    op.drop_column("beat_schedules", "failure_states")
     op.drop_column("beat_schedules", "channels")
     op.drop_column("beat_schedules", "revoke_after_max_runtime")
     for column in _TIMING_COLUMNS:

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Row, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.limits import MAX_FAILURE_THRESHOLD
-from beat.models import FINISHED_STATES, IncidentKind, NotificationEvent, RunState
+from beat.models import FINISHED_STATES, IncidentKind, NotificationEvent
 from beat.monitors.failing import Decision, OpenIncident, Outcome, Thresholds, decide
 from beat.store.leader.base import FencedStore
 from beat.store.leader.incident_writes import open_incident, resolve_incident
@@ -43,7 +43,6 @@ BATCH = 500
 ERROR_CHARS = 500
 
 _FAILURES = ("failed", "lost", "expired")
-_COUNTED = ", ".join(repr(state) for state in (*_FAILURES, RunState.SUCCEEDED.value))
 _FINISHED = ", ".join(repr(state.value) for state in FINISHED_STATES)
 _FAILURE_STATES = ", ".join(repr(state) for state in _FAILURES)
 
@@ -296,7 +295,8 @@ def _open_counts(conn: Connection) -> Sequence[tuple[IncidentKind, int]]:
 #: of many schedules at once, each pass takes others; one left out is looked at when its
 #: next run fails). Each with its thresholds, its open failing incident and its newest
 #: counted outcomes: as many as its larger threshold, or, while an incident is open, up
-#: to MAX_FAILURE_THRESHOLD, so that the incident counts its whole streak.
+#: to MAX_FAILURE_THRESHOLD, so that the incident counts its whole streak. A state the
+#: schedule does not count as a failure (its ``failure_states``) is passed over.
 _CANDIDATES_SQL = f"""
 WITH open_incident AS (
     SELECT i.schedule_id FROM beat_incidents AS i
@@ -333,7 +333,8 @@ CROSS JOIN LATERAL (
         FROM beat_runs AS r
         WHERE r.schedule_id = s.id
           AND r.fire_at IS NOT NULL
-          AND r.state IN ({_COUNTED})
+          AND (r.state = 'succeeded'
+               OR r.state = ANY(coalesce(s.failure_states, ARRAY[{_FAILURE_STATES}])))
         ORDER BY r.fire_at DESC
         LIMIT CASE WHEN i.id IS NULL THEN greatest(
             coalesce(s.alert_after_failures, :alert), coalesce(s.pause_after_failures, :pause), 1

@@ -251,3 +251,18 @@ def test_an_incident_keeps_the_first_500_characters_of_a_long_error(
 
     [incident] = schedules.incidents()
     assert incident.last_error == ("Traceback: " + "x" * 1_000_000)[:500]
+
+
+def test_a_schedule_counts_only_the_failure_states_it_names_and_passes_over_the_others(
+    store: Store, schedules: Schedules
+) -> None:
+    schedules.create("strict", TASK, every=60, allow_unregistered=True, failure_states=["failed"])
+    schedules.create("lossy", TASK, every=60, allow_unregistered=True, failure_states=["lost"])
+    outcomes = [RunState.FAILED, RunState.LOST, RunState.FAILED, RunState.EXPIRED, RunState.FAILED]
+    finished_runs(store, "strict", outcomes)
+    finished_runs(store, "lossy", outcomes)
+
+    report = watch(store)
+
+    # strict: failed, (lost), failed, (expired), failed: three in a row; lossy: one lost.
+    assert report.opened == [("strict", 3)]

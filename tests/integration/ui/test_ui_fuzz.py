@@ -113,6 +113,7 @@ FIELDS = (
     "max_runs",
     "alert_after_failures",
     "pause_after_failures",
+    "failure_states",
     "max_runtime",
     "late_after",
     "missed_after",
