@@ -235,6 +235,21 @@ class Channel:
     name: str
     kind: ChannelKind
     target: str
+    #: How its sends go, as listed (``list_channels``): notifications not sent yet, of
+    #: which failing (tried and failed, to be tried again), given up (within the history
+    #: retention), the newest error of a failing one, the last one sent.
+    pending: int = 0
+    failing: int = 0
+    given_up: int = 0
+    last_error: str | None = None
+    last_sent_at: datetime | None = None
+
+    @property
+    def state(self) -> str:
+        """``failing`` while a send of it fails, ``gave up`` if one was given up, else ``ok``."""
+        if self.failing:
+            return "failing"
+        return "gave up" if self.given_up else "ok"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -11,7 +11,7 @@ from beat.cli.options import _json_option
 from beat.cli.output import _echo_json, _errors_as_exit_codes, _fail, _say, _show
 from beat.models import Channel
 from beat.ops import rendering
-from beat.ops.incident_rendering import channel_document
+from beat.ops.incident_rendering import channel_document, channel_state_text
 
 
 @schedules.group(cls=SchedulesGroup)
@@ -81,7 +81,8 @@ def list_(ctx: click.Context, as_json: bool) -> None:
     if not found:
         _say("no channels: incidents are not notified (add one with `schedules channels add`)")
         return
-    _show(rendering.table(("NAME", "KIND", "TARGET"), [_row(channel) for channel in found]))
+    columns = ("NAME", "KIND", "TARGET", "STATE")
+    _show(rendering.table(columns, [_row(channel) for channel in found]))
 
 
 @channels.command(cls=CeleryCommand)
@@ -95,6 +96,6 @@ def remove(ctx: click.Context, name: str) -> None:
     _say(f"removed channel {name}")
 
 
-def _row(channel: Channel) -> tuple[str, str, str]:
+def _row(channel: Channel) -> tuple[str, str, str, str]:
     document = channel_document(channel)
-    return (channel.name, channel.kind.value, document["target"])
+    return (channel.name, channel.kind.value, document["target"], channel_state_text(channel))

@@ -57,7 +57,30 @@ def _state_text(incident: Incident) -> str:
 def channel_document(channel: Channel) -> dict[str, Any]:
     """A channel, its target's secrets hidden: an SMTP URL's password; a webhook's path
     and query (a Slack incoming webhook's path is its secret)."""
-    return {"name": channel.name, "kind": channel.kind.value, "target": shown_target(channel)}
+    return {
+        "name": channel.name,
+        "kind": channel.kind.value,
+        "target": shown_target(channel),
+        "state": channel.state,
+        "pending": channel.pending,
+        "failing": channel.failing,
+        "given_up": channel.given_up,
+        "last_error": channel.last_error,
+        "last_sent_at": iso(channel.last_sent_at),
+    }
+
+
+def channel_state_text(channel: Channel) -> str:
+    """How a channel's sends go, in one line."""
+    if channel.failing:
+        return (
+            f"failing: {channel.failing} of {channel.pending} to send failed, the last with"
+            f" {_truncate(channel.last_error or '-')}"
+        )
+    if channel.given_up:
+        return f"gave up {channel.given_up} after a day of failed sends"
+    last = "-" if channel.last_sent_at is None else f"{time_text(channel.last_sent_at)} UTC"
+    return f"ok, last sent {last}"
 
 
 def shown_target(channel: Channel) -> str:

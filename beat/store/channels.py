@@ -3,7 +3,7 @@ a channel's target is checked (``beat.notify.targets``) before it is written."""
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, text
 from sqlalchemy.dialects.postgresql import insert
 
 from beat.errors import ChannelNotFound, InvalidChannel
@@ -33,10 +33,22 @@ class ChannelStatements(StoreConnection):
         return Channel(name=name, kind=kind, target=target)
 
     def list_channels(self) -> list[Channel]:
+        """The channels by name, each with how its sends go (one aggregate over the
+        outbox, which retention keeps to the history's days)."""
         with self._transaction() as conn:
-            rows = conn.execute(select(channels).order_by(channels.c.name)).all()
+            rows = conn.execute(text(_CHANNELS_SQL)).all()
         return [
-            Channel(name=row.name, kind=ChannelKind(row.kind), target=row.target) for row in rows
+            Channel(
+                name=row.name,
+                kind=ChannelKind(row.kind),
+                target=row.target,
+                pending=row.pending,
+                failing=row.failing,
+                given_up=row.given_up,
+                last_error=row.last_error,
+                last_sent_at=row.last_sent_at,
+            )
+            for row in rows
         ]
 
     def remove_channel(self, name: str) -> None:
@@ -50,3 +62,21 @@ class ChannelStatements(StoreConnection):
                 f"no channel named {name!r:.120}: `celery -A app schedules channels list`"
                 " shows them"
             )
+
+
+_CHANNELS_SQL = """
+SELECT c.name, c.kind, c.target,
+       count(*) FILTER (WHERE n.id IS NOT NULL AND n.sent_at IS NULL AND n.given_up_at IS NULL)
+           AS pending,
+       count(*) FILTER (WHERE n.sent_at IS NULL AND n.given_up_at IS NULL AND n.attempts > 0
+                        AND n.last_error IS NOT NULL) AS failing,
+       count(*) FILTER (WHERE n.given_up_at IS NOT NULL) AS given_up,
+       (array_agg(n.last_error ORDER BY n.next_attempt_at DESC)
+            FILTER (WHERE n.sent_at IS NULL AND n.given_up_at IS NULL
+                    AND n.last_error IS NOT NULL))[1] AS last_error,
+       max(n.sent_at) AS last_sent_at
+FROM beat_channels AS c
+LEFT JOIN beat_notifications AS n ON n.channel = c.name
+GROUP BY c.name, c.kind, c.target
+ORDER BY c.name
+"""

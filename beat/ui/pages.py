@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from beat.errors import HABeatError, InvalidSchedule
 from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState, Schedule
+from beat.ops.incident_rendering import channel_state_text, shown_target
 from beat.ops.schedules import ScheduleFilter, Schedules, UnreadableSchedule, preview
 from beat.schedule import timing
 from beat.store.leader import UnrecordedConsumer
@@ -358,12 +359,16 @@ class IncidentsPage(BaseHandler):
         found = await self.call(
             self.schedules.incident_list, include_resolved=resolved_too, limit=INCIDENTS_LIMIT
         )
+        channels = await self.call(self.schedules.channels)
         await self.render_page(
             "incidents.html",
             section="incidents",
             found=found,
             include_resolved=resolved_too,
             limit=INCIDENTS_LIMIT,
+            channels=channels,
+            channel_target=shown_target,
+            channel_state=channel_state_text,
         )
 
 
