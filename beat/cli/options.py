@@ -285,7 +285,7 @@ _DEFINITION_OPTIONS = (
     click.option(
         "--late-after",
         callback=_parse_monitor_seconds,
-        help="open a late incident when a run starts this long after its fire time: seconds"
+        help="open a late incident when a run starts this long after it was due: seconds"
         " or with units, or none",
     ),
     click.option(

@@ -153,13 +153,14 @@ class Maintenance(Publishing):
         if now < self._next_monitor or self.armed.next_deadline() - now < MONITOR_HEADROOM:
             return
         self._next_monitor = now + MONITOR_INTERVAL
-        if self._watch_failures(epoch):
-            self._watch_runs(epoch)
+        # Each on its own: one that fails (tried again MONITOR_RETRY later) does not
+        # hold back the other's incidents, nor a revoke.
+        self._watch_failures(epoch)
+        self._watch_runs(epoch)
 
-    def _watch_failures(self, epoch: int) -> bool:
+    def _watch_failures(self, epoch: int) -> None:
         """Open, update and resolve the incidents of schedules failing in a row, and pause
-        those past their ``pause_after_failures`` (``beat.monitors.failing``); False if
-        the pass failed (tried again ``MONITOR_RETRY`` later)."""
+        those past their ``pause_after_failures`` (``beat.monitors.failing``)."""
         config = self.config
         try:
             report = self.store.watch_failures(
@@ -174,12 +175,11 @@ class Maintenance(Publishing):
             # Incidents are for people: whatever breaks them must not stop the claims.
             self._next_monitor = self.clock() + MONITOR_RETRY
             self.report.monitor_failed(exc)
-            return False
+            return
         if report.cancelled:
             # Cancelled in the database with the pause; not sent from memory either.
             self.armed.discard(set(report.cancelled))
         self.report.watched(report)
-        return True
 
     def _watch_runs(self, epoch: int) -> None:
         """Open, update and resolve the run monitors' incidents (``beat.monitors.timing``:

@@ -4,16 +4,20 @@ every time by the database's clock.
 
 - **overran**: a run still ``running`` ``max_runtime`` after it started. Judged on the
   runs running now: any past it, the incident is open; none, it resolves.
-- **late**: a run that started more than ``late_after`` after its fire time. Judged on
-  the schedule's newest fire time whose start is known or overdue: started (or ended
-  without starting) late, or still waiting past ``late_after``, the incident is open;
-  started in time, it resolves. A run Celery retried is passed over (its start is the
-  retry's).
-- **missed**: a fire time not sent within ``missed_after`` of it. Judged on the
-  schedule's newest fire time at least ``missed_after`` old: not claimed yet, claimed
-  that late, skipped by its misfire policy (no leader claimed it in time), or still
-  waiting in the outbox unsent, the incident is open; else it resolves. A paused
-  schedule misses nothing: its incident resolves.
+- **late**: a run whose first start came more than ``late_after`` after it was due
+  (its fire time, or the end of its jitter). Judged on the schedule's newest run due
+  by now: started late, still waiting past ``late_after``, or ended without ever
+  starting, the incident is open; started in time, it resolves.
+- **missed**: a fire time not sent within ``missed_after`` of it (of the end of its
+  jitter). Judged on the schedule's newest fire time at least ``missed_after`` old: not
+  claimed yet, skipped by its misfire policy (no leader claimed it in time), first sent
+  that late, or still unsent, the incident is open; sent in time, it resolves.
+
+A run's first send and first start count, whatever came after (a reaper's send again,
+a retry). The newest run is judged, or nothing is: a run an operator made (trigger,
+backfill), one cancelled, one the overlap policy skipped, or one whose verdict is not
+known yet leaves the incident as it is, rather than judge an older run again. A paused
+schedule is neither late nor missed: its incidents resolve.
 
 A verdict is a :class:`Finding` (open the incident, or update the open one), a
 :class:`Cleared` (resolve the open one) or None (nothing known: nothing changes).
@@ -64,30 +68,46 @@ class Overrun:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class StartFacts:
-    """What the late monitor reads of a schedule's newest judged run."""
+class RunFacts:
+    """What the late and missed monitors read of a schedule's newest run."""
 
     fire_at: datetime
+    #: When it was due to go: its fire time, or later if its jitter held it back.
+    due_at: datetime
     state: str
-    started_at: datetime | None
-    finished_at: datetime | None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FireFacts:
-    """What the missed monitor reads of a schedule's newest fire time at least
-    ``missed_after`` old: a run's row, or none (``claimed_at`` None: not claimed)."""
-
-    fire_at: datetime
-    claimed_at: datetime | None = None
-    state: str | None = None
     reason: str | None = None
-    #: Published at least once (a run the reaper put back in the outbox was sent).
-    sent: bool = False
+    by_operator: bool = False
+    #: Its first send and its first start (None: not yet).
+    sent_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def passed_over(self) -> bool:
+        """An operator's run, a cancelled one, one the overlap policy skipped: not a fire
+        time the schedule's timing ran (or missed)."""
+        if self.by_operator or self.state == RunState.CANCELLED.value:
+            return True
+        return self.state == RunState.SKIPPED.value and not self.skipped_by_misfire
+
+    @property
+    def skipped_by_misfire(self) -> bool:
+        return self.state == RunState.SKIPPED.value and (self.reason or "").startswith(
+            MISFIRE_REASON_PREFIX
+        )
+
+    @property
+    def waiting(self) -> bool:
+        """Not started yet, and may still start (a plain run is ``running`` from its
+        receipt, before its body starts)."""
+        return self.started_at is None and self.state in _NOT_ENDED
 
 
-def overran(overruns: Sequence[Overrun], max_runtime: float, *, revoked: bool) -> Verdict:
-    """The overran verdict on the runs of one schedule running past ``max_runtime``."""
+def overran(
+    overruns: Sequence[Overrun], max_runtime: float, *, revoked: bool, of_schedule: int
+) -> Verdict:
+    """The overran verdict on the runs of one schedule running past ``max_runtime``
+    (``of_schedule`` of them in all; those read, the longest first, may be fewer)."""
     if not overruns:
         return Cleared(resolution="no run of it is past its max_runtime any more")
     longest = max(overruns, key=lambda overrun: overrun.running_for)
@@ -95,30 +115,36 @@ def overran(overruns: Sequence[Overrun], max_runtime: float, *, revoked: bool) -
         f"run {longest.run_id} has been running for {span_text(longest.running_for)},"
         f" past its max_runtime of {span_text(max_runtime)}"
     )
-    if len(overruns) > 1:
-        text += f" ({len(overruns)} runs are past it)"
+    count = max(of_schedule, len(overruns))
+    if count > 1:
+        text += f" ({count} runs are past it)"
     if revoked:
         text += "; revoked: it ends failed"
     fire_times = [overrun.fire_at for overrun in overruns if overrun.fire_at is not None]
-    return Finding(count=len(overruns), first_fire_at=min(fire_times, default=None), text=text)
+    return Finding(count=count, first_fire_at=min(fire_times, default=None), text=text)
 
 
-def late(newest: StartFacts | None, late_after: float, *, now: datetime) -> Verdict:
-    """The late verdict on a schedule's newest judged run (None: none yet)."""
-    if newest is None:
+def late(
+    newest: RunFacts | None, late_after: float, *, now: datetime, enabled: bool = True
+) -> Verdict:
+    """The late verdict on a schedule's newest run due by now (None: none yet)."""
+    if not enabled:
+        return Cleared(resolution="its schedule is paused")
+    if newest is None or newest.passed_over or newest.skipped_by_misfire:
         return None
     due = _moment_text(newest.fire_at)
     if newest.started_at is not None:
-        delay = (newest.started_at - newest.fire_at).total_seconds()
-        told = f"the run due {due} started {span_text(delay)} after its fire time"
-    elif newest.state in _WAITING:
-        delay = (now - newest.fire_at).total_seconds()
-        told = f"the run due {due} has not started {span_text(delay)} after its fire time"
+        delay = (newest.started_at - newest.due_at).total_seconds()
+        told = f"the run due {due} started {span_text(delay)} after it was due"
+        if delay <= late_after:
+            return Cleared(resolution=told)
+    elif newest.waiting:
+        delay = (now - newest.due_at).total_seconds()
+        if delay <= late_after:
+            return None  # not known yet
+        told = f"the run due {due} has not started {span_text(delay)} after it was due"
     else:
-        delay = ((newest.finished_at or now) - newest.fire_at).total_seconds()
         told = f"the run due {due} never started: it ended {newest.state}"
-    if delay <= late_after:
-        return Cleared(resolution=told)
     return Finding(
         count=1,
         first_fire_at=newest.fire_at,
@@ -126,43 +152,62 @@ def late(newest: StartFacts | None, late_after: float, *, now: datetime) -> Verd
     )
 
 
-def missed(newest: FireFacts | None, missed_after: float, *, enabled: bool) -> Verdict:
-    """The missed verdict on a schedule's newest fire time at least ``missed_after`` old
-    (None: none)."""
+def missed(
+    newest: RunFacts | None,
+    missed_after: float,
+    *,
+    now: datetime,
+    enabled: bool,
+    unclaimed_since: datetime | None = None,
+) -> Verdict:
+    """The missed verdict on a schedule's newest fire time at least ``missed_after``
+    old: its run (``newest``), or, ``unclaimed_since``, a fire time no run was claimed
+    for yet. ``enabled`` False with a fire time to come is a pause; a schedule disabled
+    because its window ended has its last fire time judged still."""
     if not enabled:
         return Cleared(resolution="its schedule is paused")
-    if newest is None:
-        return None
-    due = _moment_text(newest.fire_at)
-    why = _miss(newest, missed_after)
-    if why is None:
-        return Cleared(resolution=f"the fire time {due} was sent in time")
-    return Finding(
-        count=1,
-        first_fire_at=newest.fire_at,
-        text=f"the fire time {due} {why} (missed after {span_text(missed_after)})",
-    )
-
-
-def _miss(fire: FireFacts, missed_after: float) -> str | None:
-    """How the fire time was missed, or None if it was not."""
-    if fire.claimed_at is None:
-        return "was not claimed: no leader claims, or the leader cannot"
-    if fire.state == RunState.SKIPPED.value and (fire.reason or "").startswith(
-        MISFIRE_REASON_PREFIX
-    ):
-        return "was skipped by its misfire policy: no leader claimed it in time"
-    claim_delay = (fire.claimed_at - fire.fire_at).total_seconds()
-    if claim_delay > missed_after:
-        return f"was claimed {span_text(claim_delay)} after it"
-    if not fire.sent and fire.state in (RunState.PENDING.value, RunState.EXPIRED.value):
-        return "was not sent: its run waits in the outbox" + (
-            "" if fire.state == RunState.PENDING.value else ", and expired there"
+    if unclaimed_since is not None:
+        return _missed(
+            unclaimed_since,
+            "was not claimed: no leader claims, or the leader cannot",
+            missed_after,
         )
-    return None
+    if newest is None or newest.passed_over:
+        return None
+    if newest.skipped_by_misfire:
+        return _missed(
+            newest.fire_at,
+            "was skipped by its misfire policy: no leader claimed it in time",
+            missed_after,
+        )
+    due = _moment_text(newest.fire_at)
+    if newest.sent_at is not None:
+        delay = (newest.sent_at - newest.due_at).total_seconds()
+        if delay <= missed_after:
+            return Cleared(resolution=f"the fire time {due} was sent in time")
+        return _missed(newest.fire_at, f"was sent {span_text(delay)} after it", missed_after)
+    if newest.state in _NOT_ENDED:
+        if (now - newest.due_at).total_seconds() <= missed_after:
+            return None  # held back by its jitter, or not known yet
+        return _missed(newest.fire_at, "was not sent: its run waits in the outbox", missed_after)
+    return _missed(newest.fire_at, f"was never sent: its run ended {newest.state}", missed_after)
 
 
-_WAITING = frozenset({RunState.PENDING.value, RunState.QUEUED.value, RunState.RETRYING.value})
+def _missed(fire_at: datetime, why: str, missed_after: float) -> Finding:
+    limit = span_text(missed_after)
+    told = f"the fire time {_moment_text(fire_at)} {why} (missed after {limit})"
+    return Finding(count=1, first_fire_at=fire_at, text=told)
+
+
+#: States of a run that has not ended (a plain run is ``running`` from its receipt).
+_NOT_ENDED = frozenset(
+    {
+        RunState.PENDING.value,
+        RunState.QUEUED.value,
+        RunState.RETRYING.value,
+        RunState.RUNNING.value,
+    }
+)
 
 
 def span_text(seconds: float) -> str:

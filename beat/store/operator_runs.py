@@ -62,6 +62,7 @@ class OperatorRuns(StoreConnection):
             fire_at=func.now(),
             state=literal(RunState.PENDING.value),
             reason=literal(TRIGGER_REASON),
+            by_operator=literal(True),
         )
         source = select(*values.values()).where(schedules.c.name == name)
         statement = (
@@ -111,6 +112,7 @@ class OperatorRuns(StoreConnection):
                     state=RunState.PENDING,
                     reason=BACKFILL_REASON,
                     max_attempts=schedule.max_attempts,
+                    by_operator=True,
                 )
                 for fire_at in fire_times(now)
             ]

@@ -116,7 +116,10 @@ def _held_by_receipt(run_id: Any, owner: Any, attempt: Any) -> Any:
 _START_PLAIN = (
     update(runs)
     .where(_held_by_receipt(RUN_ID, OWNER, param("attempt", Integer)), not_expired(EXPIRES))
-    .values(started_at=func.coalesce(runs.c.started_at, func.now()))
+    .values(
+        started_at=func.coalesce(runs.c.started_at, func.now()),
+        first_started_at=func.coalesce(runs.c.first_started_at, func.now()),
+    )
     .returning(runs.c.attempt)
 )
 

@@ -322,6 +322,8 @@ def take_statement(values: dict[str, Any]) -> Any:
             attempt=runs.c.attempt + 1,
             retries=func.greatest(runs.c.retries, RETRIES),
             published_at=func.coalesce(runs.c.published_at, func.now()),
+            first_published_at=func.coalesce(runs.c.first_published_at, func.now()),
+            first_started_at=func.coalesce(runs.c.first_started_at, func.now()),
             finished_at=None,
             error=None,
         )
@@ -354,6 +356,8 @@ def _start_or_create() -> Any:
         retries=RETRIES,
         max_attempts=param("max_attempts", Integer),
         published_at=func.now(),
+        first_published_at=func.now(),
+        first_started_at=func.now(),
         **_LEASE_TO_START,
     )
     return insert.on_conflict_do_update(
@@ -363,6 +367,8 @@ def _start_or_create() -> Any:
             "attempt": runs.c.attempt + 1,
             "retries": func.greatest(runs.c.retries, insert.excluded.retries),
             "published_at": func.coalesce(runs.c.published_at, func.now()),
+            "first_published_at": func.coalesce(runs.c.first_published_at, func.now()),
+            "first_started_at": func.coalesce(runs.c.first_started_at, func.now()),
             "finished_at": None,
             "error": None,
         },

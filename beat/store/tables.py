@@ -188,6 +188,12 @@ runs = Table(
     Column("claimed_at", TZ, nullable=False, server_default=text("now()")),
     Column("published_at", TZ),
     Column("started_at", TZ),
+    #: The first publish and the first start of the run, whatever came after (a reaper's
+    #: send again, a retry): what the run monitors judge a fire time by.
+    Column("first_published_at", TZ),
+    Column("first_started_at", TZ),
+    #: Made by an operator (``trigger``, ``backfill``), not by the schedule's timing.
+    Column("by_operator", Boolean, nullable=False, server_default=text("false")),
     Column("finished_at", TZ),
     Column("lease_owner", Text),
     Column("lease_expires_at", TZ),

@@ -170,14 +170,20 @@ def _count_text(count: int | None) -> str:
 
 
 def _seconds_text(seconds: float | None) -> str:
-    return "" if seconds is None else f"{seconds:g}s"
+    return "" if seconds is None else seconds_field(seconds)
+
+
+def seconds_field(seconds: float) -> str:
+    """Seconds as the form shows them, read back as they were: whole ones without a
+    fraction, others exactly, never in an exponent (``1e+06s`` would be refused)."""
+    return f"{seconds:.0f}s" if seconds.is_integer() else f"{seconds!r}s"
 
 
 def _timing_of(trigger: Cron | Every | Once) -> tuple[str, str]:
     if isinstance(trigger, Cron):
         return "cron", trigger.expression
     if isinstance(trigger, Every):
-        return "every", f"{trigger.seconds:g}s"
+        return "every", seconds_field(trigger.seconds)
     return "at", trigger.at.isoformat()
 
 

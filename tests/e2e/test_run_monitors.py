@@ -55,37 +55,47 @@ def test_a_job_running_past_its_max_runtime_opens_an_overran_incident_resolved_w
         assert cluster.effects() == {str(run.id): 1}
 
 
-@pytest.mark.parametrize("task", ["e2e.slow", "e2e.plain_slow"])
+#: A job of the idempotent base, and a plain task (tracked by Celery's signals).
+HUNG = {"hung-guarded": "e2e.slow", "hung-plain": "e2e.plain_slow"}
+
+
 def test_a_run_revoked_past_its_max_runtime_ends_failed_its_body_is_terminated_and_never_run_again(
-    cluster: Cluster, store: Store, task: str
+    cluster: Cluster, store: Store
 ) -> None:
     cluster.settings = {**FAST, "HABEAT_LEASE_TIMEOUT": "4"}
     cluster.beat("beat0")
     cluster.worker("worker0", concurrency=2, pool="prefork")
     schedules = Schedules(store)
-    schedules.create(
-        "hung",
-        task,
-        in_seconds=1,
-        args=["hung", 12],
-        max_runtime=3,
-        revoke_after_max_runtime=True,
-        allow_unregistered=True,
-    )
+    for name, task in HUNG.items():
+        schedules.create(
+            name,
+            task,
+            in_seconds=1,
+            args=[name, 12],
+            max_runtime=3,
+            revoke_after_max_runtime=True,
+            allow_unregistered=True,
+        )
 
-    def ended() -> bool:
-        return [run.state for run in run_rows(store, schedule_name="hung")] == ["failed"]
+    def states() -> list[str]:
+        return [run.state for name in HUNG for run in run_rows(store, schedule_name=name)]
 
-    wait_until(ended, timeout=45)
-    [run] = run_rows(store, schedule_name="hung")
-    assert run.error == "revoked: it ran past its max_runtime of 3s"
-    assert run.attempt == 1
-    # Past the run lease three times over, and past the job's own 12 s had it gone on:
-    # no reaper, no redelivery ran it again, and the terminated body left no effect.
+    wait_until(lambda: states() == ["failed", "failed"], timeout=45)
+    ended = [run for name in HUNG for run in run_rows(store, schedule_name=name)]
+    assert {run.error for run in ended} == {"revoked: it ran past its max_runtime of 3s"}
+    assert [run.attempt for run in ended] == [1, 1]
+    # Past the run lease three times over, and past the jobs' own 12 s had they gone
+    # on: no reaper, no redelivery ran them again, and the terminated bodies left no
+    # effect.
     time.sleep(12)
-    [after] = run_rows(store, schedule_name="hung")
-    assert (after.state, after.attempt, after.error) == ("failed", 1, run.error)
+    after = [run for name in HUNG for run in run_rows(store, schedule_name=name)]
+    assert [(run.state, run.attempt, run.error) for run in after] == [
+        (run.state, run.attempt, run.error) for run in ended
+    ]
     assert cluster.effects() == {}
-    [incident] = incidents(cluster, "--all")
-    assert incident["kind"] == "overran"
-    assert "revoked" in incident["last_error"]
+    found = incidents(cluster, "--all")
+    assert sorted((incident["schedule"], incident["kind"]) for incident in found) == [
+        ("hung-guarded", "overran"),
+        ("hung-plain", "overran"),
+    ]
+    assert all("revoked" in incident["last_error"] for incident in found)

@@ -4,7 +4,10 @@ that long after its fire time is a ``late`` incident) and ``missed_after`` (a fi
 not sent within it is a ``missed`` incident); and the notification channels a
 schedule's incidents are told to (``channels``; NULL: every channel); an index of the
 notifications by incident, for retention; the outcomes a schedule's failing monitor
-counts (``failure_states``; NULL: failed, lost and expired).
+counts (``failure_states``; NULL: failed, lost and expired); and, on each run, its first
+publish and first start and whether an operator made it, which the monitors judge by
+(a send again or a retry rewrites ``published_at`` and ``started_at``). Runs from before
+have none: the monitors read ``published_at`` and ``started_at`` for them.
 
 Adding columns without a default, and a boolean with a constant default, rewrites
 nothing: the schedule table is locked for a moment only.
@@ -25,6 +28,7 @@ down_revision = "0015"
 branch_labels = None
 depends_on = None
 
+TZ = sa.DateTime(timezone=True)
 _TIMING_COLUMNS = ("max_runtime_seconds", "late_after_seconds", "missed_after_seconds")
 
 
@@ -43,6 +47,12 @@ def upgrade() -> None:
         "ck_beat_schedules_run_monitors",
         "beat_schedules",
         "max_runtime_seconds > 0 AND late_after_seconds > 0 AND missed_after_seconds > 0",
+    )
+    op.add_column("beat_runs", sa.Column("first_published_at", TZ))
+    op.add_column("beat_runs", sa.Column("first_started_at", TZ))
+    op.add_column(
+        "beat_runs",
+        sa.Column("by_operator", sa.Boolean, nullable=False, server_default=sa.false()),
     )
     op.create_index(
         "ix_beat_schedules_timed",
@@ -71,6 +81,8 @@ def downgrade() -> None:
         "ck_beat_incidents_kind", "beat_incidents", "kind IN ('failing', 'stall')"
     )
     op.drop_index("ix_beat_schedules_timed", "beat_schedules")
+    for column in ("by_operator", "first_started_at", "first_published_at"):
+        op.drop_column("beat_runs", column)
     op.drop_constraint("ck_beat_schedules_run_monitors", "beat_schedules")
     op.drop_column("beat_schedules", "failure_states")
     op.drop_column("beat_schedules", "channels")

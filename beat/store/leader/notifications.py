@@ -57,9 +57,9 @@ def enqueue_notifications(
 ) -> None:
     """One notification of an incident's event per channel, in the outbox, in the
     caller's transaction (the one that changes the incident): to the channels schedule
-    ``schedule_id`` names that are still there, else (it names none, none of them is
-    left, or no schedule: the cluster's stall) to every channel, so that an incident is
-    never told to nobody."""
+    ``schedule_id`` names that are still there; without a schedule (removed since, or
+    the cluster's stall), to those told the incident opened; else (none named, none of
+    them left) to every channel, so that an incident is never told to nobody."""
     conn.execute(
         text(_ENQUEUE_SQL),
         {
@@ -106,7 +106,12 @@ def notify_incident(
 _ENQUEUE_SQL = """
 WITH routed AS (
     SELECT coalesce(
-        (SELECT channels FROM beat_schedules WHERE id = :schedule_id), '{}'::text[]
+        CASE WHEN CAST(:schedule_id AS bigint) IS NOT NULL
+             THEN (SELECT channels FROM beat_schedules WHERE id = :schedule_id)
+             ELSE (SELECT array_agg(DISTINCT channel) FROM beat_notifications
+                   WHERE incident_id = :incident_id AND event = 'opened')
+        END,
+        '{}'::text[]
     ) AS names
 )
 INSERT INTO beat_notifications (channel, incident_id, event, payload)

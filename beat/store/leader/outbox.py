@@ -50,7 +50,11 @@ class OutboxStatements(FencedStore):
                 update(runs)
                 .where(runs.c.id == any_(array_param("ids", UUID(as_uuid=True))))
                 .where(runs.c.state == RunState.PENDING.value)
-                .values(state=RunState.QUEUED.value, published_at=func.now()),
+                .values(
+                    state=RunState.QUEUED.value,
+                    published_at=func.now(),
+                    first_published_at=func.coalesce(runs.c.first_published_at, func.now()),
+                ),
                 {"ids": uuid_array(run_ids)},
             ).rowcount
 

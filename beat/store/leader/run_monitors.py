@@ -30,16 +30,17 @@ from beat.monitors import timing
 from beat.store.leader.base import FencedStore
 from beat.store.leader.incident_writes import open_incident, resolve_incident
 from beat.store.leader.notifications import notify_incident
-from beat.store.operator_runs import BACKFILL_REASON, TRIGGER_REASON
 from beat.store.tables import incidents, runs
 
 #: Most runs, and most schedules, one pass looks at.
 BATCH = 500
+#: Most runs past their max_runtime one pass reads (and revokes) of one schedule: the
+#: others of a schedule with more are revoked by the next passes.
+OVERRUNS_PER_SCHEDULE = 20
 #: Longest finding kept on an incident.
 FINDING_CHARS = 500
 
 _KINDS = (IncidentKind.OVERRAN, IncidentKind.LATE, IncidentKind.MISSED)
-_FINISHED = ", ".join(f"'{state}'" for state in ("succeeded", "failed", "lost", "expired"))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -86,7 +87,9 @@ class RunMonitorStatements(FencedStore):
 def _watch_overruns(conn: Connection, writer: _Incidents) -> None:
     """The overran monitor: each schedule with runs past its ``max_runtime`` has its
     incident (those it revokes end ``failed`` first); the others with one open resolve."""
-    found = conn.execute(text(_OVERRUNS_SQL), {"batch": BATCH}).all()
+    found = conn.execute(
+        text(_OVERRUNS_SQL), {"batch": BATCH, "per_schedule": OVERRUNS_PER_SCHEDULE}
+    ).all()
     by_schedule: dict[int, list[Row[Any]]] = defaultdict(list)
     for row in found:
         by_schedule[row.schedule_id].append(row)
@@ -97,24 +100,30 @@ def _watch_overruns(conn: Connection, writer: _Incidents) -> None:
             timing.Overrun(run_id=row.run_id, fire_at=row.fire_at, running_for=row.running_for)
             for row in rows
         ]
-        verdict = timing.overran(overruns, first.max_runtime_seconds, revoked=revoked)
+        verdict = timing.overran(
+            overruns, first.max_runtime_seconds, revoked=revoked, of_schedule=first.of_schedule
+        )
         writer.apply(schedule_id, first.name, IncidentKind.OVERRAN, verdict)
-    if len(found) < BATCH:  # every overrun was read: the schedules without one have none
-        cleared = timing.overran([], 0.0, revoked=False)
+    if len(found) < BATCH:  # every schedule with overruns was read: the others have none
+        cleared = timing.overran([], 0.0, revoked=False, of_schedule=0)
         for schedule_id, name in writer.open_of(IncidentKind.OVERRAN):
             if schedule_id not in by_schedule:
                 writer.apply(schedule_id, name, IncidentKind.OVERRAN, cleared)
 
 
 def _end_revoked(conn: Connection, rows: list[Row[Any]], report: RunMonitorReport) -> bool:
-    """End ``failed`` the runs still running of those past ``max_runtime``; their task
-    IDs go to the report, to be revoked once this transaction commits."""
-    limit = timing.span_text(rows[0].max_runtime_seconds)
+    """End ``failed`` the runs of those still running past ``max_runtime``; their task
+    IDs go to the report, to be revoked once this transaction commits. Judged again in
+    the statement: an attempt that started since the read (a retry, a run sent again)
+    is not past it, and goes on."""
+    max_runtime = rows[0].max_runtime_seconds
+    limit = timing.span_text(max_runtime)
     ended = conn.execute(
         update(runs)
         .where(
             runs.c.id == func.any(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))),
             runs.c.state == RunState.RUNNING.value,
+            runs.c.started_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, max_runtime),
         )
         .values(
             state=RunState.FAILED.value,
@@ -134,10 +143,7 @@ def _end_revoked(conn: Connection, rows: list[Row[Any]], report: RunMonitorRepor
 
 def _watch_fire_times(conn: Connection, writer: _Incidents, now: datetime) -> None:
     """The late and missed monitors, on the schedules that have them."""
-    found = conn.execute(
-        text(_FIRE_TIMES_SQL),
-        {"batch": BATCH, "operator_reasons": [TRIGGER_REASON, BACKFILL_REASON]},
-    ).all()
+    found = conn.execute(text(_FIRE_TIMES_SQL), {"batch": BATCH}).all()
     for row in found:
         late, missed = _verdicts(row, now)
         writer.apply(row.id, row.name, IncidentKind.LATE, late)
@@ -145,34 +151,38 @@ def _watch_fire_times(conn: Connection, writer: _Incidents, now: datetime) -> No
 
 
 def _verdicts(row: Row[Any], now: datetime) -> tuple[timing.Verdict, timing.Verdict]:
+    # Disabled with a fire time to come is a pause; disabled once its window ended, its
+    # last fire time is judged still.
+    paused = not row.enabled and row.next_fire_at is not None
     late: timing.Verdict = timing.Cleared(resolution="its late monitor was turned off")
     if row.late_after_seconds is not None:
-        started = None
-        if row.late_fire_at is not None:
-            started = timing.StartFacts(
-                fire_at=row.late_fire_at,
-                state=row.late_state,
-                started_at=row.late_started_at,
-                finished_at=row.late_finished_at,
-            )
-        late = timing.late(started, row.late_after_seconds, now=now)
+        late = timing.late(_facts(row, "late"), row.late_after_seconds, now=now, enabled=not paused)
     missed: timing.Verdict = timing.Cleared(resolution="its missed monitor was turned off")
     if row.missed_after_seconds is not None:
-        missed = timing.missed(_fire_facts(row), row.missed_after_seconds, enabled=row.enabled)
+        missed = timing.missed(
+            _facts(row, "missed"),
+            row.missed_after_seconds,
+            now=now,
+            enabled=not paused,
+            unclaimed_since=row.unclaimed_fire_at,
+        )
     return late, missed
 
 
-def _fire_facts(row: Row[Any]) -> timing.FireFacts | None:
-    if row.unclaimed_fire_at is not None:
-        return timing.FireFacts(fire_at=row.unclaimed_fire_at)
-    if row.missed_fire_at is None:
+def _facts(row: Row[Any], prefix: str) -> timing.RunFacts | None:
+    """The run the query read for the late (``prefix`` "late") or the missed monitor."""
+    fire_at = getattr(row, f"{prefix}_fire_at")
+    if fire_at is None:
         return None
-    return timing.FireFacts(
-        fire_at=row.missed_fire_at,
-        claimed_at=row.missed_claimed_at,
-        state=row.missed_state,
-        reason=row.missed_reason,
-        sent=row.missed_sent,
+    return timing.RunFacts(
+        fire_at=fire_at,
+        due_at=getattr(row, f"{prefix}_due_at"),
+        state=getattr(row, f"{prefix}_state"),
+        reason=getattr(row, f"{prefix}_reason"),
+        by_operator=getattr(row, f"{prefix}_by_operator"),
+        sent_at=getattr(row, f"{prefix}_sent_at"),
+        started_at=getattr(row, f"{prefix}_started_at"),
+        finished_at=getattr(row, f"{prefix}_finished_at"),
     )
 
 
@@ -296,41 +306,57 @@ class _Incidents:
 
 
 #: The runs running past their schedule's max_runtime, by the database's clock, longest
-#: first (the partial index of running runs holds the few running now).
+#: first (the partial index of running runs holds the few running now): at most
+#: :per_schedule of each schedule, so that one with many cannot hide the others, and
+#: :batch in all; each with how many of its schedule's runs are past it.
 _OVERRUNS_SQL = """
-SELECT s.id AS schedule_id, s.name, s.max_runtime_seconds, s.revoke_after_max_runtime,
-       r.id AS run_id, r.fire_at,
-       extract(epoch FROM now() - r.started_at)::float8 AS running_for
-FROM beat_runs AS r
-JOIN beat_schedules AS s ON s.id = r.schedule_id
-WHERE r.state = 'running'
-  AND r.started_at IS NOT NULL
-  AND s.max_runtime_seconds IS NOT NULL
-  AND r.started_at < now() - make_interval(secs => s.max_runtime_seconds)
-ORDER BY r.started_at
+SELECT * FROM (
+    SELECT s.id AS schedule_id, s.name, s.max_runtime_seconds, s.revoke_after_max_runtime,
+           r.id AS run_id, r.fire_at,
+           extract(epoch FROM now() - r.started_at)::float8 AS running_for,
+           row_number() OVER (PARTITION BY s.id ORDER BY r.started_at) AS rank,
+           count(*) OVER (PARTITION BY s.id) AS of_schedule
+    FROM beat_runs AS r
+    JOIN beat_schedules AS s ON s.id = r.schedule_id
+    WHERE r.state = 'running'
+      AND r.started_at IS NOT NULL
+      AND s.max_runtime_seconds IS NOT NULL
+      AND r.started_at < now() - make_interval(secs => s.max_runtime_seconds)
+) AS past
+WHERE rank <= :per_schedule
+ORDER BY running_for DESC
 LIMIT :batch
 """
 
+#: A run's facts as the late and missed monitors read them (``timing.RunFacts``): its
+#: first send and first start (``published_at`` and ``started_at`` for a run from before
+#: they were kept), and when it was due (its fire time, or the end of its jitter).
+_RUN_FACTS = """
+    SELECT r.fire_at, coalesce(r.not_before, r.fire_at) AS due_at, r.state, r.reason,
+           r.by_operator, coalesce(r.first_published_at, r.published_at) AS sent_at,
+           coalesce(r.first_started_at, r.started_at) AS started_at, r.finished_at
+    FROM beat_runs AS r
+"""
+
 #: The schedules with a late or missed monitor (a partial index holds them) or an open
-#: incident of one (turned off since), at most :batch at random, each with the facts its
-#: verdicts need (runs an operator made, triggered or backfilled, are not fire times of
-#: its timing: passed over):
-#: - late: its newest run due by now, not skipped or cancelled, not retried, whose start
-#:   is known (started, or ended) or overdue (still waiting past late_after);
-#: - missed: its next fire time if it waits unclaimed past missed_after (a schedule that
-#:   is enabled), else its newest run at least missed_after old that a skip by the
-#:   overlap policy or an operator's cancel did not take out.
+#: incident of one (turned off since), at most :batch at random, each with its newest
+#: run due by now (late), its newest run at least missed_after old (missed), and its
+#: next fire time if it waits unclaimed past missed_after (an enabled schedule).
 _FIRE_TIMES_SQL = f"""
-SELECT s.id, s.name, s.enabled, s.late_after_seconds, s.missed_after_seconds,
-       late.fire_at AS late_fire_at, late.state AS late_state,
-       late.started_at AS late_started_at, late.finished_at AS late_finished_at,
+SELECT s.id, s.name, s.enabled, s.next_fire_at, s.late_after_seconds,
+       s.missed_after_seconds,
        CASE WHEN s.missed_after_seconds IS NOT NULL AND s.enabled
                  AND isfinite(s.next_fire_at)
                  AND s.next_fire_at < now() - make_interval(secs => s.missed_after_seconds)
             THEN s.next_fire_at END AS unclaimed_fire_at,
-       missed.fire_at AS missed_fire_at, missed.claimed_at AS missed_claimed_at,
+       late.fire_at AS late_fire_at, late.due_at AS late_due_at, late.state AS late_state,
+       late.reason AS late_reason, late.by_operator AS late_by_operator,
+       late.sent_at AS late_sent_at, late.started_at AS late_started_at,
+       late.finished_at AS late_finished_at,
+       missed.fire_at AS missed_fire_at, missed.due_at AS missed_due_at,
        missed.state AS missed_state, missed.reason AS missed_reason,
-       missed.sent AS missed_sent
+       missed.by_operator AS missed_by_operator, missed.sent_at AS missed_sent_at,
+       missed.started_at AS missed_started_at, missed.finished_at AS missed_finished_at
 FROM (
     SELECT * FROM beat_schedules
     WHERE late_after_seconds IS NOT NULL OR missed_after_seconds IS NOT NULL
@@ -340,30 +366,18 @@ FROM (
     LIMIT :batch
 ) AS s
 LEFT JOIN LATERAL (
-    SELECT r.fire_at, r.state, r.started_at, r.finished_at
-    FROM beat_runs AS r
+    {_RUN_FACTS}
     WHERE s.late_after_seconds IS NOT NULL
       AND r.schedule_name = s.name AND r.schedule_id = s.id
       AND r.fire_at <= now()
-      AND r.state NOT IN ('skipped', 'cancelled')
-      AND NOT coalesce(r.reason, '') = ANY(:operator_reasons)
-      AND r.retries = 0
-      AND (r.started_at IS NOT NULL
-           OR r.state IN ({_FINISHED})
-           OR r.fire_at < now() - make_interval(secs => s.late_after_seconds))
     ORDER BY r.fire_at DESC
     LIMIT 1
 ) AS late ON true
 LEFT JOIN LATERAL (
-    SELECT r.fire_at, r.claimed_at, r.state, r.reason,
-           (r.published_at IS NOT NULL OR r.attempt > 0) AS sent
-    FROM beat_runs AS r
+    {_RUN_FACTS}
     WHERE s.missed_after_seconds IS NOT NULL
       AND r.schedule_name = s.name AND r.schedule_id = s.id
       AND r.fire_at <= now() - make_interval(secs => s.missed_after_seconds)
-      AND r.state <> 'cancelled'
-      AND NOT coalesce(r.reason, '') = ANY(:operator_reasons)
-      AND NOT (r.state = 'skipped' AND r.reason NOT LIKE '{timing.MISFIRE_REASON_PREFIX}%')
     ORDER BY r.fire_at DESC
     LIMIT 1
 ) AS missed ON true

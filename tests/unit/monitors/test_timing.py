@@ -13,9 +13,8 @@ from beat.models import RunState
 from beat.monitors.timing import (
     Cleared,
     Finding,
-    FireFacts,
     Overrun,
-    StartFacts,
+    RunFacts,
     late,
     missed,
     overran,
@@ -28,100 +27,140 @@ limits = st.floats(min_value=1, max_value=86400, allow_nan=False)
 
 
 def test_no_run_past_max_runtime_clears_the_overran_incident() -> None:
-    assert isinstance(overran([], 60.0, revoked=False), Cleared)
+    assert isinstance(overran([], 60.0, revoked=False, of_schedule=0), Cleared)
 
 
-@given(st.lists(seconds, min_size=1, max_size=5), limits, st.booleans())
+@given(st.lists(seconds, min_size=1, max_size=5), limits, st.booleans(), st.integers(0, 50))
 def test_runs_past_max_runtime_are_found_with_the_longest_told(
-    running_for: list[float], max_runtime: float, revoked: bool
+    running_for: list[float], max_runtime: float, revoked: bool, more: int
 ) -> None:
     overruns = [
         Overrun(run_id=uuid.uuid4(), fire_at=FIRE + timedelta(minutes=i), running_for=value)
         for i, value in enumerate(running_for)
     ]
-    verdict = overran(overruns, max_runtime, revoked=revoked)
+    verdict = overran(overruns, max_runtime, revoked=revoked, of_schedule=len(overruns) + more)
     assert isinstance(verdict, Finding)
-    assert verdict.count == len(overruns)
+    assert verdict.count == len(overruns) + more
     assert verdict.first_fire_at == FIRE
     longest = max(overruns, key=lambda overrun: overrun.running_for)
     assert str(longest.run_id) in verdict.text
     assert ("revoked" in verdict.text) is revoked
 
 
-@given(seconds, limits)
-def test_a_run_that_started_is_late_exactly_when_it_started_past_late_after(
-    delay: float, late_after: float
-) -> None:
-    started = StartFacts(
+def started(delay: float, *, jitter: float = 0.0, state: RunState = RunState.SUCCEEDED) -> RunFacts:
+    due = FIRE + timedelta(seconds=jitter)
+    return RunFacts(
         fire_at=FIRE,
-        state=RunState.SUCCEEDED.value,
-        started_at=FIRE + timedelta(seconds=delay),
-        finished_at=FIRE + timedelta(seconds=delay + 1),
+        due_at=due,
+        state=state.value,
+        sent_at=due,
+        started_at=due + timedelta(seconds=delay),
+        finished_at=due + timedelta(seconds=delay + 1),
     )
-    verdict = late(started, late_after, now=FIRE + timedelta(days=5))
+
+
+@given(seconds, limits, st.floats(0, 3600))
+def test_a_run_is_late_exactly_when_its_first_start_came_past_late_after_its_due_time(
+    delay: float, late_after: float, jitter: float
+) -> None:
+    verdict = late(started(delay, jitter=jitter), late_after, now=FIRE + timedelta(days=5))
     # Compared as the verdict computes it: through a timedelta (microseconds).
     really = timedelta(seconds=delay).total_seconds()
     assert isinstance(verdict, Finding if really > late_after else Cleared)
 
 
-@given(seconds, limits, st.sampled_from([RunState.PENDING, RunState.QUEUED, RunState.RETRYING]))
-def test_a_waiting_run_is_late_once_it_waits_past_late_after_by_the_database_clock(
-    waited: float, late_after: float, state: RunState
-) -> None:
-    waiting = StartFacts(fire_at=FIRE, state=state.value, started_at=None, finished_at=None)
-    verdict = late(waiting, late_after, now=FIRE + timedelta(seconds=waited))
-    really = timedelta(seconds=waited).total_seconds()
-    assert isinstance(verdict, Finding if really > late_after else Cleared)
-    if isinstance(verdict, Finding):
-        assert "has not started" in verdict.text
-
-
-def test_a_run_that_expired_unstarted_past_late_after_is_late() -> None:
-    expired = StartFacts(
-        fire_at=FIRE,
-        state=RunState.EXPIRED.value,
-        started_at=None,
-        finished_at=FIRE + timedelta(minutes=10),
-    )
-    verdict = late(expired, 60, now=FIRE + timedelta(hours=1))
-    assert isinstance(verdict, Finding)
-    assert "never started: it ended expired" in verdict.text
-
-
-def test_no_judged_run_changes_nothing() -> None:
-    assert late(None, 60, now=FIRE) is None
-    assert missed(None, 60, enabled=True) is None
-
-
-def test_a_paused_schedule_misses_nothing() -> None:
-    unclaimed = FireFacts(fire_at=FIRE)
-    assert isinstance(missed(unclaimed, 60, enabled=False), Cleared)
-
-
-fire_facts = st.builds(
-    FireFacts,
-    fire_at=st.just(FIRE),
-    claimed_at=st.none() | seconds.map(lambda s: FIRE + timedelta(seconds=s - 3600)),
-    state=st.sampled_from([state.value for state in RunState]),
-    reason=st.sampled_from([None, "misfire: skip policy", "overlap (skip): still active"]),
-    sent=st.booleans(),
+waiting_states = st.sampled_from(
+    [RunState.PENDING, RunState.QUEUED, RunState.RETRYING, RunState.RUNNING]
 )
 
 
-@given(fire_facts, limits)
-def test_a_fire_time_is_missed_exactly_when_it_was_not_claimed_or_sent_in_time(
-    fire: FireFacts, missed_after: float
+@given(seconds, limits, waiting_states)
+def test_a_waiting_run_is_late_once_it_waits_past_late_after_and_unknown_before(
+    waited: float, late_after: float, state: RunState
 ) -> None:
-    not_claimed = fire.claimed_at is None
-    skipped_by_misfire = fire.state == "skipped" and (fire.reason or "").startswith("misfire")
-    claimed_late = (
-        fire.claimed_at is not None
-        and (fire.claimed_at - fire.fire_at).total_seconds() > missed_after
+    waiting = RunFacts(fire_at=FIRE, due_at=FIRE, state=state.value)
+    verdict = late(waiting, late_after, now=FIRE + timedelta(seconds=waited))
+    really = timedelta(seconds=waited).total_seconds()
+    if really > late_after:
+        assert isinstance(verdict, Finding)
+        assert "has not started" in verdict.text
+    else:
+        assert verdict is None
+
+
+@given(limits, st.sampled_from([RunState.EXPIRED, RunState.LOST, RunState.FAILED]))
+def test_a_run_that_ended_without_ever_starting_is_late_however_soon_it_ended(
+    late_after: float, state: RunState
+) -> None:
+    ended = RunFacts(
+        fire_at=FIRE, due_at=FIRE, state=state.value, finished_at=FIRE + timedelta(seconds=1)
     )
-    unsent = not fire.sent and fire.state in ("pending", "expired")
-    expected = not_claimed or skipped_by_misfire or claimed_late or unsent
-    verdict = missed(fire, missed_after, enabled=True)
-    assert isinstance(verdict, Finding if expected else Cleared)
+    verdict = late(ended, late_after, now=FIRE + timedelta(seconds=2))
+    assert isinstance(verdict, Finding)
+    assert f"never started: it ended {state.value}" in verdict.text
+
+
+passed_over = st.sampled_from(
+    [
+        RunFacts(fire_at=FIRE, due_at=FIRE, state="succeeded", by_operator=True),
+        RunFacts(fire_at=FIRE, due_at=FIRE, state="cancelled"),
+        RunFacts(fire_at=FIRE, due_at=FIRE, state="skipped", reason="overlap (skip): active"),
+    ]
+)
+
+
+@given(passed_over, limits)
+def test_a_run_not_of_the_timing_leaves_the_incidents_as_they_are(
+    run: RunFacts, limit: float
+) -> None:
+    now = FIRE + timedelta(days=1)
+    assert late(run, limit, now=now) is None
+    assert missed(run, limit, now=now, enabled=True) is None
+
+
+def test_no_judged_run_changes_nothing_and_a_pause_resolves() -> None:
+    assert late(None, 60, now=FIRE) is None
+    assert missed(None, 60, now=FIRE, enabled=True) is None
+    assert isinstance(late(None, 60, now=FIRE, enabled=False), Cleared)
+    unclaimed = missed(None, 60, now=FIRE, enabled=False, unclaimed_since=FIRE)
+    assert isinstance(unclaimed, Cleared)
+
+
+fire_facts = st.builds(
+    RunFacts,
+    fire_at=st.just(FIRE),
+    due_at=st.floats(0, 600).map(lambda s: FIRE + timedelta(seconds=s)),
+    state=st.sampled_from([state.value for state in RunState]),
+    reason=st.sampled_from([None, "misfire: skip policy", "overlap (skip): still active"]),
+    by_operator=st.booleans(),
+    sent_at=st.none() | seconds.map(lambda s: FIRE + timedelta(seconds=s)),
+)
+
+
+@given(fire_facts, limits, seconds)
+def test_a_fire_time_is_missed_exactly_when_it_was_not_sent_in_time(
+    fire: RunFacts, missed_after: float, age: float
+) -> None:
+    now = FIRE + timedelta(seconds=age)
+    verdict = missed(fire, missed_after, now=now, enabled=True)
+    skipped = fire.state == "skipped"
+    by_misfire = skipped and (fire.reason or "").startswith("misfire")
+    if fire.by_operator or fire.state == "cancelled" or (skipped and not by_misfire):
+        assert verdict is None
+        return
+    if by_misfire:
+        assert isinstance(verdict, Finding)
+        return
+    if fire.sent_at is not None:
+        late_by = (fire.sent_at - fire.due_at).total_seconds()
+        assert isinstance(verdict, Finding if late_by > missed_after else Cleared)
+        return
+    not_ended = fire.state in ("pending", "queued", "retrying", "running")
+    waited = (now - fire.due_at).total_seconds()
+    if not_ended and waited <= missed_after:
+        assert verdict is None
+    else:
+        assert isinstance(verdict, Finding)
 
 
 @given(seconds)
