@@ -21,7 +21,7 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, OperationalError
 
 from beat.errors import (
@@ -113,7 +113,19 @@ def create_store_engine(
     )
     if not ping:
         event.listen(engine, "checkout", discard_if_closed)
+    event.listen(engine, "handle_error", read_only_is_a_lost_connection)
     return engine
+
+
+def read_only_is_a_lost_connection(context: ExceptionContext) -> None:
+    """A server that refuses a write because it is read-only (a primary demoted after a
+    failover, a standby a multi-host URL reached) is no primary any more: its connection
+    is dropped from the pool as a lost one is, and the error is one (StoreUnavailable),
+    not a crash. The next connection finds the primary, as a URL with
+    ``target_session_attrs=read-write`` asks; meanwhile the leases decide, as after a
+    restart."""
+    if isinstance(context.original_exception, psycopg.errors.ReadOnlySqlTransaction):
+        context.is_disconnect = True
 
 
 def discard_if_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:
