@@ -260,7 +260,8 @@ class BeatConfig:
     )
     redis_url: str = _setting(
         "redis://127.0.0.1:6379/0",
-        "Redis URL of the leader lease (may differ from the broker)",
+        "Redis URL of the leader lease (may differ from the broker); rediss:// for TLS,"
+        " sentinel://host:port;sentinel://host:port/0?master_name=NAME for Sentinel",
         parse=_text,
         shown_default="the broker, if it is Redis",
     )

@@ -19,7 +19,6 @@ import logging
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-import redis
 from celery.beat import Scheduler
 
 from beat import metrics
@@ -34,6 +33,7 @@ from beat.leader.reporting import MAX_BACKOFF, Reporter, TickErrors
 from beat.lease.beacon import CrashDetection, SessionBeacon
 from beat.lease.holder import LeaderLease
 from beat.lease.presence import BeatPresence
+from beat.lease.redis_url import redis_client
 from beat.publish.dispatch import CeleryPublisher
 from beat.schedule import code as code_schedules
 from beat.schedule.define import first_fire_at
@@ -239,8 +239,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             config = self.config
             # A client of its own, with short timeouts: an unreachable Redis delays the
             # leader's pass by at most this much, once per interval.
-            client = redis.Redis.from_url(
-                config.redis_url, socket_timeout=1, socket_connect_timeout=1
+            client = redis_client(
+                config.redis_url, config.redis_setting, socket_timeout=1, socket_connect_timeout=1
             )
             self._presence = BeatPresence(
                 client,
@@ -297,8 +297,9 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
     @property
     def lease(self) -> LeaderLease:
         if self._lease is None:
-            client = redis.Redis.from_url(
+            client = redis_client(
                 self.config.redis_url,
+                self.config.redis_setting,
                 socket_timeout=2,
                 socket_connect_timeout=2,
                 health_check_interval=10,

@@ -95,6 +95,7 @@ from beat.lease.holder import (
     open_beacon_connection,
     same_endpoint,
 )
+from beat.lease.redis_url import is_sentinel
 from beat.records import Session
 from beat.sockets import readable
 from beat.store.db import (
@@ -252,8 +253,11 @@ class SessionBeacon:
             raise StoreUnavailable(f"PostgreSQL at {self._masked}: {exc}") from exc
 
     def _open_redis(self) -> BeaconConnection:
-        connection = open_beacon_connection(self._redis_url, self.name)
         where = masked_url(self._redis_url)
+        if is_sentinel(self._redis_url):
+            # Which server holds the beacon changes with a failover: no proof to act on.
+            raise _Unsupported(f"Redis at {where} is reached through Sentinel")
+        connection = open_beacon_connection(self._redis_url, self.name)
         if connection is None:
             raise _Unsupported(f"Redis at {where} refuses CLIENT commands")
         if not connection.direct or not connection.server:

@@ -36,6 +36,7 @@ from typing import Any
 import redis
 
 from beat.errors import LeaseUnavailable
+from beat.lease.redis_url import redis_client
 from beat.store.db import masked_url
 
 logger = logging.getLogger(__name__)
@@ -193,7 +194,9 @@ def read_beats(
     """The live beat processes of the cluster of key prefix ``prefix``, by holder ID,
     after dropping the expired entries (one script); LeaseUnavailable, naming
     ``setting``, if Redis does not answer."""
-    client = redis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    client = redis_client(
+        redis_url, setting, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
     try:
         live, infos = client.register_script(_READ)(keys=[beats_key(prefix), info_key(prefix)])
     except redis.RedisError as exc:

@@ -13,6 +13,7 @@ import redis
 
 from beat.errors import LeaseUnavailable
 from beat.lease.holder import lock_key
+from beat.lease.redis_url import redis_client
 
 #: Seconds a Redis call of a status read may take.
 REDIS_TIMEOUT = 3.0
@@ -41,7 +42,9 @@ def read_lease(
     """The lock key's value and PTTL, read together (one MULTI), for the cluster of key
     prefix ``prefix``; LeaseUnavailable, naming ``setting``, if Redis does not answer."""
     key = lock_key(prefix)
-    client = redis.Redis.from_url(redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    client = redis_client(
+        redis_url, setting, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
     kwargs = client.connection_pool.connection_kwargs
     where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
     try:
