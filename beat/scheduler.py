@@ -34,7 +34,7 @@ from beat.lease.beacon import CrashDetection, SessionBeacon
 from beat.lease.holder import LeaderLease
 from beat.lease.presence import BeatPresence
 from beat.lease.redis_url import redis_client
-from beat.publish.dispatch import CeleryPublisher
+from beat.publish.dispatch import CeleryPublisher, confirm_publishes
 from beat.schedule import code as code_schedules
 from beat.schedule.define import first_fire_at
 from beat.store.db import masked_url
@@ -84,6 +84,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         self._code: list[Any] = []
         self._metrics_started = False
         kwargs["max_interval"] = self.config.max_wait
+        # Before any connection of the app's pool exists: its options are read then.
+        confirm_publishes(app)
         super().__init__(app, *args, lazy=lazy, **kwargs)
 
     # -- celery.beat.Scheduler interface -------------------------------------------
