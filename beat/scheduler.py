@@ -34,7 +34,8 @@ from beat.lease.beacon import CrashDetection, SessionBeacon
 from beat.lease.holder import LeaderLease
 from beat.lease.presence import BeatPresence
 from beat.lease.redis_url import redis_client
-from beat.publish.dispatch import CeleryPublisher, confirm_publishes
+from beat.publish.confirms import confirm_publishes
+from beat.publish.dispatch import CeleryPublisher
 from beat.schedule import code as code_schedules
 from beat.schedule.define import first_fire_at
 from beat.store.db import masked_url

@@ -57,6 +57,7 @@ from kombu.transport.redis import Channel as RedisChannel
 from beat.errors import HABeatError, InvalidSchedule, error_text
 from beat.models import RunToPublish, UnpublishableRun
 from beat.publish import messages
+from beat.publish.confirms import confirm_publishes
 from beat.publish.messages import ATTEMPT_HEADER, FIRE_AT_HEADER, SCHEDULE_HEADER
 from beat.publish.redis_envelopes import Envelopes
 from beat.publish.redis_pushes import fold_pushes
@@ -119,24 +120,6 @@ class PublishResult:
     rejected: list[UnpublishableRun] = field(default_factory=list)
     #: Seconds ``publish_at`` took to build the messages ahead (0 if it built none).
     built_in: float = 0.0
-
-
-#: Broker URL schemes of AMQP (RabbitMQ), where a publish is confirmed by default.
-AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
-
-
-def confirm_publishes(app: Any) -> bool:
-    """On RabbitMQ, have the broker confirm each publish of this process (py-amqp's
-    ``confirm_publish``), unless the app's ``broker_transport_options`` say otherwise:
-    a message the broker refuses (a queue at its length limit with ``reject-publish``,
-    a full disk) is then an error, and its run stays in the outbox to be sent again,
-    rather than one the broker dropped while the run counts as sent. True if set."""
-    scheme = str(app.conf.broker_url or "").split("://", 1)[0].lower()
-    options = dict(app.conf.broker_transport_options or {})
-    if scheme not in AMQP_SCHEMES or "confirm_publish" in options:
-        return False
-    app.conf.broker_transport_options = {**options, "confirm_publish": True}
-    return True
 
 
 class CeleryPublisher:
