@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -222,6 +223,12 @@ def test_every_beat_stopped_past_the_stall_threshold_is_told_by_the_first_one_ba
     assert events(posts) == ["opened", "resolved"]
     opened = posts[0].body
     assert opened["incident"]["kind"] == "stall"
-    assert opened["text"].startswith("No fire time is being claimed: 1 schedule waits unclaimed")
+    # The demo's code schedules wait too, one or both past the threshold as their phase
+    # falls: the count is 1 or more.
+    assert re.match(
+        r"No fire time is being claimed: (1 schedule waits|\d+ schedules wait) unclaimed,"
+        r" the oldest due \d+m\d\ds ago$",
+        opened["text"],
+    ), opened["text"]
     [stall] = incidents(cluster, "--all")
     assert (stall["kind"], stall["open"]) == ("stall", False)
