@@ -138,5 +138,8 @@ def vars_of(cost: TickCost) -> dict[str, Any]:
 class _NoWait:
     """A waiter that returns at once: the benchmark times the work, not the waits."""
 
+    def listen(self) -> None:
+        pass
+
     def wait(self, timeout: float) -> bool:
         return False

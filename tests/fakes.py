@@ -1436,9 +1436,14 @@ class FakeWaiter:
         self.waits: list[float] = []
         self.wake_at = clock()
         self.wakeups = 0
+        self.listening = False
         self._woken = False
 
+    def listen(self) -> None:
+        self.listening = True
+
     def wait(self, timeout: float) -> bool:
+        self.listen()  # as the real one, which LISTENs on first use
         self.waits.append(timeout)
         if self._woken:  # a notification came while not waiting: return at once
             self._woken = False
@@ -1454,6 +1459,8 @@ class FakeWaiter:
 
     def wake(self) -> None:
         self.wakeups += 1
+        if not self.listening:
+            return  # PostgreSQL tells only the sessions that LISTEN already
         if not self.sleeps and self.wake_at > self.clock():
             self.wake_at = self.clock()  # waiting: the wait ends now
             return

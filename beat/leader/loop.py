@@ -86,6 +86,9 @@ class LeaderLoop(Maintenance, ClaimPacing):
         if self._maintenance_due():
             self.sends.finish()  # the outbox would see the runs being sent as pending
             self._maintain(epoch)
+        # Listening before the claim reads what is due: a trigger or an edit committed
+        # after that read wakes the wait below instead of waiting out max_wait.
+        self.waiter.listen()
         claim = self._claim(epoch)
         self.leadership.made_progress()  # a fenced claim committed: this leader works
         if self.after_claim_commit is not None:

@@ -121,8 +121,10 @@ class Publisher(Protocol):
 
 
 class Waiter(Protocol):
-    """Sleeps up to ``timeout`` seconds; returns early when woken (LISTEN/NOTIFY)."""
+    """Sleeps up to ``timeout`` seconds; returns early when woken (LISTEN/NOTIFY) since
+    ``listen`` was called (or the last wait)."""
 
+    def listen(self) -> None: ...
     def wait(self, timeout: float) -> bool: ...
 
 

@@ -28,8 +28,15 @@ class ScheduleChangeListener:
         self._setting = setting
         self._conn: psycopg.Connection[Any] | None = None
 
+    def listen(self) -> None:
+        """LISTEN from now on, if not already: a notification sent from here until the
+        next ``wait`` wakes it. The loop listens before it reads what is due, so that
+        a change committed after that read is never slept through."""
+        self._connection()
+
     def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a notification; True if one came."""
+        """Wait up to ``timeout`` seconds for a notification; True if one came (since
+        ``listen`` or the last ``wait``)."""
         conn = self._connection()
         try:
             woken = any(True for _ in conn.notifies(timeout=max(timeout, 0.0), stop_after=1))

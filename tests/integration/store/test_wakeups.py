@@ -149,3 +149,16 @@ def test_close_ends_the_send_in_flight_before_it_hands_over(
     assert len(broker_messages(redis_client, test_env.broker_key_prefix)) == 5
     assert len(run_rows(store, state=RunState.QUEUED.value)) == 5
     assert len(run_rows(store, state=RunState.PENDING.value)) == 0
+
+
+def test_a_change_committed_between_listen_and_wait_wakes_the_wait(
+    store: Store, make_scheduler: SchedulerFactory
+) -> None:
+    """The loop listens before its claim reads what is due: a trigger committed
+    after that read, before the loop waits, must not be slept through."""
+    scheduler = make_scheduler(max_wait=30.0)
+    Schedules(store).create("hourly", "t", every=3600, allow_unregistered=True)
+    scheduler.listener.listen()
+    Schedules(store).trigger("hourly")
+
+    assert scheduler.listener.wait(10.0), "the trigger's NOTIFY was lost"

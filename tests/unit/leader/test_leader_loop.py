@@ -430,6 +430,19 @@ def test_the_wait_is_capped_by_max_wait() -> None:
     assert a.waiter.waits == [5.0] * 5
 
 
+def test_a_trigger_committed_just_after_a_new_leaders_first_claim_wakes_it() -> None:
+    w = world(max_wait=30.0)
+    w.store.add_schedule("hourly", every=3600, in_seconds=3600)
+    a = w.start("a")
+    a.after_claim = lambda claim: a.waiter.wake()  # NOTIFY of a trigger after the claim read
+
+    a.run_pass()
+
+    assert a.leads
+    assert a.waiter.waits == [30.0]
+    assert a.next_run == w.clock(), "woken at once, not after max_wait: it listened first"
+
+
 def test_a_schedule_that_cannot_be_claimed_ahead_is_waited_for_until_its_own_time() -> None:
     w = world(claim_ahead=3.0, max_wait=60.0)
     w.store.add_schedule("skip-in-1s", every=60, in_seconds=1, overlap=OverlapPolicy.SKIP)
