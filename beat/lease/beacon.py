@@ -49,7 +49,14 @@ so absence counts only as proof, and these are the rules that make it one:
    for itself (both user-settable). The Redis half subscribes to a channel of
    its own name: Redis exempts pub/sub clients from its idle ``timeout``
    (``clientsCronHandleTimeout`` in the server's ``timeout.c`` skips clients
-   flagged ``CLIENT_PUBSUB``), and nothing publishes there.
+   flagged ``CLIENT_PUBSUB``), and nothing publishes there. Nor does a
+   partition: a server whose TCP keepalives are short (``tcp_keepalives_idle``
+   of seconds, ``tcp-keepalive`` in Redis) ends a silent peer's sessions, a
+   living process's cut off by a network as soon as a dead one's. The
+   PostgreSQL half sets its own server side's keepalives to an hour
+   (``SERVER_SIDE_KEEPALIVES``, user-settable too), so that both halves can be
+   gone together over a partition only long after every lease has decided
+   (Redis's setting is the server's alone: one half suffices to hold back).
 5. **Nothing stands between a half and its server.** A pooler (PgBouncer in
    transaction or statement mode runs each statement on some backend; in
    session mode the backend outlives the client) or a TCP proxy (its upstream
@@ -111,6 +118,16 @@ if TYPE_CHECKING:
     from beat.records import RedisHalf, SessionlessRun
 
 logger = logging.getLogger(__name__)
+
+#: SQL: the server's TCP keepalives on the PostgreSQL half (see the module docstring,
+#: 4): a silent peer's session is ended after an hour and five minutes, not within the
+#: seconds some servers are set to, and no unacknowledged send ends it sooner.
+SERVER_SIDE_KEEPALIVES = (
+    "SELECT set_config('tcp_keepalives_idle', '3600', false),"
+    " set_config('tcp_keepalives_interval', '60', false),"
+    " set_config('tcp_keepalives_count', '5', false),"
+    " set_config('tcp_user_timeout', '0', false)"
+)
 
 #: This session as the server sees it, and where the server listens.
 _WHO_AM_I = (
@@ -231,6 +248,7 @@ class SessionBeacon:
             raise StoreUnavailable(unreachable(self._masked, exc, self._database_setting)) from exc
         try:
             conn.execute(NO_IDLE_TIMEOUTS)
+            conn.execute(SERVER_SIDE_KEEPALIVES)
         except psycopg.Error as exc:
             conn.close()
             raise StoreUnavailable(f"PostgreSQL at {self._masked}: {exc}") from exc

@@ -13,6 +13,7 @@ outbox, the stale-queued republish and the fencing epoch floor must recover from
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import shutil
 import signal
@@ -105,14 +106,25 @@ def wait_for(check: Callable[[], object], what: str, timeout: float) -> None:
 
 
 class PrivatePostgres:
-    """A PostgreSQL cluster in ``workdir``, on a free port, trust auth, user postgres."""
+    """A PostgreSQL cluster in ``workdir``, on a free port, trust auth, user postgres;
+    on 127.0.0.1 and any more ``addresses`` (a test's own network), with server
+    ``settings`` of the test's."""
 
-    def __init__(self, binaries: Binaries, workdir: Path) -> None:
+    def __init__(
+        self,
+        binaries: Binaries,
+        workdir: Path,
+        *,
+        addresses: tuple[str, ...] = (),
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self._binaries = binaries
         self.datadir = workdir / "postgres"
         self.log = workdir / "postgres.log"
         self.port = free_port()
         self._as_root = os.geteuid() == 0
+        self._addresses = addresses
+        self._settings = settings or {}
 
     @property
     def admin_dsn(self) -> str:
@@ -138,13 +150,19 @@ class PrivatePostgres:
             "--encoding=UTF8",
             "--locale=C",
         )
+        with (self.datadir / "pg_hba.conf").open("a") as hba:
+            for address in self._addresses:
+                network = ipaddress.ip_network(f"{address}/24", strict=False)
+                hba.write(f"host all all {network} trust\n")
 
     def start(self) -> None:
         # fsync off: the harness kills processes, never the machine, so the OS page
         # cache keeps every commit; it spares a slow disk the restarts' flushes.
+        listen = ",".join(("127.0.0.1", *self._addresses))
         options = (
-            f"-p {self.port} -k {self.datadir} -c listen_addresses=127.0.0.1"
+            f"-p {self.port} -k {self.datadir} -c listen_addresses={listen}"
             " -c fsync=off -c full_page_writes=off -c max_connections=200"
+            + "".join(f" -c {name}={value}" for name, value in self._settings.items())
         )
         self._run(
             str(self._binaries.pg_ctl),
@@ -197,6 +215,7 @@ class PrivateRedis:
         *,
         password: str | None = None,
         extra: list[str] | None = None,
+        addresses: tuple[str, ...] = (),
     ) -> None:
         self._binary = binary
         self._workdir = workdir
@@ -204,6 +223,7 @@ class PrivateRedis:
         self.port = free_port()
         self._password = password  # the default user's (``--requirepass``)
         self._extra = extra or []  # more server arguments, e.g. ``--user ...``
+        self._addresses = addresses  # beside 127.0.0.1: a test's own network
         self._process: subprocess.Popen[bytes] | None = None
 
     def url(self, db: int = 0) -> str:
@@ -217,6 +237,9 @@ class PrivateRedis:
                 str(self.port),
                 "--bind",
                 "127.0.0.1",
+                *self._addresses,
+                # Another address is a network of the test's own, not the machine's.
+                *(["--protected-mode", "no"] if self._addresses else []),
                 "--save",
                 "",
                 "--appendonly",

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
 from celery import Celery
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from app.factory import create_app
 from beat.store.all_roles import Store
+from tests.chaos.servers import PrivatePostgres
 from tests.conftest import SessionEnv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +105,7 @@ class Cluster:
             check=False,
         )
 
-    def beat(self, name: str, **env: str) -> Process:
+    def beat(self, name: str, program: Sequence[str] = CELERY, **env: str) -> Process:
         return self.start(
             name,
             "beat",
@@ -111,6 +114,7 @@ class Cluster:
             "--pidfile=",
             "-s",
             str(self.workdir / f"{name}-schedule"),
+            program=program,
             **env,
         )
 
@@ -120,6 +124,7 @@ class Cluster:
         concurrency: int = 4,
         pool: str = "threads",
         options: tuple[str, ...] = (),
+        program: Sequence[str] = CELERY,
         **env: str,
     ) -> Process:
         return self.start(
@@ -136,6 +141,7 @@ class Cluster:
             "--without-gossip",
             "--without-mingle",
             *options,
+            program=program,
             **env,
         )
 
@@ -178,6 +184,40 @@ class Cluster:
         return "\n".join(
             f"===== {p.name} (pid {p.pid}) =====\n{p.output()[-6000:]}" for p in self.processes
         )
+
+
+@contextlib.contextmanager
+def cluster_on(
+    postgres: PrivatePostgres,
+    redis_url: str,
+    workdir: Path,
+    *,
+    prefix: str,
+    settings: dict[str, str] | None = None,
+) -> Iterator[Cluster]:
+    """A cluster on a database of its own (named ``prefix``) on a private PostgreSQL,
+    with the effects table the jobs write; its processes stopped, its logs printed and
+    its pool closed at the end."""
+    database = prefix.replace("-", "_")
+    with psycopg.connect(postgres.admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    env = SessionEnv(database_url=postgres.url(database), redis_url=redis_url, key_prefix=prefix)
+    store = Store.connect(env.database_url, leader_name=prefix)
+    store.migrate()
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE TABLE e2e_effects"
+                " (task_id text NOT NULL, label text, at timestamptz DEFAULT now())"
+            )
+        )
+    cluster = Cluster(env=env, store=store, workdir=workdir, settings=dict(settings or {}))
+    try:
+        yield cluster
+    finally:
+        cluster.stop_all()
+        print(cluster.logs()[-20000:])
+        store.dispose()
 
 
 def wait_until(condition: Callable[[], object], timeout: float, interval: float = 0.05) -> float:

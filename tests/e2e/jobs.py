@@ -35,11 +35,23 @@ def record(self: IdempotentTask, label: str) -> str:
 @celery_app.task(name="e2e.slow", bind=True, base=IdempotentTask)
 def slow(self: IdempotentTask, label: str, seconds: float) -> str:
     """Works for ``seconds``, checking its lease between steps, then records its effect."""
+    return _work_then_record(self, label, seconds)
+
+
+def _work_then_record(task: IdempotentTask, label: str, seconds: float) -> str:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        self.check_lease()
+        task.check_lease()
         time.sleep(0.2)
-    return _record_effect(self, label)
+    return _record_effect(task, label)
+
+
+@celery_app.task(name="e2e.long", bind=True, base=IdempotentTask)
+def long(self: IdempotentTask, label: str, seconds: float) -> str:
+    """``e2e.slow`` whose every start is recorded at once, outside the run's transaction
+    (``<label>:start``): a test counts the bodies started, not only the effects."""
+    _record_plain_effect(self.request.id, f"{label}:start")
+    return _work_then_record(self, label, seconds)
 
 
 @celery_app.task(

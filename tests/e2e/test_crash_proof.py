@@ -26,8 +26,8 @@ from beat.models import RunState
 from beat.store.all_roles import Store
 from tests.chaos.harness import private_servers, workspace
 from tests.chaos.servers import POSTGRES_USER, PrivatePostgres, PrivateRedis, free_port, wait_for
-from tests.conftest import IN_CI, SessionEnv
-from tests.e2e.cluster import Cluster, wait_until
+from tests.conftest import IN_CI
+from tests.e2e.cluster import Cluster, cluster_on, wait_until
 from tests.integration.helpers import run_rows
 
 pytestmark = pytest.mark.e2e
@@ -55,29 +55,11 @@ def private_cluster(
     """A cluster on a database of its own on the private servers (which a test may
     restart), with short leases."""
     postgres, redis_server = servers
-    database = f"proof_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres.admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
     prefix = f"proof-{uuid.uuid4().hex[:8]}"
-    env = SessionEnv(
-        database_url=postgres.url(database), redis_url=redis_server.url(), key_prefix=prefix
-    )
-    store = Store.connect(env.database_url, leader_name=prefix)
-    store.migrate()
-    with store.engine.begin() as conn:
-        conn.execute(
-            text(
-                "CREATE TABLE e2e_effects"
-                " (task_id text NOT NULL, label text, at timestamptz DEFAULT now())"
-            )
-        )
-    cluster = Cluster(env=env, store=store, workdir=tmp_path, settings=dict(SETTINGS))
-    try:
+    with cluster_on(
+        postgres, redis_server.url(), tmp_path, prefix=prefix, settings=SETTINGS
+    ) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
-        print(cluster.logs()[-20000:])
-        store.dispose()
 
 
 def run_row(store: Store, task_id: str) -> Any:

@@ -1,0 +1,240 @@
+"""Network partitions that drop packets, not connections: a worker in a network
+namespace of the test's own (``tests.e2e.netns``), its link to PostgreSQL, Redis
+and the broker cut with iptables while it runs, then healed.
+
+Nothing closes a socket on a partition, but the servers may: a PostgreSQL or Redis
+whose TCP keepalives are short (``tcp_keepalives_idle``, ``tcp-keepalive``; managed
+services often set them so) ends the sessions of a peer that stopped answering
+within seconds. To crash detection that would read as a death, and a run
+reclaimed from a living worker executes twice. So the servers here use keepalives
+of a few seconds, the partition lasts less than a run's lease, and the test checks
+that the leases decided: each run's body started once, on the worker that took
+it, and ended with its effect once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from beat.models import RunState
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
+from tests.chaos.harness import workspace
+from tests.chaos.servers import MissingBinaries, PrivatePostgres, PrivateRedis, find_binaries
+from tests.conftest import IN_CI
+from tests.e2e.cluster import CELERY, Cluster, Process, cluster_on, wait_until
+from tests.e2e.netns import Host, NetnsUnavailable
+from tests.e2e.test_crash_fast import longest_gap_between_publications
+from tests.e2e.test_ha_cluster import (
+    assert_each_fire_time_once,
+    assert_each_run_executed_once,
+    create_second_schedules,
+)
+from tests.integration.helpers import run_rows
+
+pytestmark = pytest.mark.e2e
+
+PREFIX = "habeat-partition"
+#: Servers that end a silent peer's sessions within about five seconds.
+POSTGRES_KEEPALIVES = {
+    "tcp_keepalives_idle": "2",
+    "tcp_keepalives_interval": "1",
+    "tcp_keepalives_count": "2",
+}
+REDIS_KEEPALIVE = ["--tcp-keepalive", "2"]
+#: A run's lease (the default): the partition below is shorter.
+LEASE = 30.0
+PARTITION = 12.0
+#: The leader lease's TTL in the leader test (the default is 10 s).
+LOCK_TTL = 5.0
+#: Seconds a new celery process needs to start (import, connect).
+START_UP = 4.0
+
+
+class PartitionedCluster:
+    """A cluster on private servers that listen on this side of ``host``'s link too."""
+
+    def __init__(
+        self, cluster: Cluster, host: Host, postgres: PrivatePostgres, redis: PrivateRedis
+    ) -> None:
+        self.cluster = cluster
+        self.host = host
+        self.postgres = postgres
+        self.redis = redis
+
+    def across_the_link(self) -> dict[str, str]:
+        """The environment of a process in ``host``'s namespace: every server is
+        reached over the link."""
+        database = make_url(self.cluster.env.database_url).set(host=self.host.server_address)
+        redis_url = f"redis://{self.host.server_address}:{self.redis.port}/0"
+        return {
+            "DATABASE_URL": database.render_as_string(hide_password=False),
+            "REDIS_URL": redis_url,
+            "CELERY_BROKER_URL": redis_url,
+            "E2E_EFFECTS_DSN": database.set(drivername="postgresql").render_as_string(
+                hide_password=False
+            ),
+        }
+
+    def worker_across_the_link(self, name: str, concurrency: int) -> Process:
+        return self.cluster.worker(
+            name,
+            concurrency=concurrency,
+            program=self.host.command(CELERY),
+            **self.across_the_link(),
+        )
+
+    def beat_across_the_link(self, name: str) -> Process:
+        return self.cluster.beat(name, program=self.host.command(CELERY), **self.across_the_link())
+
+
+@pytest.fixture
+def partitioned(tmp_path: Path) -> Iterator[PartitionedCluster]:
+    try:
+        binaries = find_binaries()
+        host = Host("e2e").open()
+    except (MissingBinaries, NetnsUnavailable) as exc:
+        if IN_CI:
+            pytest.fail(str(exc), pytrace=False)
+        pytest.skip(str(exc))
+    try:
+        with workspace() as workdir:
+            postgres = PrivatePostgres(
+                binaries,
+                workdir,
+                addresses=(host.server_address,),
+                settings=POSTGRES_KEEPALIVES,
+            )
+            redis = PrivateRedis(
+                binaries.redis_server,
+                workdir,
+                addresses=(host.server_address,),
+                extra=REDIS_KEEPALIVE,
+            )
+            try:
+                postgres.init()
+                postgres.start()
+                redis.start()
+                with cluster_on(postgres, redis.url(0), tmp_path, prefix=PREFIX) as cluster:
+                    yield PartitionedCluster(cluster, host, postgres, redis)
+            finally:
+                redis.stop()
+                if postgres.running():
+                    postgres.stop("immediate")
+    finally:
+        host.close()
+
+
+def labels(cluster: Cluster) -> dict[str, int]:
+    with cluster.store.engine.connect() as conn:
+        rows = conn.execute(text("SELECT label, count(*) FROM e2e_effects GROUP BY label"))
+        return {row[0]: row[1] for row in rows}
+
+
+def rows_of_the_test(store: Store) -> list[Any]:
+    """The runs of the test's schedules (the demo's code schedules run beside them)."""
+    return [row for row in run_rows(store) if row.task in {"e2e.long", "e2e.plain_long"}]
+
+
+def running_rows(store: Store) -> list[Any]:
+    return [row for row in rows_of_the_test(store) if row.state == RunState.RUNNING.value]
+
+
+def test_a_worker_partitioned_for_less_than_a_lease_keeps_its_runs_though_servers_end_its_sessions(
+    partitioned: PartitionedCluster,
+) -> None:
+    cluster, store = partitioned.cluster, partitioned.cluster.store
+    schedules = Schedules(store)
+    schedules.create("idempotent", "e2e.long", in_seconds=2, args=["idempotent", 24])
+    schedules.create("plain", "e2e.plain_long", in_seconds=2, args=["plain", 24])
+    partitioned.worker_across_the_link("across", concurrency=2)
+    cluster.beat("beat0")  # the leader: its reaper acts on crash detection
+    wait_until(lambda: len(running_rows(store)) == 2, timeout=60, interval=0.2)
+    taken = {row.id: row.worker for row in rows_of_the_test(store)}
+    assert all(worker.startswith("across@") for worker in taken.values())
+    cluster.worker("spare", concurrency=2)  # takes whatever is sent again
+    time.sleep(START_UP)
+
+    cut_at = store.now()
+    partitioned.host.partition()
+    time.sleep(PARTITION)
+    partitioned.host.heal()
+    print(f"partitioned for {(store.now() - cut_at).total_seconds():.1f} s")
+
+    wait_until(
+        lambda: all(
+            row.state not in {"running", "pending", "queued"} for row in rows_of_the_test(store)
+        ),
+        timeout=LEASE + 40,
+        interval=0.5,
+    )
+    rows = rows_of_the_test(store)
+    assert {row.state for row in rows} == {RunState.SUCCEEDED.value}, [
+        (row.task, row.state, row.error) for row in rows
+    ]
+    assert {row.id: row.worker for row in rows} == taken, "a run moved to another worker"
+    assert labels(cluster) == {
+        "idempotent:start": 1,
+        "idempotent": 1,
+        "plain:start": 1,
+        "plain": 1,
+    }, "each body started once and had its effect once"
+    assert all(row.attempt == 1 for row in rows)
+
+
+@pytest.mark.parametrize("direction", ["both", "from-servers"])
+def test_a_leader_partitioned_from_every_server_is_replaced_and_never_claims_again(
+    partitioned: PartitionedCluster, direction: str
+) -> None:
+    """Cut both ways, or only the servers' answers (its statements and renewals may
+    still arrive, unanswered): the lease lapses within its TTL, the standby takes over
+    with a higher epoch, and the partitioned leader, healed, claims nothing under its
+    old one. Every fire time runs once; every run's effect exists once."""
+    cluster, store = partitioned.cluster, partitioned.cluster.store
+    cluster.settings = {"HABEAT_LOCK_TTL": str(LOCK_TTL)}
+    anchor = create_second_schedules(store)
+    cluster.worker("worker0")
+    cut_off = partitioned.beat_across_the_link("beat0")
+    wait_until(lambda: cluster.leading_process() is cut_off, timeout=30)
+    cluster.beat("beat1")
+    time.sleep(START_UP)
+    (epoch_before, _) = cluster.leader_holder() or (0, "")
+
+    cut_at = store.now()
+    partitioned.host.partition(direction)
+    time.sleep(LOCK_TTL + 4)
+    partitioned.host.heal()
+    time.sleep(4)  # the healed one sees its lease gone, and stands by
+
+    holder = cluster.leader_holder()
+    assert holder is not None
+    assert holder[0] > epoch_before, "no standby took over"
+    assert cluster.leading_process() is not cut_off
+    assert cut_off.alive(), "the partitioned leader lives on, as a standby"
+    late_claims = claims_of_epoch_after(store, epoch_before, cut_at + timedelta(seconds=LOCK_TTL))
+    assert late_claims == 0, "the deposed leader claimed after its lease had lapsed"
+    gap = longest_gap_between_publications(store, cut_at)
+    print(f"leader partitioned ({direction}): longest gap between publications {gap:.2f} s")
+    # The lease lapses a TTL after its last renewal: one sent up to its socket timeout
+    # (2 s) after the cut may still arrive. A standby then takes it within its poll
+    # (1 s) and publishes at the next fire time (every second).
+    assert gap <= LOCK_TTL + 4, f"the gap was {gap:.2f} s"
+    until = store.now() - timedelta(seconds=1)
+    assert_each_fire_time_once(store, anchor, until)
+    assert_each_run_executed_once(cluster, store)
+
+
+def claims_of_epoch_after(store: Store, epoch: int, after: datetime) -> int:
+    with store.engine.connect() as conn:
+        count: int = conn.execute(
+            text("SELECT count(*) FROM beat_runs WHERE epoch = :epoch AND claimed_at > :after"),
+            {"epoch": epoch, "after": after},
+        ).scalar_one()
+    return count
