@@ -95,7 +95,7 @@ class Maintenance(Publishing):
             lease_seconds=self.config.lease_timeout,
             in_queue=self.lost_messages.waiting_in_queues,
         )
-        self.report.reclaimed(reclaim)
+        self.report.reclaimed(reclaim, dead=frozenset(deaths.runs))
         self._publish(reclaim.runs, source=RECLAIM)
 
     def _recover_lost_messages(self, epoch: int) -> None:

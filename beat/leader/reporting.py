@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -251,7 +252,9 @@ class Reporter(MonitorReporting):
 
     # -- maintenance ----------------------------------------------------------------
 
-    def reclaimed(self, reclaim: Reclaim) -> None:
+    def reclaimed(self, reclaim: Reclaim, *, dead: frozenset[uuid.UUID] = frozenset()) -> None:
+        """What the reaper did; ``dead``: the runs whose worker process crash detection
+        found gone (the others' leases expired)."""
         metrics.LEASES_RECLAIMED.inc(len(reclaim.runs))
         metrics.RUNS_LOST.inc(len(reclaim.lost))
         for lost in reclaim.lost:
@@ -264,10 +267,11 @@ class Reporter(MonitorReporting):
             )
         for run in reclaim.runs:
             logger.warning(
-                "publishing run %s of schedule %s again (attempt %d): its worker's lease expired",
+                "publishing run %s of schedule %s again (attempt %d): %s",
                 run.id,
                 run.schedule_name,
                 run.attempt + 1,
+                "its worker process is gone" if run.id in dead else "its worker's lease expired",
                 extra={"run_id": str(run.id), "schedule": run.schedule_name},
             )
 
