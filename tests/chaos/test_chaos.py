@@ -80,6 +80,8 @@ pytestmark = pytest.mark.chaos
 CI_RUNS = [(20261202, 30.0)]
 
 #: Runs that once failed, kept to re-run the same fault plan: (seed, seconds, what it caught).
+#: Replayed with ``HABEAT_CHAOS_REGRESSIONS=1`` (or ``scripts/chaos.sh --seed N --duration S``),
+#: not in every test run: what each caught shows in any run, the CI run above included.
 REGRESSION_RUNS: list[tuple[int, float, str]] = [
     (
         1,
@@ -132,6 +134,8 @@ def test_a_short_chaos_run_keeps_every_guarantee(
 def test_a_seed_that_once_failed_passes(
     servers_installed: None, seed: int, duration: float
 ) -> None:
+    if not os.environ.get("HABEAT_CHAOS_REGRESSIONS"):
+        pytest.skip("set HABEAT_CHAOS_REGRESSIONS=1 to replay the seeds that once failed")
     run_and_check(seed, duration)
 
 

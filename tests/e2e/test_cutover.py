@@ -1,6 +1,6 @@
 """The cut-over, with real processes: a source beat (celery beat with its default
 PersistentScheduler, or with django-celery-beat's DatabaseScheduler) fires a schedule
-every 10 s to a real worker; it is stopped, the schedule is imported with its last
+every 5 s to a real worker; it is stopped, the schedule is imported with its last
 run, and two of this scheduler's beats take over. Across the switch every fire time
 runs exactly once: none twice (the schedule that just ran does not fire again at
 once), none skipped."""
@@ -26,8 +26,8 @@ from tests.e2e.cluster import ROOT, Cluster, Process, wait_until
 
 pytestmark = pytest.mark.e2e
 
-PERIOD = 10.0
-NAME = "every-10-s"
+PERIOD = 5.0
+NAME = "every-5-s"
 
 #: The app the source beat ran with, and this scheduler's beats run with after it.
 APP_MODULE = """

@@ -326,7 +326,7 @@ COMMANDS: list[tuple[str, ...]] = [
 ]
 
 
-@fuzz_settings(45)
+@fuzz_settings(25)
 @given(row=hostile_rows())
 def test_no_command_prints_what_a_terminal_acts_on(
     row: Hostile,
