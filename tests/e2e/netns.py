@@ -70,14 +70,20 @@ class Host:
         """``argv`` run inside the namespace (``ip netns exec`` execs it: same PID)."""
         return ["ip", "netns", "exec", self.name, *argv]
 
-    def partition(self, direction: str = "both") -> None:
+    def partition(self, direction: str = "both", *, port: int | None = None) -> None:
         """Drop packets between the namespace and the servers' side from now on:
         ``both`` ways, only those ``to-servers``, or only those ``from-servers`` (what
-        this side sends still arrives, and is acted on, but is never answered)."""
+        this side sends still arrives, and is acted on, but is never answered); to
+        and from one server's ``port`` only, or all of them."""
+        to_port = ["-p", "tcp", "--dport", str(port)] if port else []
+        from_port = ["-p", "tcp", "--sport", str(port)] if port else []
         if direction in ("both", "to-servers"):
-            self._inside_run("iptables", "-A", "OUTPUT", "-d", self.server_address, "-j", "DROP")
+            self._drop("OUTPUT", "-d", self.server_address, *to_port)
         if direction in ("both", "from-servers"):
-            self._inside_run("iptables", "-A", "INPUT", "-s", self.server_address, "-j", "DROP")
+            self._drop("INPUT", "-s", self.server_address, *from_port)
+
+    def _drop(self, chain: str, *match: str) -> None:
+        self._inside_run("iptables", "-A", chain, *match, "-j", "DROP")
 
     def heal(self) -> None:
         self._inside_run("iptables", "-F")

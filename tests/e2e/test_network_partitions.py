@@ -52,8 +52,10 @@ REDIS_KEEPALIVE = ["--tcp-keepalive", "2"]
 #: A run's lease (the default): the partition below is shorter.
 LEASE = 30.0
 PARTITION = 12.0
-#: The leader lease's TTL in the leader test (the default is 10 s).
-LOCK_TTL = 5.0
+#: The leader's settings in the leader test (the defaults: 10 s, 5 s and 3 s).
+LOCK_TTL, MAX_WAIT, CLAIM_AHEAD = 5.0, 1.0, 3.0
+#: A leader whose loop makes no progress for this long lets its lease go (its watchdog).
+LONGEST_STEP = LOCK_TTL + MAX_WAIT + CLAIM_AHEAD
 #: Seconds a new celery process needs to start (import, connect).
 START_UP = 4.0
 
@@ -82,6 +84,10 @@ class PartitionedCluster:
                 hide_password=False
             ),
         }
+
+    def port_of(self, server: str) -> int | None:
+        """The port of ``server`` (``postgres``, ``redis``); None for ``every``."""
+        return {"postgres": self.postgres.port, "redis": self.redis.port}.get(server)
 
     def worker_across_the_link(self, name: str, concurrency: int) -> Process:
         return self.cluster.worker(
@@ -189,16 +195,30 @@ def test_a_worker_partitioned_for_less_than_a_lease_keeps_its_runs_though_server
     assert all(row.attempt == 1 for row in rows)
 
 
-@pytest.mark.parametrize("direction", ["both", "from-servers"])
-def test_a_leader_partitioned_from_every_server_is_replaced_and_never_claims_again(
-    partitioned: PartitionedCluster, direction: str
+@pytest.mark.parametrize(
+    ("direction", "server"),
+    [("both", "every"), ("from-servers", "every"), ("both", "postgres"), ("both", "redis")],
+)
+def test_a_partitioned_leader_is_replaced_and_never_claims_again(
+    partitioned: PartitionedCluster, direction: str, server: str
 ) -> None:
-    """Cut both ways, or only the servers' answers (its statements and renewals may
-    still arrive, unanswered): the lease lapses within its TTL, the standby takes over
-    with a higher epoch, and the partitioned leader, healed, claims nothing under its
-    old one. Every fire time runs once; every run's effect exists once."""
+    """Cut from every server both ways, or only from their answers (its statements and
+    renewals may still arrive, unanswered), or from PostgreSQL or Redis alone: the
+    lease lapses within its TTL, the standby takes over with a higher epoch, and the
+    partitioned leader, healed, claims nothing under its old one. Every fire time runs
+    once; every run's effect exists once."""
     cluster, store = partitioned.cluster, partitioned.cluster.store
-    cluster.settings = {"HABEAT_LOCK_TTL": str(LOCK_TTL)}
+    cluster.settings = {
+        "HABEAT_LOCK_TTL": str(LOCK_TTL),
+        "HABEAT_MAX_WAIT": str(MAX_WAIT),
+        "HABEAT_CLAIM_AHEAD": str(CLAIM_AHEAD),
+    }
+    # The lease lapses a TTL after its last renewal: one sent up to its socket timeout
+    # (2 s) after the cut may still arrive. Cut from PostgreSQL alone, the leader still
+    # renews until its watchdog finds its loop stuck for its longest step. A standby
+    # then takes the lease within its poll (1 s) and publishes at the next fire time
+    # (every second).
+    bound = (LONGEST_STEP if server == "postgres" else 0.0) + LOCK_TTL + 4
     anchor = create_second_schedules(store)
     cluster.worker("worker0")
     cut_off = partitioned.beat_across_the_link("beat0")
@@ -208,8 +228,8 @@ def test_a_leader_partitioned_from_every_server_is_replaced_and_never_claims_aga
     (epoch_before, _) = cluster.leader_holder() or (0, "")
 
     cut_at = store.now()
-    partitioned.host.partition(direction)
-    time.sleep(LOCK_TTL + 4)
+    partitioned.host.partition(direction, port=partitioned.port_of(server))
+    time.sleep(bound)
     partitioned.host.heal()
     time.sleep(4)  # the healed one sees its lease gone, and stands by
 
@@ -218,14 +238,11 @@ def test_a_leader_partitioned_from_every_server_is_replaced_and_never_claims_aga
     assert holder[0] > epoch_before, "no standby took over"
     assert cluster.leading_process() is not cut_off
     assert cut_off.alive(), "the partitioned leader lives on, as a standby"
-    late_claims = claims_of_epoch_after(store, epoch_before, cut_at + timedelta(seconds=LOCK_TTL))
+    late_claims = claims_of_epoch_after(store, epoch_before, cut_at + timedelta(seconds=bound))
     assert late_claims == 0, "the deposed leader claimed after its lease had lapsed"
     gap = longest_gap_between_publications(store, cut_at)
-    print(f"leader partitioned ({direction}): longest gap between publications {gap:.2f} s")
-    # The lease lapses a TTL after its last renewal: one sent up to its socket timeout
-    # (2 s) after the cut may still arrive. A standby then takes it within its poll
-    # (1 s) and publishes at the next fire time (every second).
-    assert gap <= LOCK_TTL + 4, f"the gap was {gap:.2f} s"
+    print(f"leader cut ({direction}, {server}): longest gap between publications {gap:.2f} s")
+    assert gap <= bound, f"the gap was {gap:.2f} s"
     until = store.now() - timedelta(seconds=1)
     assert_each_fire_time_once(store, anchor, until)
     assert_each_run_executed_once(cluster, store)
