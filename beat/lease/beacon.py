@@ -121,12 +121,13 @@ logger = logging.getLogger(__name__)
 
 #: SQL: the server's TCP keepalives on the PostgreSQL half (see the module docstring,
 #: 4): a silent peer's session is ended after an hour and five minutes, not within the
-#: seconds some servers are set to, and no unacknowledged send ends it sooner.
+#: seconds some servers are set to, and no unacknowledged send ends it sooner. Only the
+#: settings the server has (``tcp_user_timeout`` is PostgreSQL 12's).
 SERVER_SIDE_KEEPALIVES = (
-    "SELECT set_config('tcp_keepalives_idle', '3600', false),"
-    " set_config('tcp_keepalives_interval', '60', false),"
-    " set_config('tcp_keepalives_count', '5', false),"
-    " set_config('tcp_user_timeout', '0', false)"
+    "SELECT set_config(name, CASE name WHEN 'tcp_keepalives_idle' THEN '3600'"
+    " WHEN 'tcp_keepalives_interval' THEN '60' WHEN 'tcp_keepalives_count' THEN '5'"
+    " ELSE '0' END, false) FROM pg_settings WHERE name IN ('tcp_keepalives_idle',"
+    " 'tcp_keepalives_interval', 'tcp_keepalives_count', 'tcp_user_timeout')"
 )
 
 #: This session as the server sees it, and where the server listens.

@@ -1,15 +1,18 @@
-"""Network partitions that drop packets, not connections: a worker in a network
-namespace of the test's own (``tests.e2e.netns``), its link to PostgreSQL, Redis
-and the broker cut with iptables while it runs, then healed.
+"""Network partitions that drop packets, not connections: a worker or a beat in a
+network namespace of the test's own (``tests.e2e.netns``), its link to PostgreSQL,
+Redis and the broker cut with iptables (both ways, or only the servers' answers;
+to every server or to one), then healed. No socket is closed, so the leases and
+the epoch decide.
 
 Nothing closes a socket on a partition, but the servers may: a PostgreSQL or Redis
 whose TCP keepalives are short (``tcp_keepalives_idle``, ``tcp-keepalive``; managed
 services often set them so) ends the sessions of a peer that stopped answering
 within seconds. To crash detection that would read as a death, and a run
 reclaimed from a living worker executes twice. So the servers here use keepalives
-of a few seconds, the partition lasts less than a run's lease, and the test checks
-that the leases decided: each run's body started once, on the worker that took
-it, and ended with its effect once."""
+of a few seconds: a worker cut off for less than a run's lease keeps its runs (each
+body started once, on the worker that took it, its effect once), and a leader cut
+off is replaced within its TTL (its watchdog's longest step more when only
+PostgreSQL is cut) and never claims again under its old epoch."""
 
 from __future__ import annotations
 
