@@ -29,8 +29,10 @@ A full batch means a burst: the next claim follows at once.
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 
+from beat.errors import StoreUnavailable
 from beat.leader.armed import no_lead
 from beat.leader.claim_pacing import ClaimPacing
 from beat.leader.loop_state import NO_CRASH_DETECTION
@@ -86,9 +88,7 @@ class LeaderLoop(Maintenance, ClaimPacing):
         if self._maintenance_due():
             self.sends.finish()  # the outbox would see the runs being sent as pending
             self._maintain(epoch)
-        # Listening before the claim reads what is due: a trigger or an edit committed
-        # after that read wakes the wait below instead of waiting out max_wait.
-        self.waiter.listen()
+        self._listen()
         claim = self._claim(epoch)
         self.leadership.made_progress()  # a fenced claim committed: this leader works
         if self.after_claim_commit is not None:
@@ -187,6 +187,14 @@ class LeaderLoop(Maintenance, ClaimPacing):
         for fire_at, deadline, runs in self.armed.take_until(self.clock()):
             self._send_armed(fire_at, deadline, runs, while_waiting=self._waiting_only)
         return self.armed.next_deadline() - self.clock()
+
+    def _listen(self) -> None:
+        """LISTEN before the claim reads what is due: a trigger or an edit committed after
+        that read wakes the wait instead of waiting out max_wait. Best effort: a server
+        that takes no new connection must not stop the claims on the pool's (the wait
+        reports the error, after this pass's runs are sent)."""
+        with contextlib.suppress(StoreUnavailable):
+            self.waiter.listen()
 
     def _wait(self, seconds: float) -> None:
         if seconds > 0:

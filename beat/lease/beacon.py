@@ -54,9 +54,12 @@ so absence counts only as proof, and these are the rules that make it one:
    of seconds, ``tcp-keepalive`` in Redis) ends a silent peer's sessions, a
    living process's cut off by a network as soon as a dead one's. The
    PostgreSQL half sets its own server side's keepalives to an hour
-   (``SERVER_SIDE_KEEPALIVES``, user-settable too), so that both halves can be
-   gone together over a partition only long after every lease has decided
-   (Redis's setting is the server's alone: one half suffices to hold back).
+   (``SERVER_SIDE_KEEPALIVES``, user-settable too; a server that refuses them
+   turns crash detection off), and this side's probes give up only after an hour
+   too (``KEEPALIVE_*``: when only the servers' packets are dropped, this side's
+   reset would reach both servers). So both halves can be gone together over a
+   partition only long after every lease has decided (Redis's setting is the
+   server's alone: one half suffices to hold back).
 5. **Nothing stands between a half and its server.** A pooler (PgBouncer in
    transaction or statement mode runs each statement on some backend; in
    session mode the backend outlives the client) or a TCP proxy (its upstream
@@ -121,7 +124,8 @@ logger = logging.getLogger(__name__)
 
 #: SQL: the server's TCP keepalives on the PostgreSQL half (see the module docstring,
 #: 4): a silent peer's session is ended after an hour and five minutes, not within the
-#: seconds some servers are set to, and no unacknowledged send ends it sooner. Only the
+#: seconds some servers are set to, nor by a short ``tcp_user_timeout`` (the kernel's
+#: own retransmission limit, about 15 minutes, still applies to a send). Only the
 #: settings the server has (``tcp_user_timeout`` is PostgreSQL 12's).
 SERVER_SIDE_KEEPALIVES = (
     "SELECT set_config(name, CASE name WHEN 'tcp_keepalives_idle' THEN '3600'"
@@ -249,7 +253,6 @@ class SessionBeacon:
             raise StoreUnavailable(unreachable(self._masked, exc, self._database_setting)) from exc
         try:
             conn.execute(NO_IDLE_TIMEOUTS)
-            conn.execute(SERVER_SIDE_KEEPALIVES)
         except psycopg.Error as exc:
             conn.close()
             raise StoreUnavailable(f"PostgreSQL at {self._masked}: {exc}") from exc
@@ -265,11 +268,24 @@ class SessionBeacon:
                     f"PostgreSQL at {self._masked} does not see this connection as its own"
                     " session (a pooler or a proxy between them?)"
                 )
+            self._keep_server_side_keepalives(conn)
             with contextlib.suppress(psycopg.Error):
                 conn.execute(_PRUNE)  # housekeeping, at most once per opening
         except psycopg.Error as exc:
             self._close_pg()
             raise StoreUnavailable(f"PostgreSQL at {self._masked}: {exc}") from exc
+
+    def _keep_server_side_keepalives(self, conn: psycopg.Connection[Any]) -> None:
+        """Set the session's server-side keepalives (the module docstring, 4); a server
+        that refuses them cannot tell a partition from a death: crash detection is off."""
+        try:
+            conn.execute(SERVER_SIDE_KEEPALIVES)
+        except psycopg.Error as exc:
+            if conn.closed:
+                raise  # a lost connection, not a refusal
+            raise _Unsupported(
+                f"PostgreSQL at {self._masked} refuses this session's keepalive settings ({exc})"
+            ) from exc
 
     def _open_redis(self) -> BeaconConnection:
         where = masked_url(self._redis_url)

@@ -144,8 +144,12 @@ class BeaconConnection:
 
 #: TCP keepalives of a beacon's halves (seconds): an idle connection still carries
 #: packets, so a load balancer's or a firewall's idle timer never ends it (they reset
-#: both halves at once, which would read as the process's death).
-KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3
+#: both halves at once, which would read as the process's death). Unanswered, the
+#: probes go on for an hour before this side closes the half itself: a partition that
+#: drops only the servers' packets would otherwise have this process reset both halves
+#: within a minute, and its reset reach the servers as if it had died
+#: (``beat.lease.beacon``, rule 4).
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 60, 60
 
 
 def _keepalive(url: str) -> dict[str, Any]:

@@ -6,9 +6,9 @@ servers at ``Host.server_address`` (the veth's end on this side, where the test'
 private servers listen too). ``Host.partition()`` drops every packet between the
 namespace and that address, both ways, with iptables inside the namespace: no
 socket is closed, no reset is sent, the peers see silence, as on a real network
-that fails. ``Host.heal()`` lets packets through again; the connections that
-survived go on. Everything is removed on ``close``; nothing outside the namespace
-and its veth pair is touched."""
+that fails. ``Host.lose()`` drops only some of them, at random. ``Host.heal()``
+lets packets through again; the connections that survived go on. Everything is
+removed on ``close``; nothing outside the namespace and its veth pair is touched."""
 
 from __future__ import annotations
 
@@ -64,6 +64,11 @@ class Host:
         self._inside_run("ip", "addr", "add", f"{self.address}/24", "dev", self._inside)
         self._inside_run("ip", "link", "set", self._inside, "up")
         self._inside_run("ip", "link", "set", "lo", "up")
+        try:
+            self._inside_run("iptables", "-L", "-n")
+        except RuntimeError as exc:
+            self.close()
+            raise NetnsUnavailable(f"iptables does not work here: {exc}") from exc
         return self
 
     def command(self, argv: Sequence[str]) -> list[str]:
@@ -85,7 +90,18 @@ class Host:
     def _drop(self, chain: str, *match: str) -> None:
         self._inside_run("iptables", "-A", chain, *match, "-j", "DROP")
 
+    def lose(self, probability: float) -> None:
+        """Drop each packet between the namespace and the servers' side with this
+        probability, both ways (iptables' ``statistic`` match): a lossy link, whose
+        connections stall for TCP's retransmissions, some past the clients'
+        timeouts, with what they sent done or not. (``tc netem`` would delay too;
+        kernels without its module, as in some VMs, refuse it.)"""
+        chance = ["-m", "statistic", "--mode", "random", "--probability", str(probability)]
+        self._drop("OUTPUT", "-d", self.server_address, *chance)
+        self._drop("INPUT", "-s", self.server_address, *chance)
+
     def heal(self) -> None:
+        """Let every packet through again, at once."""
         self._inside_run("iptables", "-F")
 
     def close(self) -> None:

@@ -12,6 +12,10 @@ from beat.store.db import NO_IDLE_TIMEOUTS, masked_url, psycopg_conninfo, unreac
 from beat.store.leader.term import LEADER_RELEASED_CHANNEL
 from beat.store.tables import SCHEDULES_CHANNEL
 
+#: TCP keepalives of the LISTEN connection (seconds): a dead link is noticed within
+#: about a minute. Unlike the beacon's, nothing is decided on its loss.
+LISTEN_KEEPALIVE_IDLE, LISTEN_KEEPALIVE_INTERVAL, LISTEN_KEEPALIVE_COUNT = 30, 10, 3
+
 
 class ScheduleChangeListener:
     """A dedicated autocommit connection that LISTENs for schedule changes and hand-overs.
@@ -52,15 +56,36 @@ class ScheduleChangeListener:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            try:
-                self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
-            except psycopg.Error as exc:
-                raise StoreUnavailable(unreachable(self._masked, exc, self._setting)) from exc
-            # Waiting for notifications is idle: a server's idle_session_timeout would end it.
-            self._conn.execute(NO_IDLE_TIMEOUTS)
-            for channel in self.CHANNELS:
-                self._conn.execute(f"LISTEN {channel}")
+            self._conn = self._listening_connection()
         return self._conn
+
+    def _listening_connection(self) -> psycopg.Connection[Any]:
+        """A new connection, kept only once it LISTENs on every channel."""
+        try:
+            # Keepalives: after a partition whose resets were lost, a half-open socket
+            # would wait in silence for hours; these close it within a minute or so,
+            # and the next pass opens another (a wake-up missed meanwhile costs only
+            # max_wait: the loop does not rely on it).
+            conn = psycopg.connect(
+                self._conninfo,
+                autocommit=True,
+                connect_timeout=5,
+                keepalives=1,
+                keepalives_idle=LISTEN_KEEPALIVE_IDLE,
+                keepalives_interval=LISTEN_KEEPALIVE_INTERVAL,
+                keepalives_count=LISTEN_KEEPALIVE_COUNT,
+            )
+        except psycopg.Error as exc:
+            raise StoreUnavailable(unreachable(self._masked, exc, self._setting)) from exc
+        try:
+            # Waiting for notifications is idle: a server's idle_session_timeout would end it.
+            conn.execute(NO_IDLE_TIMEOUTS)
+            for channel in self.CHANNELS:
+                conn.execute(f"LISTEN {channel}")
+        except psycopg.Error as exc:
+            conn.close()
+            raise StoreUnavailable(f"PostgreSQL at {self._masked}: {exc}") from exc
+        return conn
 
     def close(self) -> None:
         if self._conn is not None:

@@ -7,6 +7,8 @@ server's own unix socket, the session is the connection's own: crash detection i
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Iterator
 
@@ -73,3 +75,48 @@ def test_over_a_unix_socket_the_beacon_is_recorded(
         assert session is not None, "a unix socket of the server's own is no proxy"
     finally:
         beacon.close()
+
+
+def test_a_partition_cannot_end_the_beacons_postgres_half_before_an_hour(
+    servers: tuple[PrivatePostgres, PrivateRedis],
+) -> None:
+    """Neither side ends the PostgreSQL half over a silent link within the leases' time
+    (``beat.lease.beacon``, rule 4): the server's keepalives for this session are an
+    hour, whatever the server's own (2 s here), and this side's probes give up only
+    after an hour (a reset of ours would reach the server over a one-way partition)."""
+    postgres, redis_server = servers
+    with psycopg.connect(postgres.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {DATABASE} SET tcp_keepalives_idle = 2")
+    beacon = SessionBeacon(postgres.url(DATABASE), redis_server.url())
+    try:
+        assert beacon.keep() is not None
+        conn = beacon._conn  # the half itself: what its server and its socket were told
+        assert conn is not None
+        rows = conn.execute(
+            "SELECT name, setting FROM pg_settings WHERE name LIKE 'tcp_keepalives_%'"
+        ).fetchall()
+        server_side = {name: int(setting) for name, setting in rows}
+        assert (
+            alive_for(
+                server_side["tcp_keepalives_idle"],
+                server_side["tcp_keepalives_interval"],
+                server_side["tcp_keepalives_count"],
+            )
+            >= 3600
+        ), "the server's side"
+        with socket.socket(fileno=os.dup(conn.pgconn.socket)) as ours:
+            idle, interval, count = (
+                ours.getsockopt(socket.IPPROTO_TCP, option)
+                for option in (socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT)
+            )
+        assert alive_for(idle, interval, count) >= 3600
+        assert idle <= 60, "an idle half still carries packets for middleboxes' timers"
+    finally:
+        beacon.close()
+        with psycopg.connect(postgres.admin_dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER DATABASE {DATABASE} RESET tcp_keepalives_idle")
+
+
+def alive_for(idle: int, interval: int, count: int) -> int:
+    """Seconds of silence before TCP gives the connection up."""
+    return idle + interval * count

@@ -443,6 +443,23 @@ def test_a_trigger_committed_just_after_a_new_leaders_first_claim_wakes_it() -> 
     assert a.next_run == w.clock(), "woken at once, not after max_wait: it listened first"
 
 
+def test_a_listen_that_cannot_connect_does_not_stop_the_claims() -> None:
+    """A server that takes no new connection ("too many clients") while the pool's
+    still work: the pass claims and sends as before; the wait reports the error."""
+    w = world()
+    w.store.add_schedule("due", every=60, in_seconds=-0.5)
+    a = w.start("a")
+
+    def refuse() -> None:
+        raise StoreUnavailable("PostgreSQL (fake): too many clients")
+
+    a.waiter.listen = refuse  # type: ignore[method-assign]
+    a.run_pass()
+
+    assert a.leads
+    assert [sent.run.schedule_name for sent in w.sent] == ["due"]
+
+
 def test_a_schedule_that_cannot_be_claimed_ahead_is_waited_for_until_its_own_time() -> None:
     w = world(claim_ahead=3.0, max_wait=60.0)
     w.store.add_schedule("skip-in-1s", every=60, in_seconds=1, overlap=OverlapPolicy.SKIP)
