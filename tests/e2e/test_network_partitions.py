@@ -62,7 +62,7 @@ LOCK_TTL, MAX_WAIT, CLAIM_AHEAD = 5.0, 1.0, 3.0
 #: A leader whose loop makes no progress for this long lets its lease go (its watchdog).
 LONGEST_STEP = LOCK_TTL + MAX_WAIT + CLAIM_AHEAD
 #: Packets lost on the lossy link, each way, and for how long.
-LOSS, LOSSY_FOR = 0.33, 20.0
+LOSS, LOSSY_FOR = 0.33, 12.0
 #: Seconds a new celery process needs to start (import, connect).
 START_UP = 4.0
 
@@ -296,7 +296,7 @@ def test_a_leader_on_a_lossy_link_runs_each_fire_time_once(
     partitioned: PartitionedCluster,
 ) -> None:
     """A third of the packets between the leader and every server lost, both ways, for
-    20 s: its statements and renewals stall for retransmissions, some past the clients'
+    12 s: its statements and renewals stall for retransmissions, some past the clients'
     timeouts with their work done or not on the server (a renewal, a publish). It may
     keep the lease or lose it to the standby; either way every fire time runs once,
     every run's effect exists once, and once the link is healed nothing is left

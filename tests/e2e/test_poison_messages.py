@@ -143,7 +143,9 @@ def assert_set_aside(
     process: Process, client: redis.Redis, env: SessionEnv, messages: list[Malformed]
 ) -> None:
     assert client.llen(env.broker_key_prefix + QUEUE) == 0, "nothing is left in the queue"
-    assert client.hlen(env.broker_key_prefix + "unacked") == 0, "nothing is left unacked"
+    # The last valid run's effect commits before its message is acknowledged (acks_late):
+    # the ack follows within moments.
+    wait_until(lambda: client.hlen(env.broker_key_prefix + "unacked") == 0, timeout=10)
     errors = error_lines(process)
     print("\n".join(errors))
     for message in messages:
