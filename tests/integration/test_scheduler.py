@@ -46,8 +46,9 @@ class SimulatedCrash(BaseException):
 def test_leader_claims_and_publishes_with_the_run_id_as_task_id(
     make_scheduler: SchedulerFactory, store: Store, redis_client: redis.Redis, test_env: SessionEnv
 ) -> None:
-    add_interval_schedules(Schedules(store), 3, every=1, start_at=datetime.now(UTC))
-    make_due(store, seconds_ago=1.5)
+    # Two fire times past each, the next 5 s away: a slow start cannot make it due too.
+    add_interval_schedules(Schedules(store), 3, every=10, start_at=datetime.now(UTC))
+    make_due(store, seconds_ago=15)
     scheduler = make_scheduler(claim_ahead=0.0)  # the overdue fire times only
 
     scheduler.tick()
@@ -76,8 +77,8 @@ def test_only_one_of_several_schedulers_leads(make_scheduler: SchedulerFactory) 
 def test_a_crash_between_commit_and_publish_is_published_by_the_next_leader(
     make_scheduler: SchedulerFactory, store: Store, redis_client: redis.Redis, test_env: SessionEnv
 ) -> None:
-    add_interval_schedules(Schedules(store), 4, every=1, start_at=datetime.now(UTC))
-    make_due(store, seconds_ago=2.5)
+    add_interval_schedules(Schedules(store), 4, every=10, start_at=datetime.now(UTC))
+    make_due(store, seconds_ago=25)  # three fire times past each, the next 5 s away
     # Overdue runs only: runs claimed ahead wait for their time in the outbox
     # (tests/integration/leader/test_claim_ahead.py).
     crashed = make_scheduler(lock_ttl=1.0, claim_ahead=0.0)
