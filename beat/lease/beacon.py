@@ -109,11 +109,10 @@ from beat.lease.redis_url import is_sentinel
 from beat.records import Session
 from beat.sockets import readable
 from beat.store.db import (
-    NO_IDLE_TIMEOUTS,
     SERVER_INCARNATION,
     masked_url,
+    open_idle_connection,
     psycopg_conninfo,
-    unreachable,
 )
 
 if TYPE_CHECKING:
@@ -239,24 +238,12 @@ class SessionBeacon:
 
     def _open_pg(self) -> psycopg.Connection[Any]:
         self._session = None  # a new backend: its row is written next
-        try:
-            conn = psycopg.connect(
-                self._conninfo,
-                autocommit=True,
-                connect_timeout=5,
-                keepalives=1,
-                keepalives_idle=KEEPALIVE_IDLE,
-                keepalives_interval=KEEPALIVE_INTERVAL,
-                keepalives_count=KEEPALIVE_COUNT,
-            )
-        except psycopg.Error as exc:
-            raise StoreUnavailable(unreachable(self._masked, exc, self._database_setting)) from exc
-        try:
-            conn.execute(NO_IDLE_TIMEOUTS)
-        except psycopg.Error as exc:
-            conn.close()
-            raise StoreUnavailable(f"PostgreSQL at {self._masked}: {exc}") from exc
-        return conn
+        return open_idle_connection(
+            self._conninfo,
+            self._masked,
+            self._database_setting,
+            keepalives=(KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT),
+        )
 
     def _check_own_session(self, conn: psycopg.Connection[Any]) -> None:
         """Raise _Unsupported unless the server's session is this connection's own (see

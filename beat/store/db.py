@@ -250,3 +250,30 @@ NO_IDLE_TIMEOUTS = (
     "SELECT set_config(name, '0', false) FROM pg_settings"
     " WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout')"
 )
+
+
+def open_idle_connection(
+    conninfo: str, masked: str, setting: str, *, keepalives: tuple[int, int, int]
+) -> psycopg.Connection[Any]:
+    """An autocommit connection held outside the pool to wait idle (LISTEN, the beacon):
+    TCP keepalives of (idle, interval, count) seconds, the server's idle timeouts off
+    for it. Raises StoreUnavailable, naming ``setting``, when it cannot be had."""
+    idle, interval, count = keepalives
+    try:
+        conn = psycopg.connect(
+            conninfo,
+            autocommit=True,
+            connect_timeout=5,
+            keepalives=1,
+            keepalives_idle=idle,
+            keepalives_interval=interval,
+            keepalives_count=count,
+        )
+    except psycopg.Error as exc:
+        raise StoreUnavailable(unreachable(masked, exc, setting)) from exc
+    try:
+        conn.execute(NO_IDLE_TIMEOUTS)
+    except psycopg.Error as exc:
+        conn.close()
+        raise StoreUnavailable(f"PostgreSQL at {masked}: {exc}") from exc
+    return conn

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 
 from beat.errors import StoreUnavailable
-from beat.store.db import NO_IDLE_TIMEOUTS, masked_url, psycopg_conninfo, unreachable
+from beat.store.db import masked_url, open_idle_connection, psycopg_conninfo
 from beat.store.leader.term import LEADER_RELEASED_CHANNEL
 from beat.store.tables import SCHEDULES_CHANNEL
 
@@ -61,25 +61,18 @@ class ScheduleChangeListener:
 
     def _listening_connection(self) -> psycopg.Connection[Any]:
         """A new connection, kept only once it LISTENs on every channel."""
+        # Keepalives: after a partition whose resets were lost, a half-open socket would
+        # wait in silence for hours; these close it within a minute or so, and the next
+        # pass opens another (a wake-up missed meanwhile costs only max_wait: the loop
+        # does not rely on it). Waiting for notifications is idle: the server's idle
+        # timeouts are off for it.
+        conn = open_idle_connection(
+            self._conninfo,
+            self._masked,
+            self._setting,
+            keepalives=(LISTEN_KEEPALIVE_IDLE, LISTEN_KEEPALIVE_INTERVAL, LISTEN_KEEPALIVE_COUNT),
+        )
         try:
-            # Keepalives: after a partition whose resets were lost, a half-open socket
-            # would wait in silence for hours; these close it within a minute or so,
-            # and the next pass opens another (a wake-up missed meanwhile costs only
-            # max_wait: the loop does not rely on it).
-            conn = psycopg.connect(
-                self._conninfo,
-                autocommit=True,
-                connect_timeout=5,
-                keepalives=1,
-                keepalives_idle=LISTEN_KEEPALIVE_IDLE,
-                keepalives_interval=LISTEN_KEEPALIVE_INTERVAL,
-                keepalives_count=LISTEN_KEEPALIVE_COUNT,
-            )
-        except psycopg.Error as exc:
-            raise StoreUnavailable(unreachable(self._masked, exc, self._setting)) from exc
-        try:
-            # Waiting for notifications is idle: a server's idle_session_timeout would end it.
-            conn.execute(NO_IDLE_TIMEOUTS)
             for channel in self.CHANNELS:
                 conn.execute(f"LISTEN {channel}")
         except psycopg.Error as exc:
