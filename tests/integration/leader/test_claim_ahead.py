@@ -242,6 +242,13 @@ def test_a_run_routed_to_many_queues_reaches_none_before_its_fire_time(
     )
 
 
+#: A send through a cut link fails within half a second. kombu's default (reconnect
+#: for ``broker_connection_timeout``, 4 s, two seconds apart) held the failing send
+#: longer than the leader's longest step (TTL 2 s + wait + claim-ahead): the lease
+#: watchdog then let the lease go and the armed run waited for the outbox.
+CUT_FAILS_FAST = {"broker_connection_timeout": 0.5}
+
+
 @pytest.fixture
 def broker_proxy(test_env: SessionEnv) -> Any:
     """A link to the broker that the test can cut."""
@@ -262,7 +269,7 @@ def test_a_broker_error_on_a_claims_runs_due_now_leaves_its_runs_ahead_on_time(
     schedules.create("now", "t", in_seconds=0, allow_unregistered=True)
     soon = schedules.create("soon", "t", in_seconds=1.5, allow_unregistered=True)
     assert soon.next_fire_at is not None
-    scheduler = make_scheduler(claim_ahead=2.0, broker_url=broker_url)
+    scheduler = make_scheduler(claim_ahead=2.0, broker_url=broker_url, conf=CUT_FAILS_FAST)
     with scheduler.app.producer_or_acquire() as producer:
         assert producer.channel is not None  # connected, as after any earlier publish
 
@@ -298,7 +305,7 @@ def test_runs_claimed_ahead_the_broker_refuses_are_sent_once_it_is_back(
     schedules.create("now", "t", in_seconds=0, allow_unregistered=True)  # connects the pool
     soon = schedules.create("soon", "t", in_seconds=1.5, allow_unregistered=True)
     assert soon.next_fire_at is not None
-    scheduler = make_scheduler(claim_ahead=2.0, broker_url=broker_url)
+    scheduler = make_scheduler(claim_ahead=2.0, broker_url=broker_url, conf=CUT_FAILS_FAST)
     send_at_fire_time = dispatch.publish_at
     failed: list[int] = []
 
