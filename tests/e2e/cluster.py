@@ -180,6 +180,12 @@ class Cluster:
             rows = conn.execute(text("SELECT task_id, count(*) FROM e2e_effects GROUP BY task_id"))
             return {row[0]: row[1] for row in rows}
 
+    def labels(self) -> dict[str, int]:
+        """How many effects the jobs recorded under each label."""
+        with self.store.engine.connect() as conn:
+            rows = conn.execute(text("SELECT label, count(*) FROM e2e_effects GROUP BY label"))
+            return {row[0]: row[1] for row in rows}
+
     def logs(self) -> str:
         return "\n".join(
             f"===== {p.name} (pid {p.pid}) =====\n{p.output()[-6000:]}" for p in self.processes

@@ -63,6 +63,8 @@ LOCK_TTL, MAX_WAIT, CLAIM_AHEAD = 5.0, 1.0, 3.0
 LONGEST_STEP = LOCK_TTL + MAX_WAIT + CLAIM_AHEAD
 #: Packets lost on the lossy link, each way, and for how long.
 LOSS, LOSSY_FOR = 0.33, 12.0
+#: The effects of the idempotent and the plain long run when each body started once.
+EACH_STARTED_ONCE = {"idempotent:start": 1, "idempotent": 1, "plain:start": 1, "plain": 1}
 #: Seconds a new celery process needs to start (import, connect).
 START_UP = 4.0
 
@@ -163,12 +165,6 @@ def partitioned(tmp_path: Path) -> Iterator[PartitionedCluster]:
         host.close()
 
 
-def labels(cluster: Cluster) -> dict[str, int]:
-    with cluster.store.engine.connect() as conn:
-        rows = conn.execute(text("SELECT label, count(*) FROM e2e_effects GROUP BY label"))
-        return {row[0]: row[1] for row in rows}
-
-
 def rows_of_the_test(store: Store) -> list[Any]:
     """The runs of the test's schedules (the demo's code schedules run beside them)."""
     return [row for row in run_rows(store) if row.task in {"e2e.long", "e2e.plain_long"}]
@@ -216,12 +212,7 @@ def test_a_worker_partitioned_for_less_than_a_lease_keeps_its_runs_though_server
         (row.task, row.state, row.error) for row in rows
     ]
     assert {row.id: row.worker for row in rows} == taken, "a run moved to another worker"
-    assert labels(cluster) == {
-        "idempotent:start": 1,
-        "idempotent": 1,
-        "plain:start": 1,
-        "plain": 1,
-    }, "each body started once and had its effect once"
+    assert cluster.labels() == EACH_STARTED_ONCE, "each body started once and had its effect once"
     assert all(row.attempt == 1 for row in rows)
 
 
