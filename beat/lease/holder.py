@@ -32,6 +32,7 @@ from typing import Any
 import redis
 
 from beat.errors import LeaseUnavailable
+from beat.lease.redis_url import redis_address
 from beat.sockets import readable
 from beat.store.db import masked_url
 
@@ -432,8 +433,7 @@ class LeaderLease:
             raise self._unavailable(exc) from exc
 
     def _unavailable(self, exc: Exception) -> LeaseUnavailable:
-        kwargs = self._client.connection_pool.connection_kwargs
-        where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+        where = redis_address(self._client)
         return LeaseUnavailable(
             f"Redis at {where} is unreachable ({exc}): start it"
             f" (`docker compose up -d redis`) or check {self._setting}"

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from beat.errors import ConfigError
 
@@ -98,3 +98,18 @@ def redis_client(url: str, setting: str = "habeat_redis_url", **options: Any) ->
         spec.master_name, db=spec.db, password=spec.password, username=spec.username
     )
     return client
+
+
+def redis_address(client: redis.Redis) -> str:
+    """Where ``client`` connects, for an error a user acts on: ``host:port/db``, or
+    for Sentinel the primary's name and the sentinels asked for it."""
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
+    if isinstance(pool, SentinelConnectionPool):
+        sentinels = ", ".join(
+            f"{each.connection_pool.connection_kwargs.get('host')}"
+            f":{each.connection_pool.connection_kwargs.get('port')}"
+            for each in pool.sentinel_manager.sentinels
+        )
+        return f"the primary {pool.service_name!r}/{kwargs.get('db', 0)} of sentinels {sentinels}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"

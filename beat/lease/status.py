@@ -13,7 +13,7 @@ import redis
 
 from beat.errors import LeaseUnavailable
 from beat.lease.holder import lock_key
-from beat.lease.redis_url import redis_client
+from beat.lease.redis_url import redis_address, redis_client
 
 #: Seconds a Redis call of a status read may take.
 REDIS_TIMEOUT = 3.0
@@ -45,8 +45,7 @@ def read_lease(
     client = redis_client(
         redis_url, setting, socket_timeout=timeout, socket_connect_timeout=timeout
     )
-    kwargs = client.connection_pool.connection_kwargs
-    where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+    where = redis_address(client)
     try:
         pipe = client.pipeline(transaction=True)
         pipe.get(key)
