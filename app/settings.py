@@ -10,7 +10,7 @@ fields below pick which of them this app reads itself and puts in ``app.conf``
 | --- | --- | --- |
 | DATABASE_URL | ``BeatConfig().database_url`` | schedule store (``postgresql://``: psycopg 3) |
 | REDIS_URL | ``BeatConfig().redis_url`` | leader lease |
-| CELERY_BROKER_URL | REDIS_URL | Celery broker |
+| CELERY_BROKER_URL | REDIS_URL | Celery broker (``sentinel://...?master_name=NAME`` too) |
 | HABEAT_BROKER_KEY_PREFIX | (none) | the Redis broker's ``global_keyprefix`` |
 | HABEAT_IMPORTS | (none) | extra comma-separated task modules to import |
 | PROMETHEUS_MULTIPROC_DIR | (none) | prefork workers: empty dir where pool children keep metrics |
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from beat.config import CONF_PREFIX, setting
+from beat.redis_urls import as_kombu_sentinel_url, is_sentinel
 
 DEFAULT_DATABASE_URL: str = setting("database_url").default
 DEFAULT_REDIS_URL: str = setting("redis_url").default
@@ -104,8 +105,19 @@ class Settings:
         }
         if self.broker_key_prefix:
             transport_options["global_keyprefix"] = self.broker_key_prefix
+        broker_url = self.broker_url
+        sentinel_urls: dict[str, str] = {}
+        if is_sentinel(broker_url):
+            broker_url, transport_options["master_name"] = as_kombu_sentinel_url(
+                broker_url, "CELERY_BROKER_URL"
+            )
+            # Celery prefers the CELERY_BROKER_URL variable to ``broker_url``, and would
+            # hand kombu the URL with its ``?master_name=``: the read and write URLs come
+            # first for every connection Celery opens.
+            sentinel_urls = {"broker_read_url": broker_url, "broker_write_url": broker_url}
         return {
-            "broker_url": self.broker_url,
+            "broker_url": broker_url,
+            **sentinel_urls,
             "broker_transport_options": transport_options,
             "broker_connection_retry_on_startup": True,
             "task_serializer": "json",

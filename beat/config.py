@@ -28,6 +28,7 @@ from beat.celery_reports import hide_urls_in_celery_reports
 from beat.errors import ConfigError
 from beat.limits import MAX_FAILURE_THRESHOLD
 from beat.models import MisfirePolicy, OverlapPolicy
+from beat.redis_urls import lease_url_of_broker
 
 #: Prefix of every key this package reads from ``app.conf``.
 CONF_PREFIX = "habeat_"
@@ -558,10 +559,9 @@ def uses_this_scheduler(conf: Any, environ: Mapping[str, str] | None = None) -> 
 
 def _broker_redis_url(conf: Any) -> str:
     """The broker's URL when the broker is Redis: the lease then needs no setting of its own."""
-    broker = conf.get("broker_url") or ""
-    first = str(broker).split(";")[0].strip()
-    if first.startswith(("redis://", "rediss://", "unix://")):
-        return first
+    url = lease_url_of_broker(conf.get("broker_url"), conf.get("broker_transport_options"))
+    if url is not None:
+        return url
     raise ConfigError(
         "no Redis for the leader lease: the broker is not Redis, so set"
         f" {app_key(conf, 'habeat_redis_url')} in the app's configuration, or"

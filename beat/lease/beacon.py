@@ -105,8 +105,8 @@ from beat.lease.holder import (
     open_beacon_connection,
     same_endpoint,
 )
-from beat.lease.redis_url import is_sentinel
 from beat.records import Session
+from beat.redis_urls import is_sentinel
 from beat.sockets import readable
 from beat.store.db import (
     SERVER_INCARNATION,

@@ -198,3 +198,39 @@ def test_workers_of_other_apps_are_left_alone(
     conf: dict[str, str], environ: dict[str, str], expected: bool
 ) -> None:
     assert uses_this_scheduler(bare_app(**conf).conf, environ) is expected
+
+
+def test_a_sentinel_broker_gets_the_primarys_name_as_kombu_reads_it() -> None:
+    """kombu reads ``master_name`` from the transport options; left in the URL, it
+    stops a worker with a TypeError when kombu fails over to the next sentinel."""
+    url = "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379/0?master_name=beat&x=1"
+    conf = Settings(redis_url=url, broker_url=url).celery_config()
+    assert conf["broker_transport_options"]["master_name"] == "beat"
+    kombu_url = "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379/0?x=1"
+    assert conf["broker_url"] == conf["broker_read_url"] == conf["broker_write_url"] == kombu_url
+    assert conf["habeat_redis_url"] == url, "the lease reads the name from its URL"
+
+
+@pytest.mark.parametrize(
+    ("broker", "options", "lease"),
+    [
+        (
+            "sentinel://a:26379;sentinel://b:26379/0",
+            {"master_name": "beat"},
+            "sentinel://a:26379;sentinel://b:26379/0?master_name=beat",
+        ),
+        (
+            "sentinel://a:26379;sentinel://b:26379/0?master_name=beat",
+            {},
+            "sentinel://a:26379;sentinel://b:26379/0?master_name=beat",
+        ),
+        ("redis://a:6379/1;redis://b:6379/1", {}, "redis://a:6379/1"),
+    ],
+)
+def test_the_lease_follows_a_redis_or_sentinel_broker(
+    broker: str, options: dict[str, str], lease: str
+) -> None:
+    app = bare_app(
+        broker_url=broker, broker_transport_options=options, habeat_database_url="postgresql://d/b"
+    )
+    assert BeatConfig.from_celery_conf(app.conf, environ={}).redis_url == lease

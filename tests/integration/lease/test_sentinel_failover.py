@@ -15,7 +15,8 @@ import pytest
 
 from beat.errors import ConfigError, StaleEpoch
 from beat.lease.holder import LeaderLease
-from beat.lease.redis_url import parse_sentinel_url, redis_client
+from beat.lease.redis_url import redis_client
+from beat.redis_urls import parse_sentinel_url
 from beat.store.all_roles import Store
 from tests.sentinel import SentinelCluster, sentinel_cluster
 
