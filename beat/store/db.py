@@ -21,16 +21,24 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.engine import ExceptionContext, make_url
+from sqlalchemy.engine import URL, ExceptionContext, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, OperationalError
 
-from beat.errors import (
-    StoreUnavailable,
-)
+from beat.errors import ConfigError, StoreUnavailable
 from beat.schedule.payload import json_loads
 from beat.sockets import readable
 
 logger = logging.getLogger(__name__)
+
+#: psycopg's keyword for when a statement is prepared, read from the database URL.
+PREPARE_THRESHOLD = "prepare_threshold"
+#: What PostgreSQL says when a pooler moved a connection with prepared statements.
+PREPARED_ON_ANOTHER_BACKEND = (
+    psycopg.errors.InvalidSqlStatementName,
+    psycopg.errors.DuplicatePreparedStatement,
+)
+#: Whether this process said so already (once is enough: every connection would).
+_told_of_prepared_statements: list[bool] = []
 
 
 def masked_url(url: str) -> str:
@@ -92,8 +100,32 @@ def _masked_parameters(text: str) -> str:
 
 def psycopg_conninfo(url: str) -> str:
     """A SQLAlchemy URL as psycopg's connection string, for connections held outside the
-    pool (LISTEN, the crash-detection beacon)."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    pool (LISTEN, the crash-detection beacon); they never prepare statements."""
+    without, _ = split_prepare_threshold(url)
+    return without.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def split_prepare_threshold(url: str) -> tuple[URL, dict[str, int | None]]:
+    """``url`` without psycopg's ``prepare_threshold`` (``?prepare_threshold=none`` turns
+    prepared statements off, as PgBouncer in transaction mode needs: a statement
+    prepared on one server connection is missing on the next), and that keyword for
+    ``psycopg.connect``. It is no libpq parameter, and psycopg would take its text as
+    is. A value that is neither a count nor ``none``: ConfigError naming the fix."""
+    parsed = make_url(url)
+    given = parsed.query.get(PREPARE_THRESHOLD)
+    if given is None:
+        return parsed, {}
+    text_value = (given[-1] if isinstance(given, tuple) else given).strip().lower()
+    if text_value == "none":
+        threshold = None
+    elif text_value.isdigit():
+        threshold = int(text_value)
+    else:
+        raise ConfigError(
+            f"{PREPARE_THRESHOLD}={text_value[:20]!r} in the database URL: give a count of"
+            " executions, or none (no prepared statements, for PgBouncer in transaction mode)"
+        )
+    return parsed.difference_update_query([PREPARE_THRESHOLD]), {PREPARE_THRESHOLD: threshold}
 
 
 def create_store_engine(
@@ -104,11 +136,16 @@ def create_store_engine(
     A connection taken from the pool is checked first: with ``ping``, by a round trip
     (SQLAlchemy's pre-ping); without, by its socket alone (``discard_if_closed``), for a
     caller whose every use is one statement, which a ping would double."""
+    without, prepare = split_prepare_threshold(url)
     engine = create_engine(
-        url,
+        without,
         pool_size=pool_size,
         pool_pre_ping=ping,
-        connect_args={"connect_timeout": connect_timeout, "application_name": "habeat"},
+        connect_args={
+            "connect_timeout": connect_timeout,
+            "application_name": "habeat",
+            **prepare,
+        },
         json_deserializer=json_loads,
     )
     if not ping:
@@ -123,9 +160,24 @@ def read_only_is_a_lost_connection(context: ExceptionContext) -> None:
     is dropped from the pool as a lost one is, and the error is one (StoreUnavailable),
     not a crash. The next connection finds the primary, as a URL with
     ``target_session_attrs=read-write`` asks; meanwhile the leases decide, as after a
-    restart."""
-    if isinstance(context.original_exception, psycopg.errors.ReadOnlySqlTransaction):
+    restart.
+
+    So is a connection whose prepared statements the server does not know, or knows
+    already: a pooler in transaction mode (PgBouncer) handed it another backend. The
+    error then names the fix (``?prepare_threshold=none``), once per process."""
+    error = context.original_exception
+    if isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
         context.is_disconnect = True
+    elif isinstance(error, PREPARED_ON_ANOTHER_BACKEND):
+        context.is_disconnect = True
+        if not _told_of_prepared_statements:
+            _told_of_prepared_statements.append(True)
+            logger.error(
+                "PostgreSQL does not know this connection's prepared statement (%s): a"
+                " pooler in transaction mode (PgBouncer) between us? add"
+                " ?prepare_threshold=none to the database URL",
+                first_line(error),
+            )
 
 
 def discard_if_closed(dbapi_connection: Any, record: Any, proxy: Any) -> None:
@@ -191,8 +243,14 @@ class StoreConnection:
             raise StoreUnavailable(unreachable(self.url, exc.orig, self.setting)) from exc
         except DBAPIError as exc:
             if exc.connection_invalidated:
+                hint = (
+                    f": a pooler in transaction mode? add ?prepare_threshold=none to {self.setting}"
+                    if isinstance(exc.orig, PREPARED_ON_ANOTHER_BACKEND)
+                    else ""
+                )
                 raise StoreUnavailable(
-                    f"lost the connection to PostgreSQL at {self.url} ({first_line(exc.orig)})"
+                    f"lost the connection to PostgreSQL at {self.url}"
+                    f" ({first_line(exc.orig)}){hint}"
                 ) from exc
             raise
 
@@ -268,6 +326,9 @@ def open_idle_connection(
             keepalives_idle=idle,
             keepalives_interval=interval,
             keepalives_count=count,
+            # A few cheap statements: preparing them gains nothing, and behind a pooler
+            # in transaction mode a prepared statement is missing on the next backend.
+            prepare_threshold=None,
         )
     except psycopg.Error as exc:
         raise StoreUnavailable(unreachable(masked, exc, setting)) from exc

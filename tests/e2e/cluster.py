@@ -24,6 +24,8 @@ from tests.conftest import SessionEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = [sys.executable, "-m", "celery", "-A", "app"]
+#: Seconds a new celery process needs to start (import, connect) before it stands by.
+START_UP = 4.0
 
 
 @dataclass

@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 
 from beat.models import RunState
 from beat.store.all_roles import Store
-from tests.e2e.cluster import Cluster, Process, wait_until
+from tests.e2e.cluster import START_UP, Cluster, Process, wait_until
 from tests.e2e.proxy import CuttableProxy
 from tests.e2e.test_ha_cluster import (
     assert_each_fire_time_once,
@@ -34,8 +34,6 @@ KILLS = 5
 #: Default settings: a takeover within half of these did not wait for them.
 DEFAULT_LOCK_TTL = 10.0
 DEFAULT_LEASE = 30.0
-#: Seconds a new celery process needs to start (import, connect) before it stands by.
-START_UP = 4.0
 
 
 def first_publication_after(store: Store, moment: datetime) -> datetime | None:

@@ -7,17 +7,13 @@ and Redis that the tests restart."""
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -25,9 +21,9 @@ from sqlalchemy.engine import make_url
 from beat.models import RunState
 from beat.store.all_roles import Store
 from tests.chaos.harness import private_servers, workspace
-from tests.chaos.servers import POSTGRES_USER, PrivatePostgres, PrivateRedis, free_port, wait_for
-from tests.conftest import IN_CI
+from tests.chaos.servers import PrivatePostgres, PrivateRedis
 from tests.e2e.cluster import Cluster, cluster_on, wait_until
+from tests.e2e.pgbouncer import PgBouncer, running_pgbouncer
 from tests.integration.helpers import run_rows
 
 pytestmark = pytest.mark.e2e
@@ -181,66 +177,10 @@ def test_idle_session_timeout_neither_unseats_the_leader_nor_reclaims_a_run(
 # -- behind PgBouncer ---------------------------------------------------------------------
 
 
-class PgBouncer:
-    """Debian's ``pgbouncer`` in transaction mode on a free port, in front of one
-    database (trust: the tests' servers trust local connections)."""
-
-    def __init__(self, workdir: Path, upstream: str) -> None:
-        url = make_url(upstream)
-        self.port = free_port()
-        self.database = url.database or "postgres"
-        self.log = workdir / "pgbouncer.log"
-        config = workdir / "pgbouncer.ini"
-        users = workdir / "pgbouncer-users.txt"
-        users.write_text('"postgres" ""\n')
-        config.write_text(
-            "[databases]\n"
-            f"{self.database} = host={url.host} port={url.port or 5432} dbname={self.database}\n"
-            "[pgbouncer]\n"
-            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
-            f"auth_type = trust\nauth_file = {users}\npool_mode = transaction\n"
-            f"logfile = {self.log}\nmax_client_conn = 200\ndefault_pool_size = 20\n"
-        )
-        for path in (config, users):
-            path.chmod(0o644)
-        command = ["pgbouncer", str(config)]
-        if os.geteuid() == 0:  # pgbouncer refuses to run as root
-            command = ["runuser", "-u", POSTGRES_USER, "--", *command]
-        self.log.touch()
-        if os.geteuid() == 0:
-            shutil.chown(self.log, POSTGRES_USER)
-        self._process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-        )
-        wait_for(self._answers, f"pgbouncer on port {self.port}", timeout=20)
-
-    def url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{self.database}"
-
-    def _answers(self) -> bool:
-        dsn = f"postgresql://postgres@127.0.0.1:{self.port}/{self.database}"
-        with psycopg.connect(dsn, connect_timeout=2) as conn:
-            return conn.execute("SELECT 1").fetchone() == (1,)
-
-    def stop(self) -> None:
-        if self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
-        self._process.wait(timeout=30)
-
-
 @pytest.fixture
 def pgbouncer(cluster: Cluster) -> Iterator[PgBouncer]:
-    if shutil.which("pgbouncer") is None:
-        message = "pgbouncer is not installed: apt-get install -y pgbouncer"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    with workspace() as workdir:  # a directory the postgres account can enter
-        bouncer = PgBouncer(workdir, cluster.env.database_url)
-        try:
-            yield bouncer
-        finally:
-            bouncer.stop()
+    with running_pgbouncer(cluster.env.database_url, "transaction") as bouncer:
+        yield bouncer
 
 
 def test_behind_pgbouncer_crash_detection_is_off_and_leases_decide(

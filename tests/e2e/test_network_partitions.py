@@ -34,7 +34,7 @@ from beat.store.all_roles import Store
 from tests.chaos.harness import workspace
 from tests.chaos.servers import MissingBinaries, PrivatePostgres, PrivateRedis, find_binaries
 from tests.conftest import IN_CI
-from tests.e2e.cluster import CELERY, Cluster, Process, cluster_on, wait_until
+from tests.e2e.cluster import CELERY, START_UP, Cluster, Process, cluster_on, wait_until
 from tests.e2e.netns import Host, NetnsUnavailable
 from tests.e2e.test_crash_fast import longest_gap_between_publications
 from tests.e2e.test_ha_cluster import (
@@ -65,8 +65,6 @@ LONGEST_STEP = LOCK_TTL + MAX_WAIT + CLAIM_AHEAD
 LOSS, LOSSY_FOR = 0.33, 12.0
 #: The effects of the idempotent and the plain long run when each body started once.
 EACH_STARTED_ONCE = {"idempotent:start": 1, "idempotent": 1, "plain:start": 1, "plain": 1}
-#: Seconds a new celery process needs to start (import, connect).
-START_UP = 4.0
 
 
 class PartitionedCluster:

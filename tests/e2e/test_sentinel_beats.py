@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from beat.store.all_roles import Store
-from tests.e2e.cluster import Cluster, wait_until
+from tests.e2e.cluster import START_UP, Cluster, wait_until
 from tests.e2e.test_crash_fast import longest_gap_between_publications
 from tests.e2e.test_ha_cluster import (
     assert_each_fire_time_once,
@@ -25,8 +25,6 @@ from tests.sentinel import SentinelCluster, sentinel_cluster
 pytestmark = pytest.mark.e2e
 
 LOCK_TTL = 5.0
-#: Seconds a new celery process needs to start (import, connect).
-START_UP = 4.0
 
 
 @pytest.fixture
