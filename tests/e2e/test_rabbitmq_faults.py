@@ -33,7 +33,7 @@ pytestmark = pytest.mark.e2e
 #: RabbitMQ closes a channel whose delivery is unacknowledged this long (seconds).
 CONSUMER_TIMEOUT = 4.0
 #: How long the test's long runs work: past the consumer timeout, within a run's lease.
-LONG_RUN = 14.0
+LONG_RUN = 10.0
 FAST = {"HABEAT_LOCK_TTL": "5", "HABEAT_MAX_WAIT": "1"}
 UNFINISHED = {RunState.PENDING.value, RunState.QUEUED.value, RunState.RUNNING.value}
 
@@ -117,7 +117,7 @@ def test_a_rabbitmq_restart_mid_run_loses_no_fire_time_and_runs_none_twice(
     stopped_at = store.now()
     rabbitmq_node.restart()
     down_for = (store.now() - stopped_at).total_seconds()
-    time.sleep(10)  # the leader's next publishes go through, the worker reconnects
+    time.sleep(6)  # the leader's next publishes go through, the worker reconnects
     until = store.now()
 
     wait_until(lambda: all_ended(store), timeout=LONG_RUN + 60, interval=0.5)
