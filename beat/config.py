@@ -18,13 +18,13 @@ value (whichever source it came from) and its meaning. ``from_celery_conf``,
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from enum import Enum
 from typing import Any, TypeVar
 
 from beat.celery_reports import hide_urls_in_celery_reports
+from beat.database_urls import database_url_refusal
 from beat.errors import ConfigError
 from beat.limits import MAX_FAILURE_THRESHOLD
 from beat.models import MisfirePolicy, OverlapPolicy
@@ -473,12 +473,8 @@ class BeatConfig:
         for row in SETTINGS:
             if (error := row.refusal(getattr(self, row.name))) is not None:
                 raise error
-        if _password_read_short(self.database_url):
-            raise ConfigError(
-                f"{self.database_setting}: its password holds an '@', where SQLAlchemy ends"
-                " the password (it would take the rest for the host): write each '@' in the"
-                " password as %40"
-            )
+        if (refusal := database_url_refusal(self.database_url, self.database_setting)) is not None:
+            raise refusal
         if self.lease_heartbeat >= self.lease_timeout:
             raise ConfigError(
                 f"habeat_heartbeat_interval={self.heartbeat_interval!r}: must be shorter than"
@@ -501,15 +497,6 @@ class BeatConfig:
     def renew_interval(self) -> float:
         """The lease is renewed three times per TTL, so two lost renewals in a row are survived."""
         return self.lock_ttl / 3
-
-
-def _password_read_short(url: str) -> bool:
-    """Whether SQLAlchemy, which reads a URL's user information up to its *first* ``@``
-    (redis-py reads to the last), would take part of the password for the host: the
-    host and port it reads, up to the path or query, hold another ``@``."""
-    _, _, rest = url.partition("://")
-    _, at, place = rest.partition("@")
-    return bool(at) and "@" in re.split(r"[/?]", place, maxsplit=1)[0]
 
 
 def _rows(config_fields: tuple[Field[Any], ...]) -> tuple[Setting, ...]:

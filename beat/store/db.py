@@ -24,14 +24,13 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL, ExceptionContext, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, OperationalError
 
-from beat.errors import ConfigError, StoreUnavailable
+from beat.database_urls import PREPARE_THRESHOLD, prepare_threshold
+from beat.errors import StoreUnavailable
 from beat.schedule.payload import json_loads
 from beat.sockets import readable
 
 logger = logging.getLogger(__name__)
 
-#: psycopg's keyword for when a statement is prepared, read from the database URL.
-PREPARE_THRESHOLD = "prepare_threshold"
 #: What PostgreSQL says when a pooler moved a connection with prepared statements.
 PREPARED_ON_ANOTHER_BACKEND = (
     psycopg.errors.InvalidSqlStatementName,
@@ -110,21 +109,12 @@ def split_prepare_threshold(url: str) -> tuple[URL, dict[str, int | None]]:
     prepared statements off, as PgBouncer in transaction mode needs: a statement
     prepared on one server connection is missing on the next), and that keyword for
     ``psycopg.connect``. It is no libpq parameter, and psycopg would take its text as
-    is. A value that is neither a count nor ``none``: ConfigError naming the fix."""
+    is (``beat.database_urls``)."""
     parsed = make_url(url)
     given = parsed.query.get(PREPARE_THRESHOLD)
     if given is None:
         return parsed, {}
-    text_value = (given[-1] if isinstance(given, tuple) else given).strip().lower()
-    if text_value == "none":
-        threshold = None
-    elif text_value.isdigit():
-        threshold = int(text_value)
-    else:
-        raise ConfigError(
-            f"{PREPARE_THRESHOLD}={text_value[:20]!r} in the database URL: give a count of"
-            " executions, or none (no prepared statements, for PgBouncer in transaction mode)"
-        )
+    threshold = prepare_threshold(given[-1] if isinstance(given, tuple) else given)
     return parsed.difference_update_query([PREPARE_THRESHOLD]), {PREPARE_THRESHOLD: threshold}
 
 

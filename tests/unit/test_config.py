@@ -197,6 +197,16 @@ def test_a_database_password_with_a_bare_at_is_refused_without_showing_it(url: s
     assert "ss-Zq7" not in message
 
 
+def test_a_prepare_threshold_that_is_no_count_is_refused_naming_the_fix() -> None:
+    url = "postgresql+psycopg://app@pgbouncer:6432/habeat?prepare_threshold=off"
+    message = error_of(lambda: from_conf(habeat_database_url=url))
+    assert message == (
+        "habeat_database_url: prepare_threshold='off': give a count of executions, or none"
+        " (no prepared statements, for PgBouncer in transaction mode)"
+    )
+    assert from_conf(habeat_database_url=url.replace("off", "none")).database_url.endswith("none")
+
+
 @pytest.mark.parametrize(
     "url",
     [

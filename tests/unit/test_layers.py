@@ -40,6 +40,7 @@ LAYERS: Mapping[str, int] = {
     "beat.celery_reports": 0,
     "beat.sockets": 0,
     "beat.redis_urls": 0,
+    "beat.database_urls": 0,
     "beat.schedule": 0,
     "beat.claim": 1,
     "beat.monitors": 1,
