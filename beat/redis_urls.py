@@ -28,6 +28,8 @@ class SentinelSpec:
     db: int = 0
     password: str | None = None
     username: str | None = None
+    #: The query's other parameters, in order (``ssl_cert_reqs``...).
+    options: tuple[tuple[str, str], ...] = ()
 
 
 def is_sentinel(url: str) -> bool:
@@ -44,8 +46,9 @@ def parse_sentinel_url(url: str, setting: str = "habeat_redis_url") -> SentinelS
     for part in parts:
         split = urlsplit(part.strip())
         if split.scheme.lower() != SENTINEL_SCHEME or not split.hostname:
+            shown = part.strip().rpartition("@")[2][:80]  # never a password
             raise ConfigError(
-                f"{setting}: {part.strip()[:80]!r} is not sentinel://host:port: list each"
+                f"{setting}: {shown!r} is not sentinel://host:port: list each"
                 " sentinel as sentinel://host:port, separated by ';'"
             )
         sentinels.append((split.hostname, split.port or 26379))
@@ -67,6 +70,12 @@ def parse_sentinel_url(url: str, setting: str = "habeat_redis_url") -> SentinelS
         db=db,
         password=password,
         username=username,
+        options=tuple(
+            (key, value)
+            for key, values in query.items()
+            if key != "master_name"
+            for value in values
+        ),
     )
 
 
@@ -90,23 +99,34 @@ def lease_url_of_broker(broker: Any, transport_options: Any) -> str | None:
 
 def as_kombu_sentinel_url(url: str, setting: str) -> tuple[str, str]:
     """``url`` (``sentinel://...?master_name=NAME``) as kombu takes it, and the
-    primary's name, which kombu reads from ``broker_transport_options`` only. kombu
-    parses a URL's query into its connection's arguments when it fails over to the
-    next sentinel, and ``master_name`` there stops the worker with a TypeError."""
+    primary's name, which kombu reads from ``broker_transport_options`` only.
+
+    kombu reads the URL it is on: the first sentinel's at start, the next one's after
+    each connection error (``Connection.switch``), its database, password and query
+    included, and it passes the query's parameters to its connection as arguments
+    (``ssl_*`` aside), so ``master_name`` there stops a worker with a TypeError at the
+    failover. So every sentinel's URL here carries the same user information, database
+    and ``ssl_*`` parameters, and nothing else; another parameter is refused, naming
+    where it goes."""
     spec = parse_sentinel_url(url, setting)
-    parts = []
-    for part in url.split(";"):
-        split = urlsplit(part.strip())
-        if not split.netloc:
-            continue
-        query = [
-            (key, value)
-            for key, values in parse_qs(split.query).items()
-            if key != "master_name"
-            for value in values
-        ]
-        parts.append(split._replace(query=urlencode(query)).geturl())
-    return ";".join(parts), spec.master_name
+    refused = [key for key, _ in spec.options if not key.startswith("ssl_")]
+    if refused:
+        raise ConfigError(
+            f"{setting}: kombu cannot take ?{refused[0]}= in a sentinel:// URL (it would"
+            " stop a worker when it fails over to the next sentinel): set it in"
+            " broker_transport_options"
+        )
+    userinfo = ""
+    if spec.password is not None:
+        userinfo = f"{quote(spec.username or '', safe='')}:{quote(spec.password, safe='')}@"
+    query = urlencode(spec.options)
+    tail = f"/{spec.db}" + (f"?{query}" if query else "")
+    urls = [f"sentinel://{userinfo}{_netloc(host, port)}{tail}" for host, port in spec.sentinels]
+    return ";".join(urls), spec.master_name
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _database(text: str, setting: str) -> int:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 from functools import partial
 
-from beat.errors import StoreUnavailable
+from beat.errors import LeaseUnavailable, StoreUnavailable
 from beat.leader.armed import no_lead
 from beat.leader.claim_pacing import ClaimPacing
 from beat.leader.loop_state import NO_CRASH_DETECTION
@@ -72,7 +72,13 @@ class LeaderLoop(Maintenance, ClaimPacing):
 
     def _run_once(self) -> None:
         self._watch_stall()  # before leading: an outage of every leader is told first
-        epoch = self.leadership.lead()
+        try:
+            epoch = self.leadership.lead()
+        except LeaseUnavailable:
+            # No process can lead while the lease's Redis is down: send what the stall
+            # look opened (in PostgreSQL, which answers), as a standby would.
+            self._send_notifications_left()
+            raise
         if epoch is None:
             self.stand_by()
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Iterator
 from datetime import datetime
@@ -36,8 +37,12 @@ PREPARED_ON_ANOTHER_BACKEND = (
     psycopg.errors.InvalidSqlStatementName,
     psycopg.errors.DuplicatePreparedStatement,
 )
-#: Whether this process said so already (once is enough: every connection would).
-_told_of_prepared_statements: list[bool] = []
+#: What to do about it.
+PREPARED_STATEMENTS_FIX = (
+    "take prepare_threshold out of the database URL (prepared statements are off without it)"
+)
+#: The processes that said so already (once is enough: every connection would).
+_told_of_prepared_statements: set[int] = set()
 
 
 def masked_url(url: str) -> str:
@@ -104,18 +109,23 @@ def psycopg_conninfo(url: str) -> str:
     return without.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def split_prepare_threshold(url: str) -> tuple[URL, dict[str, int | None]]:
-    """``url`` without psycopg's ``prepare_threshold`` (``?prepare_threshold=none`` turns
-    prepared statements off, as PgBouncer in transaction mode needs: a statement
-    prepared on one server connection is missing on the next), and that keyword for
-    ``psycopg.connect``. It is no libpq parameter, and psycopg would take its text as
-    is (``beat.database_urls``)."""
+def split_prepare_threshold(url: str) -> tuple[URL, int | None]:
+    """``url`` without psycopg's ``prepare_threshold``, and the threshold: None (no
+    prepared statements) unless the URL gives a count (``?prepare_threshold=5``).
+
+    Off by default because psycopg names a connection's prepared statements
+    ``_pg3_0``, ``_pg3_1``... Behind a pooler in transaction mode (PgBouncer before
+    1.21, or without ``max_prepared_statements``) a connection's next transaction may
+    run on another server backend, where that name is missing (an error), or is
+    another client's statement: PostgreSQL would run that one with our parameters.
+    Connected straight to PostgreSQL, a count saves the planning of each repeated
+    statement. It is no libpq parameter (``beat.database_urls`` reads it)."""
     parsed = make_url(url)
     given = parsed.query.get(PREPARE_THRESHOLD)
     if given is None:
-        return parsed, {}
+        return parsed, None
     threshold = prepare_threshold(given[-1] if isinstance(given, tuple) else given)
-    return parsed.difference_update_query([PREPARE_THRESHOLD]), {PREPARE_THRESHOLD: threshold}
+    return parsed.difference_update_query([PREPARE_THRESHOLD]), threshold
 
 
 def create_store_engine(
@@ -126,7 +136,7 @@ def create_store_engine(
     A connection taken from the pool is checked first: with ``ping``, by a round trip
     (SQLAlchemy's pre-ping); without, by its socket alone (``discard_if_closed``), for a
     caller whose every use is one statement, which a ping would double."""
-    without, prepare = split_prepare_threshold(url)
+    without, threshold = split_prepare_threshold(url)
     engine = create_engine(
         without,
         pool_size=pool_size,
@@ -134,7 +144,7 @@ def create_store_engine(
         connect_args={
             "connect_timeout": connect_timeout,
             "application_name": "habeat",
-            **prepare,
+            PREPARE_THRESHOLD: threshold,
         },
         json_deserializer=json_loads,
     )
@@ -153,20 +163,21 @@ def read_only_is_a_lost_connection(context: ExceptionContext) -> None:
     restart.
 
     So is a connection whose prepared statements the server does not know, or knows
-    already: a pooler in transaction mode (PgBouncer) handed it another backend. The
-    error then names the fix (``?prepare_threshold=none``), once per process."""
+    already: a pooler in transaction mode (PgBouncer) handed it another backend, and
+    the URL turned prepared statements on (``split_prepare_threshold``). The error then
+    names the fix, once per process."""
     error = context.original_exception
     if isinstance(error, psycopg.errors.ReadOnlySqlTransaction):
         context.is_disconnect = True
     elif isinstance(error, PREPARED_ON_ANOTHER_BACKEND):
         context.is_disconnect = True
-        if not _told_of_prepared_statements:
-            _told_of_prepared_statements.append(True)
+        if os.getpid() not in _told_of_prepared_statements:  # a forked child tells too
+            _told_of_prepared_statements.add(os.getpid())
             logger.error(
                 "PostgreSQL does not know this connection's prepared statement (%s): a"
-                " pooler in transaction mode (PgBouncer) between us? add"
-                " ?prepare_threshold=none to the database URL",
+                " pooler in transaction mode (PgBouncer) between us? %s",
                 first_line(error),
+                PREPARED_STATEMENTS_FIX,
             )
 
 
@@ -234,7 +245,7 @@ class StoreConnection:
         except DBAPIError as exc:
             if exc.connection_invalidated:
                 hint = (
-                    f": a pooler in transaction mode? add ?prepare_threshold=none to {self.setting}"
+                    f": a pooler in transaction mode? {PREPARED_STATEMENTS_FIX}, {self.setting}"
                     if isinstance(exc.orig, PREPARED_ON_ANOTHER_BACKEND)
                     else ""
                 )

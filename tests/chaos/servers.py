@@ -70,6 +70,20 @@ def find_binaries() -> Binaries:
     return Binaries(initdb=initdb, pg_ctl=pg_ctl, redis_server=redis_server)
 
 
+def binaries_for_a_test() -> Binaries:
+    """``find_binaries()`` for a pytest test: skipped without them, failed in CI."""
+    import pytest
+
+    from tests.conftest import IN_CI
+
+    try:
+        return find_binaries()
+    except MissingBinaries as exc:
+        if IN_CI:
+            pytest.fail(str(exc), pytrace=False)
+        pytest.skip(str(exc))
+
+
 def _version_key(path: Path) -> tuple[int, ...]:
     version = path.parent.name
     return tuple(int(part) for part in version.split(".") if part.isdigit())

@@ -53,6 +53,7 @@ class PgBouncer:
         wait_for(self._answers, f"pgbouncer on port {self.port}", timeout=20)
 
     def url(self, query: str = "") -> str:
+        """The SQLAlchemy URL through this PgBouncer, with ``query`` (``?...``) if given."""
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{self.database}{query}"
 
     def _answers(self) -> bool:

@@ -8,6 +8,7 @@ import signal
 import time
 from datetime import datetime, timedelta
 from itertools import pairwise
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,9 @@ RUN_FOR = 30
 BEATS = 3
 
 
-def create_second_schedules(store: Store) -> datetime:
+def create_second_schedules(store: Store, **options: Any) -> datetime:
+    """``SCHEDULES`` schedules of ``e2e.record`` every second from now (``options``: more
+    of their definition); now, by the database's clock."""
     anchor = store.now()
     schedules = Schedules(store)
     for index in range(SCHEDULES):
@@ -38,6 +41,7 @@ def create_second_schedules(store: Store) -> datetime:
             start_at=anchor,
             args=[f"s{index}"],
             allow_unregistered=True,
+            **options,
         )
     return anchor
 

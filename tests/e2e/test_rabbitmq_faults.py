@@ -84,6 +84,7 @@ def test_a_run_past_rabbitmqs_consumer_timeout_is_not_executed_again(
     starts once, and nothing is left in the queue."""
     cluster.settings = FAST | {"CELERY_BROKER_URL": short_consumer_timeout.url}
     start_long_runs(cluster, store, concurrency=2)
+    timed_out_worker = cluster.process_for_worker("worker0")
     # Both runs are on worker0: the spare is there to be given them again.
     cluster.worker("spare", concurrency=2, pool="prefork")
 
@@ -97,6 +98,8 @@ def test_a_run_past_rabbitmqs_consumer_timeout_is_not_executed_again(
     wait_until(lambda: not any(short_consumer_timeout.messages().values()), timeout=60)
     assert cluster.labels() == EACH_STARTED_ONCE, "each body started once and had its effect once"
     assert timed_out, "RabbitMQ's consumer timeout closed no channel: the test proved nothing"
+    wait_until(lambda: not timed_out_worker.alive(), timeout=30)  # Celery stops it, as documented
+    assert "Unrecoverable error: PreconditionFailed" in timed_out_worker.output()
 
 
 def test_a_rabbitmq_restart_mid_run_loses_no_fire_time_and_runs_none_twice(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import kombu
 import pytest
 from celery import Celery
 
@@ -203,12 +204,45 @@ def test_workers_of_other_apps_are_left_alone(
 def test_a_sentinel_broker_gets_the_primarys_name_as_kombu_reads_it() -> None:
     """kombu reads ``master_name`` from the transport options; left in the URL, it
     stops a worker with a TypeError when kombu fails over to the next sentinel."""
-    url = "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379/0?master_name=beat&x=1"
+    url = "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379/0?master_name=beat"
     conf = Settings(redis_url=url, broker_url=url).celery_config()
     assert conf["broker_transport_options"]["master_name"] == "beat"
-    kombu_url = "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379/0?x=1"
+    kombu_url = "sentinel://10.0.0.1:26379/0;sentinel://10.0.0.2:26379/0"
     assert conf["broker_url"] == conf["broker_read_url"] == conf["broker_write_url"] == kombu_url
     assert conf["habeat_redis_url"] == url, "the lease reads the name from its URL"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sentinel://:s3cret@a:26379;sentinel://b:26380/3?master_name=beat",
+        "sentinel://a:26379/3?master_name=beat;sentinel://:s3cret@b:26380",
+        "sentinel://a:26379;sentinel://:s3cret@b:26380/3?master_name=beat&ssl_cert_reqs=none",
+    ],
+)
+def test_kombu_fails_over_through_every_sentinel_on_one_database_with_one_password(
+    url: str,
+) -> None:
+    """kombu reads the database, password and query of the URL it switches to at each
+    connection error: a part that gave them alone would move a worker to another
+    database at the failover, or stop it (a parameter kombu takes as an argument)."""
+    conf = Settings(redis_url=url, broker_url=url).celery_config()
+    connection = kombu.Connection(
+        conf["broker_url"], transport_options=conf["broker_transport_options"]
+    )
+    seen = set()
+    for alternate in [*connection.alt, *connection.alt]:
+        connection.switch(alternate)  # what kombu does at a failover
+        seen.add((connection.virtual_host, connection.password, str(connection.ssl)))
+    assert len(seen) == 1, seen
+    [(database, password, _)] = seen
+    assert (database, password) == ("3", "s3cret")
+
+
+def test_a_sentinel_broker_parameter_kombu_would_choke_on_is_refused_naming_the_fix() -> None:
+    url = "sentinel://a:26379;sentinel://b:26380/0?master_name=beat&socket_timeout=2"
+    with pytest.raises(ConfigError, match=r"\?socket_timeout=.*broker_transport_options"):
+        Settings(redis_url=url, broker_url=url).celery_config()
 
 
 @pytest.mark.parametrize(

@@ -28,12 +28,10 @@ from tests.chaos.servers import (
     POSTGRES_BIN_GLOB,
     POSTGRES_USER,
     Binaries,
-    MissingBinaries,
     PrivatePostgres,
-    find_binaries,
+    binaries_for_a_test,
     wait_for,
 )
-from tests.conftest import IN_CI
 
 pytestmark = pytest.mark.integration
 
@@ -80,12 +78,7 @@ class Standby(PrivatePostgres):
 
 @pytest.fixture
 def servers() -> Iterator[tuple[PrivatePostgres, Standby]]:
-    try:
-        binaries = find_binaries()
-    except MissingBinaries as exc:
-        if IN_CI:
-            pytest.fail(str(exc), pytrace=False)
-        pytest.skip(str(exc))
+    binaries = binaries_for_a_test()
     with workspace() as workdir:
         (workdir / "a").mkdir(mode=0o755)
         (workdir / "b").mkdir(mode=0o755)

@@ -218,3 +218,30 @@ def test_a_standby_sends_only_what_the_leader_left_and_the_leader_all_that_is_du
     standby = {(epoch, overdue) for caller, epoch, overdue in takes if caller == "b"}
     assert leader == {(1, timedelta(0))}
     assert standby == {(None, STANDBY_SEND_AFTER)}
+
+
+def test_while_the_leases_redis_is_down_every_process_still_sends_what_is_overdue() -> None:
+    """An election outage (the lease's Redis down, PostgreSQL up): nobody can lead, and
+    every pass fails at the lease. The stall incident is opened all the same (its look
+    comes first), and its notification must go out too: it is how the operator learns
+    that nothing is scheduled. A process that cannot reach the lease sends what is
+    overdue, as a standby does."""
+    w = world()
+    w.store.add_schedule("often", every=5, in_seconds=1)
+    w.start("a")
+    w.start("b", delay=1)
+    w.run_for(10)
+    takes: list[tuple[str | None, float]] = []
+    take = w.store.take_notifications
+
+    def recorded(epoch: int | None, **options: Any) -> list[PendingNotification]:
+        takes.append((w.store.caller(), w.clock()))
+        return take(epoch, **options)
+
+    w.store.take_notifications = recorded  # type: ignore[method-assign]
+    w.lease_server.reachable = False
+    down_at = w.clock()
+    w.run_for(120)
+
+    assert w.store.stalled, "the stall incident opened during the outage"
+    assert {caller for caller, at in takes if at > down_at + 30} == {"a", "b"}

@@ -1,0 +1,117 @@
+"""The election outage: the lease's Redis down while PostgreSQL and the broker are up,
+with real `celery beat` and `celery worker` processes (the lease on a private Redis,
+the broker on another). What stops, what the operator sees, what comes back:
+
+- no process can take or renew the lease, so once the leader's lease ends nothing is
+  claimed: scheduling stops (the epoch in PostgreSQL fences claims; it does not elect
+  a leader by itself);
+- every process still looks for a stall (PostgreSQL answers), opens the cluster's
+  stall incident, and sends its notification (a real HTTP receiver gets it);
+  ``schedules health`` fails, naming the lease;
+- once Redis is back, a beat takes the lease within a poll and catches up as each
+  schedule's misfire policy says (here ``fire_all``: every fire time runs once)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+from sqlalchemy import text
+
+from beat.models import RunState
+from beat.ops.schedules import Schedules
+from beat.store.all_roles import Store
+from tests.chaos.harness import workspace
+from tests.chaos.servers import PrivateRedis, binaries_for_a_test
+from tests.e2e.cluster import START_UP, Cluster, wait_until
+from tests.e2e.test_ha_cluster import (
+    assert_each_fire_time_once,
+    assert_each_run_executed_once,
+    create_second_schedules,
+)
+from tests.integration.helpers import run_rows
+from tests.receivers import http_receiver
+
+pytestmark = pytest.mark.e2e
+
+#: The lease's TTL: a stall is six of them (12 s) without a claim.
+LOCK_TTL = 2.0
+#: Long enough for the stall look (every 15 s) to open the incident and for a process
+#: that does not lead to send its notification (30 s overdue, looked for every 5 s).
+OUTAGE_LIMIT = 90.0
+
+
+@pytest.fixture
+def lease_redis() -> Iterator[PrivateRedis]:
+    binaries = binaries_for_a_test()
+    with workspace() as workdir:
+        server = PrivateRedis(binaries.redis_server, workdir)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def claims_between(store: Store, start: datetime, end: datetime) -> int:
+    with store.engine.connect() as conn:
+        count: int = conn.execute(
+            text("SELECT count(*) FROM beat_runs WHERE claimed_at > :start AND claimed_at < :end"),
+            {"start": start, "end": end},
+        ).scalar_one()
+    return count
+
+
+def pending_until(store: Store, until: datetime) -> list[datetime]:
+    """Fire times up to ``until`` not yet claimed and sent."""
+    return [
+        row.fire_at
+        for row in run_rows(store, task="e2e.record")
+        if row.fire_at <= until and row.state == RunState.PENDING.value
+    ]
+
+
+def test_with_the_leases_redis_down_scheduling_stops_the_stall_is_told_and_all_catch_up(
+    cluster: Cluster, store: Store, lease_redis: PrivateRedis
+) -> None:
+    cluster.settings = {
+        "REDIS_URL": lease_redis.url(0),
+        "HABEAT_LOCK_TTL": str(LOCK_TTL),
+        "HABEAT_STANDBY_POLL": "0.5",
+    }
+    with http_receiver() as receiver:
+        Schedules(store).add_webhook("ops", receiver.url("/habeat"))
+        anchor = create_second_schedules(store, misfire_policy="fire_all")
+        cluster.worker("worker0")
+        cluster.beat("beat0")
+        wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+        cluster.beat("beat1")
+        time.sleep(START_UP)
+
+        lease_redis.stop()
+        down_at = store.now()
+        wait_until(lambda: receiver.posts, timeout=OUTAGE_LIMIT, interval=0.5)
+        told_in = (store.now() - down_at).total_seconds()
+        health = cluster.command("schedules", "health")
+        back_at = store.now()
+        lease_redis.start()
+        wait_until(lambda: claims_between(store, back_at, store.now()) > 0, timeout=30)
+        resumed_in = (store.now() - back_at).total_seconds()
+        until = store.now()
+        # The catch-up: every fire time since the lease ended claimed and sent.
+        wait_until(lambda: not pending_until(store, until), timeout=60, interval=0.5)
+
+    [post] = receiver.posts[:1]
+    print(
+        f"lease's Redis down for {(back_at - down_at).total_seconds():.0f} s: stall told"
+        f" after {told_in:.0f} s; claims resumed {resumed_in:.1f} s after Redis came back"
+    )
+    assert "stall" in str(post.body).lower(), post.body
+    assert health.returncode == 1, health.stdout
+    assert "Redis" in health.stderr, health.stderr
+    silent_from = down_at.timestamp() + LOCK_TTL + 1  # the leader's lease has ended
+    assert claims_between(store, datetime.fromtimestamp(silent_from, down_at.tzinfo), back_at) == 0
+    assert_each_fire_time_once(store, anchor, until)
+    assert_each_run_executed_once(cluster, store)
