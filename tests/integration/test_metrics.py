@@ -87,8 +87,10 @@ def bound(port: int) -> bool:
 def test_the_leader_serves_its_claims_and_publications(
     make_scheduler: SchedulerFactory, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
-    add_interval_schedules(Schedules(store), 3, every=1, start_at=datetime.now(UTC))
-    make_due(store, seconds_ago=1.5)
+    # Two fire times past each (15 and 5 s ago), the next 5 s away: a first tick slowed
+    # by a loaded machine cannot make a third one due.
+    add_interval_schedules(Schedules(store), 3, every=10, start_at=datetime.now(UTC))
+    make_due(store, seconds_ago=15)
     port = free_port()
     # Claiming ahead would add the next fire times too: this counts the overdue ones.
     scheduler = make_scheduler(conf=with_metrics(port), claim_ahead=0.0)
@@ -110,8 +112,8 @@ def test_the_leader_serves_its_claims_and_publications(
     assert moved("habeat_runs_claimed_total") == 6
     assert moved("habeat_runs_published_total") == 6
     assert moved("habeat_run_lateness_seconds_count") == 6
-    # Each run was due 0.5 to 1.5 s before the claim (one clock: the database's).
-    assert 6 * 0.4 <= moved("habeat_run_lateness_seconds_sum") <= 6 * 5
+    # Each run was due 5 or 15 s before the claim, and a little more (the database's clock).
+    assert 3 * (15 + 5) <= moved("habeat_run_lateness_seconds_sum") <= 3 * (15 + 5) + 6 * 5
     assert moved("habeat_run_lateness_seconds_bucket", le="0.001") == 0
     assert moved("habeat_run_lateness_seconds_bucket", le="300.0") == 6
     assert moved("habeat_claim_duration_seconds_count") >= 1
