@@ -103,7 +103,6 @@ from beat.lease.holder import (
     KEEPALIVE_INTERVAL,
     BeaconConnection,
     open_beacon_connection,
-    same_endpoint,
 )
 from beat.records import Session
 from beat.redis_urls import is_sentinel
@@ -112,6 +111,7 @@ from beat.store.db import (
     SERVER_INCARNATION,
     masked_url,
     open_idle_connection,
+    own_session,
     psycopg_conninfo,
 )
 
@@ -131,13 +131,6 @@ SERVER_SIDE_KEEPALIVES = (
     " WHEN 'tcp_keepalives_interval' THEN '60' WHEN 'tcp_keepalives_count' THEN '5'"
     " ELSE '0' END, false) FROM pg_settings WHERE name IN ('tcp_keepalives_idle',"
     " 'tcp_keepalives_interval', 'tcp_keepalives_count', 'tcp_user_timeout')"
-)
-
-#: This session as the server sees it, and where the server listens.
-_WHO_AM_I = (
-    "SELECT host(client_addr), client_port, inet_server_port(),"
-    " current_setting('unix_socket_directories'), current_setting('port')"
-    " FROM pg_stat_activity WHERE pid = pg_backend_pid()"
 )
 
 #: The beacon's row, written by its PostgreSQL half itself: the session recorded is the
@@ -249,8 +242,7 @@ class SessionBeacon:
         """Raise _Unsupported unless the server's session is this connection's own (see
         the module docstring, 5); prune the rows of long-dead beacons."""
         try:
-            seen = conn.execute(_WHO_AM_I).fetchone()
-            if seen is None or not _own_session(conn, *seen):
+            if not own_session(conn):
                 raise _Unsupported(
                     f"PostgreSQL at {self._masked} does not see this connection as its own"
                     " session (a pooler or a proxy between them?)"
@@ -351,32 +343,6 @@ class SessionBeacon:
         client, self._redis = self._redis, None
         if client is not None:
             client.close()
-
-
-def _own_session(
-    conn: psycopg.Connection[Any],
-    client_host: str | None,
-    client_port: int | None,
-    server_port: int | None,
-    socket_directories: str,
-    port: str,
-) -> bool:
-    """Is the session the server lists for this connection the connection itself?
-    Over TCP: its client address and port are our socket's, its server port our
-    peer's. Over a unix socket: we reached one of the server's own socket files."""
-    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
-        if sock.family == socket.AF_UNIX:
-            reached = sock.getpeername()
-            return client_host is None and any(
-                os.path.join(directory.strip(), f".s.PGSQL.{port}") == reached
-                for directory in socket_directories.split(",")
-            )
-        local, peer = sock.getsockname(), sock.getpeername()
-    if client_host is None or client_port is None:
-        return False
-    return same_endpoint(f"[{client_host}]:{client_port}", local[0], local[1]) and (
-        server_port == peer[1]
-    )
 
 
 _process_beacons: dict[tuple[int, str], SessionBeacon] = {}

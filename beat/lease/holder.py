@@ -26,14 +26,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
 
 import redis
 
 from beat.errors import LeaseUnavailable
 from beat.lease.redis_url import redis_address
-from beat.sockets import readable
+from beat.sockets import readable, same_endpoint
 from beat.store.db import masked_url
 
 logger = logging.getLogger(__name__)
@@ -231,23 +230,6 @@ def _seen_from_here(sock: socket.socket | None, addr: str, laddr: str) -> bool:
         return bool(laddr) and laddr.rsplit(":", 1)[0] == sock.getpeername()
     local, peer = sock.getsockname(), sock.getpeername()
     return same_endpoint(addr, local[0], local[1]) and laddr.rsplit(":", 1)[-1] == str(peer[1])
-
-
-def same_endpoint(shown: str, host: str, port: int) -> bool:
-    """Is ``shown`` (``ip:port``, ``[ip]:port`` or ``ip6:port`` as servers print them)
-    the address ``host`` and ``port``?"""
-    ip, _, shown_port = shown.rpartition(":")
-    try:
-        return _plain_ip(ip.strip("[]")) == _plain_ip(host) and shown_port == str(port)
-    except ValueError:
-        return False
-
-
-def _plain_ip(text: str) -> IPv4Address | IPv6Address:
-    """An address, an IPv4 one mapped into IPv6 (a dual-stack socket's view) as IPv4."""
-    address = ip_address(text.split("%")[0])  # without an IPv6 zone
-    mapped = getattr(address, "ipv4_mapped", None)
-    return mapped if mapped is not None else address
 
 
 def gone_beacons(client: redis.Redis, recorded: Mapping[str, str]) -> set[str]:

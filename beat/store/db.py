@@ -4,9 +4,11 @@ translation of driver errors into domain errors that say what to do."""
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
 import re
+import socket
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -28,7 +30,7 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, Opera
 from beat.database_urls import PREPARE_THRESHOLD, prepare_threshold
 from beat.errors import StoreUnavailable
 from beat.schedule.payload import json_loads
-from beat.sockets import readable
+from beat.sockets import readable, same_endpoint
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +39,19 @@ PREPARED_ON_ANOTHER_BACKEND = (
     psycopg.errors.InvalidSqlStatementName,
     psycopg.errors.DuplicatePreparedStatement,
 )
+
+
+class Detected(enum.Enum):
+    """No threshold in the URL: the connection's own check decides."""
+
+    DETECTED = "detected"
+
+
+DETECTED = Detected.DETECTED
 #: What to do about it.
 PREPARED_STATEMENTS_FIX = (
-    "take prepare_threshold out of the database URL (prepared statements are off without it)"
+    "take prepare_threshold out of the database URL (without it, a connection through a"
+    " pooler prepares nothing)"
 )
 #: The processes that said so already (once is enough: every connection would).
 _told_of_prepared_statements: set[int] = set()
@@ -109,23 +121,75 @@ def psycopg_conninfo(url: str) -> str:
     return without.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def split_prepare_threshold(url: str) -> tuple[URL, int | None]:
-    """``url`` without psycopg's ``prepare_threshold``, and the threshold: None (no
-    prepared statements) unless the URL gives a count (``?prepare_threshold=5``).
-
-    Off by default because psycopg names a connection's prepared statements
-    ``_pg3_0``, ``_pg3_1``... Behind a pooler in transaction mode (PgBouncer before
-    1.21, or without ``max_prepared_statements``) a connection's next transaction may
-    run on another server backend, where that name is missing (an error), or is
-    another client's statement: PostgreSQL would run that one with our parameters.
-    Connected straight to PostgreSQL, a count saves the planning of each repeated
-    statement. It is no libpq parameter (``beat.database_urls`` reads it)."""
+def split_prepare_threshold(url: str) -> tuple[URL, int | Detected | None]:
+    """``url`` without psycopg's ``prepare_threshold``, and the threshold the URL gives
+    (a count, or None for ``none``: no prepared statements), or ``DETECTED``: each new
+    connection then prepares only if it reaches the server itself
+    (``prepare_only_on_a_direct_connection``). It is no libpq parameter
+    (``beat.database_urls`` reads it)."""
     parsed = make_url(url)
     given = parsed.query.get(PREPARE_THRESHOLD)
     if given is None:
-        return parsed, None
+        return parsed, DETECTED
     threshold = prepare_threshold(given[-1] if isinstance(given, tuple) else given)
     return parsed.difference_update_query([PREPARE_THRESHOLD]), threshold
+
+
+#: This session as the server sees it, and where the server listens.
+_WHO_AM_I = (
+    "SELECT host(client_addr), client_port, inet_server_port(),"
+    " current_setting('unix_socket_directories'), current_setting('port')"
+    " FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+)
+#: psycopg's threshold on a connection straight to the server (its own default).
+DIRECT_PREPARE_THRESHOLD = 5
+
+
+def own_session(conn: psycopg.Connection[Any]) -> bool:
+    """Is the session the server lists for ``conn`` the connection itself, no pooler or
+    proxy between them (whose next transaction could run on another backend)?"""
+    seen = conn.execute(_WHO_AM_I).fetchone()
+    return seen is not None and _own_session(conn, *seen)
+
+
+def _own_session(
+    conn: psycopg.Connection[Any],
+    client_host: str | None,
+    client_port: int | None,
+    server_port: int | None,
+    socket_directories: str,
+    port: str,
+) -> bool:
+    """Is the session the server lists for this connection the connection itself?
+    Over TCP: its client address and port are our socket's, its server port our
+    peer's. Over a unix socket: we reached one of the server's own socket files."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        if sock.family == socket.AF_UNIX:
+            reached = sock.getpeername()
+            return client_host is None and any(
+                os.path.join(directory.strip(), f".s.PGSQL.{port}") == reached
+                for directory in socket_directories.split(",")
+            )
+        local, peer = sock.getsockname(), sock.getpeername()
+    if client_host is None or client_port is None:
+        return False
+    return same_endpoint(f"[{client_host}]:{client_port}", local[0], local[1]) and (
+        server_port == peer[1]
+    )
+
+
+def prepare_only_on_a_direct_connection(dbapi_connection: Any, record: Any) -> None:
+    """A new pooled connection prepares repeated statements (psycopg's default) only if
+    the server sees it as its own session. Behind a pooler in transaction mode, a
+    prepared statement's name (``_pg3_0``...) may be missing on the next backend, or be
+    another client's statement, which PostgreSQL would run with our parameters. A
+    check that cannot be made counts as a pooler: off is always safe, only slower."""
+    try:
+        direct = own_session(dbapi_connection)
+        dbapi_connection.rollback()  # the check's transaction, before SQLAlchemy's first
+    except (psycopg.Error, OSError):
+        direct = False
+    dbapi_connection.prepare_threshold = DIRECT_PREPARE_THRESHOLD if direct else None
 
 
 def create_store_engine(
@@ -144,10 +208,12 @@ def create_store_engine(
         connect_args={
             "connect_timeout": connect_timeout,
             "application_name": "habeat",
-            PREPARE_THRESHOLD: threshold,
+            PREPARE_THRESHOLD: None if threshold is DETECTED else threshold,
         },
         json_deserializer=json_loads,
     )
+    if threshold is DETECTED:
+        event.listen(engine, "connect", prepare_only_on_a_direct_connection)
     if not ping:
         event.listen(engine, "checkout", discard_if_closed)
     event.listen(engine, "handle_error", read_only_is_a_lost_connection)

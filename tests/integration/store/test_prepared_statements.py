@@ -1,8 +1,9 @@
 """PostgreSQL through PgBouncer in transaction mode, with real servers: a connection's
 next transaction may run on another server backend, where the statements psycopg
 prepared (from a statement's fifth execution, when the URL turns them on) do not
-exist. The store then drops the connection as a lost one and names the fix; by
-default nothing is prepared and a change of backend goes unnoticed."""
+exist. The store then drops the connection as a lost one and names the fix. By
+default a connection prepares only when the server sees it as its own session: not
+through PgBouncer, where a change of backend then goes unnoticed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from beat.errors import StoreUnavailable
-from beat.store.db import StoreConnection, create_store_engine
+from beat.store.db import DIRECT_PREPARE_THRESHOLD, StoreConnection, create_store_engine
 from tests.conftest import SessionEnv
 from tests.e2e.pgbouncer import PgBouncer, running_pgbouncer
 
@@ -59,3 +60,21 @@ def test_with_prepared_statements_off_a_backend_change_goes_unnoticed(
     bouncer: PgBouncer, query: str
 ) -> None:
     run_on_another_backend_after_preparing(bouncer, query)
+
+
+def prepare_threshold_of(url: str) -> int | None:
+    store = StoreConnection(create_store_engine(url, pool_size=1))
+    try:
+        with store.engine.connect() as conn:
+            threshold: int | None = conn.connection.driver_connection.prepare_threshold
+            return threshold
+    finally:
+        store.dispose()
+
+
+def test_by_default_only_a_connection_to_the_server_itself_prepares(
+    bouncer: PgBouncer, test_env: SessionEnv
+) -> None:
+    assert prepare_threshold_of(test_env.database_url) == DIRECT_PREPARE_THRESHOLD
+    assert prepare_threshold_of(bouncer.url()) is None
+    assert prepare_threshold_of(bouncer.url("?prepare_threshold=7")) == 7, "the URL decides"

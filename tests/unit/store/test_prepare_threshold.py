@@ -1,13 +1,19 @@
-"""psycopg's ``prepare_threshold`` from the database URL: prepared statements are off
-unless the URL gives a count (behind PgBouncer in transaction mode they would meet
-another backend's)."""
+"""psycopg's ``prepare_threshold`` from the database URL: a count or ``none``, or, left
+out, each connection's own check (prepared statements only when it reaches the server
+itself: behind PgBouncer in transaction mode they would meet another backend's)."""
 
 from __future__ import annotations
 
 import pytest
 
 from beat.errors import ConfigError
-from beat.store.db import create_store_engine, psycopg_conninfo, split_prepare_threshold
+from beat.store.db import (
+    DETECTED,
+    Detected,
+    create_store_engine,
+    psycopg_conninfo,
+    split_prepare_threshold,
+)
 
 URL = "postgresql+psycopg://u@db:6432/beat"
 
@@ -15,7 +21,7 @@ URL = "postgresql+psycopg://u@db:6432/beat"
 @pytest.mark.parametrize(
     ("query", "threshold"),
     [
-        ("", None),
+        ("", DETECTED),
         ("?prepare_threshold=none", None),
         ("?prepare_threshold=None", None),
         ("?prepare_threshold=0", 0),
@@ -23,7 +29,7 @@ URL = "postgresql+psycopg://u@db:6432/beat"
     ],
 )
 def test_the_threshold_leaves_the_url_for_psycopgs_keyword_off_unless_counted(
-    query: str, threshold: int | None
+    query: str, threshold: int | Detected | None
 ) -> None:
     url, given = split_prepare_threshold(URL + query)
     assert given == threshold
