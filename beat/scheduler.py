@@ -146,6 +146,9 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             # Runs claimed ahead are not waited for: the next leader publishes them from
             # the outbox at their fire time, so a hand-over is not delayed by them.
             self._loop.armed.drop()
+            # A batch of notifications being sent is let finish (bounded: a send left
+            # unrecorded is sent again), not cut off by the pools' close.
+            self._loop.notifier.finish(timeout=SHUTDOWN_WAIT)
         if self._leadership is not None:
             self._leadership.hand_over()
         if self._listener is not None:

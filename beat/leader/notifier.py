@@ -53,6 +53,9 @@ class Notifier:
         self._clock = clock
         self._lock = threading.Lock()
         self._sending = False
+        #: Set while no batch is being sent (``finish`` waits for it).
+        self._idle = threading.Event()
+        self._idle.set()
 
     def send_due(
         self,
@@ -67,6 +70,7 @@ class Notifier:
             if self._sending:
                 return
             self._sending = True
+            self._idle.clear()
 
         def work() -> None:
             try:
@@ -76,15 +80,24 @@ class Notifier:
                 # leader at once). Nothing is lost; the claims go on.
                 logger.warning("could not send the notifications: %s", error_text(exc))
             finally:
-                with self._lock:
-                    self._sending = False
+                self._done()
 
         try:
             self._start(work)
         except BaseException:
-            with self._lock:  # no thread to clear it (too many threads, shutting down)
-                self._sending = False
+            self._done()  # no thread to clear it (too many threads, shutting down)
             raise
+
+    def finish(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the batch being sent, if any (a process
+        closing: its connections are about to be closed under the batch's feet). True
+        once none is."""
+        return self._idle.wait(timeout)
+
+    def _done(self) -> None:
+        with self._lock:
+            self._sending = False
+            self._idle.set()
 
     def _send_batch(
         self, take: Callable[[], list[PendingNotification]], outbox: Outbox, epoch: int | None

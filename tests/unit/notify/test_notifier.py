@@ -6,6 +6,7 @@ once less than a send's time is left of the lease the batch was taken under."""
 from __future__ import annotations
 
 import http.client
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -174,3 +175,25 @@ def test_the_lease_counts_from_before_the_take() -> None:
     )
 
     assert (outbox.sent, outbox.failed) == ([], [])
+
+
+def test_a_closing_process_waits_for_the_batch_being_sent() -> None:
+    """``finish`` (called as the scheduler closes) waits for the batch on the notifier's
+    thread, so the store's pool is not closed under a send: a connection that batch
+    holds would be left open."""
+    started, release = threading.Event(), threading.Event()
+
+    def slow(kind: ChannelKind, target: str, notification_id: int, payload: dict[str, Any]) -> None:
+        started.set()
+        release.wait(5)
+
+    notifier = Notifier(send=slow)
+    outbox = Outbox()
+    notifier.send_due(lambda: [pending(1)], outbox, epoch=1)
+    assert started.wait(5)
+
+    assert not notifier.finish(timeout=0.05), "a batch is being sent"
+    release.set()
+    assert notifier.finish(timeout=5)
+    assert outbox.sent == [1]
+    assert notifier.finish(timeout=0), "idle: nothing to wait for"
