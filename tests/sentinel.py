@@ -9,7 +9,6 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,10 +54,10 @@ def _start(name: str, args: list[str], workdir: Path) -> subprocess.Popen[bytes]
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
 
 
-@contextmanager
-def sentinel_cluster() -> Iterator[SentinelCluster]:
+@pytest.fixture
+def sentinels() -> Iterator[SentinelCluster]:
     """A primary, a replica and three sentinels (quorum 2, down after 1 s); skipped
-    (failed in CI) without ``redis-sentinel``."""
+    (failed in CI) without ``redis-sentinel``. A fixture: import it into a test module."""
     server, sentinel = shutil.which("redis-server"), shutil.which("redis-sentinel")
     if server is None or sentinel is None:
         message = "redis-sentinel is not installed: apt-get install -y redis-sentinel"

@@ -7,7 +7,6 @@ epoch in PostgreSQL keeps the claims single."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,17 +19,13 @@ from tests.e2e.test_ha_cluster import (
     create_second_schedules,
 )
 from tests.e2e.test_network_partitions import claims_after_the_next_epoch_began
-from tests.sentinel import SentinelCluster, sentinel_cluster
+from tests.sentinel import SentinelCluster, sentinels
 
 pytestmark = pytest.mark.e2e
 
+__all__ = ["sentinels"]  # the fixture, for this module's tests
+
 LOCK_TTL = 5.0
-
-
-@pytest.fixture
-def sentinels() -> Iterator[SentinelCluster]:
-    with sentinel_cluster() as cluster:
-        yield cluster
 
 
 def test_beats_on_sentinel_run_each_fire_time_once_across_a_failover(

@@ -9,7 +9,6 @@ single (RedBeat #163: two schedulers after a Sentinel failover)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,17 +17,13 @@ from beat.lease.holder import LeaderLease
 from beat.lease.redis_url import redis_client
 from beat.redis_urls import parse_sentinel_url
 from beat.store.all_roles import Store
-from tests.sentinel import SentinelCluster, sentinel_cluster
+from tests.sentinel import SentinelCluster, sentinels
 
 pytestmark = pytest.mark.integration
 
+__all__ = ["sentinels"]  # the fixture, for this module's tests
+
 TTL = 2.0
-
-
-@pytest.fixture
-def sentinels() -> Iterator[SentinelCluster]:
-    with sentinel_cluster() as cluster:
-        yield cluster
 
 
 def lease(url: str, holder: str) -> LeaderLease:
