@@ -52,7 +52,6 @@ class Notifier:
         #: Seconds, to tell how much of a batch's lease is left.
         self._clock = clock
         self._lock = threading.Lock()
-        self._sending = False
         #: Set while no batch is being sent (``finish`` waits for it).
         self._idle = threading.Event()
         self._idle.set()
@@ -67,9 +66,8 @@ class Notifier:
         """Start sending what ``take`` takes (as leader ``epoch``, or None for a process
         that does not lead), unless a batch is being sent."""
         with self._lock:
-            if self._sending:
-                return
-            self._sending = True
+            if not self._idle.is_set():
+                return  # a batch is being sent
             self._idle.clear()
 
         def work() -> None:
@@ -95,9 +93,7 @@ class Notifier:
         return self._idle.wait(timeout)
 
     def _done(self) -> None:
-        with self._lock:
-            self._sending = False
-            self._idle.set()
+        self._idle.set()
 
     def _send_batch(
         self, take: Callable[[], list[PendingNotification]], outbox: Outbox, epoch: int | None

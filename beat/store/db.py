@@ -147,22 +147,13 @@ DIRECT_PREPARE_THRESHOLD = 5
 
 def own_session(conn: psycopg.Connection[Any]) -> bool:
     """Is the session the server lists for ``conn`` the connection itself, no pooler or
-    proxy between them (whose next transaction could run on another backend)?"""
+    proxy between them (whose next transaction could run on another backend)? Over
+    TCP: its client address and port are our socket's, its server port our peer's.
+    Over a unix socket: we reached one of the server's own socket files."""
     seen = conn.execute(_WHO_AM_I).fetchone()
-    return seen is not None and _own_session(conn, *seen)
-
-
-def _own_session(
-    conn: psycopg.Connection[Any],
-    client_host: str | None,
-    client_port: int | None,
-    server_port: int | None,
-    socket_directories: str,
-    port: str,
-) -> bool:
-    """Is the session the server lists for this connection the connection itself?
-    Over TCP: its client address and port are our socket's, its server port our
-    peer's. Over a unix socket: we reached one of the server's own socket files."""
+    if seen is None:
+        return False
+    client_host, client_port, server_port, socket_directories, port = seen
     with socket.socket(fileno=os.dup(conn.fileno())) as sock:
         if sock.family == socket.AF_UNIX:
             reached = sock.getpeername()
