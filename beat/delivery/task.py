@@ -39,6 +39,12 @@ from sqlalchemy.orm import Session
 from beat import metrics
 from beat.config import BeatConfig, uses_this_scheduler
 from beat.delivery.app_config import delivery_config
+from beat.delivery.links import (
+    has_links,
+    links_record,
+    send_links_after_completion,
+    send_links_left_unsent,
+)
 from beat.delivery.run_leases import run_leases_of
 from beat.delivery.tracking import (
     REQUEUE_DELAY,
@@ -202,6 +208,10 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             )
             raise Ignore
         if isinstance(outcome, Refused):
+            if outcome.state == RunState.SUCCEEDED.value and has_links(request):
+                send_links_left_unsent(
+                    self.app, request, store, run_id, settle_seconds=config.lease_timeout
+                )
             metrics.WORKER_DUPLICATE_DELIVERIES.inc()
             logger.warning(
                 "skipped a duplicate delivery of run %s (%s): it is %s%s",
@@ -301,8 +311,11 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             execution.stop.set()
             leases.release(execution)
             self.request.habeat_execution = None
-        if not self._finish(execution, RunState.SUCCEEDED):
+        links = links_record(result) if has_links(self.request) else None
+        if not self._finish(execution, RunState.SUCCEEDED, unsent_links=links):
             raise Ignore  # another worker owns the run now: its outcome is the one recorded
+        if links is not None:
+            send_links_after_completion(self.app, self.request, execution.store, result)
         return result
 
     def apply_async(
@@ -342,6 +355,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
         error: str | None = None,
         retries: int | None = None,
         retry_in: float | None = None,
+        unsent_links: dict[str, Any] | None = None,
     ) -> bool:
         """Record the outcome; with ``self.db`` used, in its transaction (success commits it).
         Nothing is recorded once the lease was lost (``_Execution.lose``): the outcome,
@@ -364,6 +378,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
                 error=error,
                 retries=retries,
                 retry_in=retry_in,
+                unsent_links=unsent_links,
                 conn=None if session is None else session.connection(),
             )
             if session is not None:

@@ -31,7 +31,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.models import WAITING_STATES, RunState
@@ -54,6 +54,7 @@ from beat.store.run_guard import (
     outcome_parameters,
     param,
 )
+from beat.store.run_links import RunLinks
 from beat.store.tables import runs, workers
 
 #: Namespace of the run IDs derived from task IDs that are not UUIDs (caller-chosen keys).
@@ -82,7 +83,7 @@ def run_store_for(url: str) -> RunStore:
     return store
 
 
-class RunStore(PlainRuns, RunHistory):
+class RunStore(PlainRuns, RunHistory, RunLinks):
     """Run transitions made by workers (see the module docstring), and the run history."""
 
     @classmethod
@@ -254,6 +255,7 @@ class RunStore(PlainRuns, RunHistory):
         error: str | None = None,
         retries: int | None = None,
         retry_in: float | None = None,
+        unsent_links: dict[str, Any] | None = None,
         conn: Connection | None = None,
     ) -> bool:
         """Record the outcome of the attempt if we still hold the lease; True if recorded.
@@ -261,11 +263,16 @@ class RunStore(PlainRuns, RunHistory):
         Pass ``conn`` to record it inside the task's own transaction, so its
         side effects commit together with the completion (or not at all).
         A retry is due ``retry_in`` seconds from now (``retry_due_at``): past it, the
-        leader looks for its message.
+        leader looks for its message. ``unsent_links``: what the run's callbacks and
+        chain are sent with, kept until they are (``beat.store.run_links``).
         """
-        statement = _finish(state, with_retries=retries is not None)
+        statement = _finish(
+            state, with_retries=retries is not None, with_links=unsent_links is not None
+        )
         bound = outcome_binding(state, error=error, retries=retries, retry_in=retry_in)
         bound |= {"p_run_id": run_id, "p_owner": owner}
+        if unsent_links is not None:
+            bound["p_unsent_links"] = unsent_links
         if conn is not None:
             return conn.execute(statement, bound).rowcount == 1
         with self._each_statement_commits() as own:
@@ -292,10 +299,12 @@ _EXPIRE_IF_PAST = (
 
 
 @functools.cache
-def _finish(state: RunState, *, with_retries: bool) -> Any:
+def _finish(state: RunState, *, with_retries: bool, with_links: bool = False) -> Any:
     """The statement that records ``state`` as the outcome of the attempt that holds
     the run's lease (``finish``)."""
     values = outcome_parameters(state, with_retries=with_retries)
+    if with_links:
+        values["unsent_links"] = param("unsent_links", JSONB)
     return update(runs).where(_held_by(RUN_ID, OWNER)).values(**values)
 
 

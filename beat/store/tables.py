@@ -195,6 +195,9 @@ runs = Table(
     #: Made by an operator (``trigger``, ``backfill``), not by the schedule's timing.
     Column("by_operator", Boolean, nullable=False, server_default=text("false")),
     Column("finished_at", TZ),
+    #: The return value a succeeded run's callbacks and chain are sent with, while they
+    #: may be unsent (``beat.delivery.links``); NULL once sent, or if it has none.
+    Column("unsent_links", JSONB),
     Column("lease_owner", Text),
     Column("lease_expires_at", TZ),
     #: Written by the release before ``beat_beacons`` (left empty now).

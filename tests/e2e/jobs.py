@@ -10,8 +10,10 @@ import time
 from typing import Any
 
 import psycopg
+from celery.signals import before_task_publish, worker_init, worker_process_init
 from celery.worker import state as worker_state
 from celery.worker.control import control_command
+from kombu.exceptions import OperationalError
 from sqlalchemy import text
 
 from app import celery_app
@@ -213,3 +215,52 @@ def plain_long(self: Any, label: str, seconds: float) -> str:
     _record_plain_effect(self.request.id, f"{label}:start")
     time.sleep(seconds)
     return _record_plain_effect(self.request.id, label)
+
+
+# -- a chain's next link that cannot be sent the first time -------------------------------
+
+#: A label starting so makes the first publish of its task, as a chain's next link, kill
+#: the process sending it (after the link before committed its completion)...
+DIE_AT_DISPATCH = "die-at-dispatch:"
+#: ... or fail, as a publish to a broker that went away does.
+FAIL_AT_DISPATCH = "fail-at-dispatch:"
+
+
+def _first_dispatch(label: str) -> bool:
+    """True the first time ``label`` is being published (recorded as ``label:dispatch``)."""
+    with psycopg.connect(os.environ["E2E_EFFECTS_DSN"], autocommit=True) as conn:
+        mark = f"{label}:dispatch"
+        inserted = conn.execute(
+            "INSERT INTO e2e_effects (task_id, label) SELECT '-', %s"
+            " WHERE NOT EXISTS (SELECT 1 FROM e2e_effects WHERE label = %s)",
+            (mark, mark),
+        ).rowcount
+        return inserted == 1
+
+
+@before_task_publish.connect
+def _die_at_the_first_dispatch(body: Any = None, **_: Any) -> None:
+    if _label_of(body).startswith(DIE_AT_DISPATCH) and _first_dispatch(_label_of(body)):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _label_of(body: Any) -> str:
+    args = body[0] if isinstance(body, tuple | list) and body else ()
+    return args[0] if args and isinstance(args[0], str) else ""
+
+
+@worker_init.connect
+@worker_process_init.connect
+def _fail_the_first_dispatch(**_: Any) -> None:
+    """Make the first publish of a ``FAIL_AT_DISPATCH`` label raise, as kombu does when
+    the broker is gone (a signal handler's error would only be logged)."""
+    amqp = celery_app.amqp
+    send = amqp.send_task_message
+
+    def sending(producer: Any, name: str, message: Any, **options: Any) -> Any:
+        label = _label_of(message.body)
+        if label.startswith(FAIL_AT_DISPATCH) and _first_dispatch(label):
+            raise OperationalError(f"{label}: the broker went away (a test's publish)")
+        return send(producer, name, message, **options)
+
+    amqp.send_task_message = sending

@@ -1,0 +1,153 @@
+"""A run's links (its callbacks and the rest of its chain), sent at least once.
+
+Celery sends a task's links after the task returns, in its tracer. On the idempotent
+base the run is recorded ``succeeded`` before that (a completion refused because the
+lease was lost must send nothing), so a worker that dies, or a broker that refuses
+the send, in between would lose them: the message comes back, and its second delivery
+is a duplicate of a succeeded run. So the base sends the links itself, right after
+the completion that kept what they are sent with (``beat.store.run_links``), and a
+second delivery that finds them unsent sends them.
+
+What a send again may cost: the links keep their task IDs (a chain's are set when it
+is sent; a callback without one gets one derived from the run ID here, the same at
+every send), so a link on the idempotent base runs once however often it is sent. A
+plain link sent again after a send that reached the broker and still raised runs as
+Celery runs a message sent twice: that is an ad hoc plain task's semantics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from celery import Celery, group, signature
+from celery.exceptions import Reject
+
+from beat.delivery.receipts import REQUEUE_DELAY
+from beat.errors import StoreUnavailable
+from beat.store.run_links import RunLinks
+from beat.store.runs import run_id_for
+
+logger = logging.getLogger(__name__)
+
+#: Namespace of the task IDs given to callbacks that had none (``link=`` signatures).
+_CALLBACK_IDS = uuid.UUID("6f1d3a52-5b8e-4c1e-9a57-0b5c1d2e7a41")
+
+
+def has_links(request: Any) -> bool:
+    """Whether the delivery has callbacks or a chain to send once it succeeds."""
+    return bool(getattr(request, "callbacks", None) or getattr(request, "chain", None))
+
+
+def links_record(result: Any) -> dict[str, Any] | None:
+    """What the completion keeps for the links (``{"result": ...}``); None if the result
+    cannot be kept as JSON: the links are then left to Celery's tracer, as before."""
+    record = {"result": result}
+    try:
+        json.dumps(record)
+    except (TypeError, ValueError):
+        return None
+    return record
+
+
+def send_links_after_completion(app: Celery, request: Any, store: RunLinks, result: Any) -> None:
+    """Send the run's links right after its completion kept them; if the broker refuses
+    them, hand the message back (``Reject``): its next delivery sends them."""
+    run_id = run_id_for(request.id)
+    try:
+        send_links(app, request, result)
+    except Exception as exc:
+        forget_links(request)
+        logger.warning(
+            "run %s succeeded, but its links could not be sent (%s): handing its message"
+            " back, so that a later delivery sends them",
+            run_id,
+            exc,
+            extra={"run_id": str(run_id)},
+        )
+        raise Reject(str(exc), requeue=True) from exc
+    forget_links(request)
+    try:
+        store.links_sent(run_id)
+    except StoreUnavailable as exc:
+        # Sent again only if the message comes back, under the same task IDs.
+        logger.warning("run %s: its links were sent, not recorded so: %s", run_id, exc)
+
+
+def send_links_left_unsent(
+    app: Celery, request: Any, store: RunLinks, run_id: uuid.UUID, *, settle_seconds: float
+) -> None:
+    """A second delivery of a succeeded run sends the links its first delivery left
+    unsent (its worker died, or the broker refused them), once ``settle_seconds`` (the
+    lease) have passed since the completion; before, the message goes back to wait."""
+    try:
+        unsent = store.unsent_links(run_id, settle_seconds=settle_seconds)
+        if unsent is None:
+            return
+        if not unsent.settled:
+            raise Reject("its first delivery may still send its links", requeue=True)
+        send_links(app, request, unsent.result)
+        forget_links(request)
+        store.links_sent(run_id)
+    except Reject:
+        forget_links(request)
+        time.sleep(REQUEUE_DELAY)  # do not spin on the message
+        raise
+    except Exception as exc:  # the store or the broker: hand the message back
+        forget_links(request)
+        logger.warning(
+            "could not send the links run %s left unsent, handing its message back: %s",
+            run_id,
+            exc,
+            extra={"run_id": str(run_id)},
+        )
+        time.sleep(REQUEUE_DELAY)
+        raise Reject(str(exc), requeue=True) from exc
+    logger.warning(
+        "sent the links of run %s, which its first delivery left unsent",
+        run_id,
+        extra={"run_id": str(run_id)},
+    )
+
+
+def send_links(app: Celery, request: Any, result: Any) -> None:
+    """Send the request's callbacks with ``result``, then the rest of its chain, as
+    Celery's tracer does, each callback with a stable task ID; raises what kombu raises."""
+    parent_id = request.id
+    options = {
+        "parent_id": parent_id,
+        "root_id": request.root_id or parent_id,
+        "priority": _inherited_priority(app, request),
+    }
+    callbacks = [signature(callback, app=app) for callback in request.callbacks or ()]
+    for index, callback in enumerate(callbacks):
+        if not isinstance(callback, group) and not callback.options.get("task_id"):
+            callback.set(task_id=str(uuid.uuid5(_CALLBACK_IDS, f"{parent_id}:{index}")))
+    if len(callbacks) == 1:
+        callbacks[0].apply_async((result,), **options)
+    elif callbacks:
+        groups = [callback for callback in callbacks if isinstance(callback, group)]
+        others = [callback for callback in callbacks if not isinstance(callback, group)]
+        for group_ in groups:
+            group_.apply_async((result,), **options)
+        if others:
+            group(others, app=app).apply_async((result,), **options)
+    chain = request.chain
+    if chain:
+        signature(chain[-1], app=app).apply_async((result,), chain=chain[:-1], **options)
+
+
+def forget_links(request: Any) -> None:
+    """Leave nothing for Celery's tracer to send: the base sent the links itself."""
+    request.callbacks = None
+    request.chain = None
+
+
+def _inherited_priority(app: Celery, request: Any) -> int | None:
+    if not app.conf.task_inherit_parent_priority:
+        return None
+    priority: int | None = (request.delivery_info or {}).get("priority")
+    return priority
