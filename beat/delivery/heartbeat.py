@@ -76,7 +76,10 @@ class WorkerHeartbeat:
 
     def _beat(self) -> None:
         while True:
-            self.renew()
+            try:
+                self.renew()
+            except Exception:  # this thread must outlive any error: every lease needs it
+                logger.exception("renewing this worker's receipt leases and presence failed")
             time.sleep(self.lease_seconds / 3)
 
     def renew(self) -> None:

@@ -96,8 +96,8 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
             # Without the instant, the ETA as this worker's clock reads it.
             retry_due_in=seconds_until(request.eta) if request.eta and due is None else None,
         )
-    except HABeatError as exc:
-        if is_guarded(request.task):
+    except Exception as exc:  # any error: Celery would only log it, and run the body
+        if is_guarded(request.task):  # its guard decides at its start
             logger.warning("could not record the receipt of run %s: %s", run_id, exc)
             return
         logger.error(
@@ -105,6 +105,7 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
             run_id,
             exc,
             extra={"run_id": str(run_id)},
+            exc_info=not isinstance(exc, HABeatError),
         )
         metrics.WORKER_REQUEUED.inc()
         time.sleep(REQUEUE_DELAY)

@@ -79,7 +79,10 @@ class RunLeases:
     def _renew_forever(self) -> None:
         while True:
             time.sleep(self.every)
-            self.renew()
+            try:
+                self.renew()
+            except Exception:  # this thread must outlive any error: every lease needs it
+                logger.exception("renewing the leases of this process's runs failed")
 
     def renew(self) -> None:
         """Extend every held lease (one statement); tell the runs that lost theirs."""

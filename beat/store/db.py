@@ -25,7 +25,13 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import URL, ExceptionContext, make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, OperationalError
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    IntegrityError,
+    InvalidRequestError,
+    OperationalError,
+)
 
 from beat.database_urls import PREPARE_THRESHOLD, prepare_threshold
 from beat.errors import StoreUnavailable
@@ -297,6 +303,16 @@ class StoreConnection:
     def _translated_errors(self) -> Iterator[None]:
         try:
             yield
+        except InvalidRequestError as exc:
+            if str(exc) != _EVERY_CHECKOUT_CLOSED:
+                raise
+            # ``discard_if_closed`` refused every connection the pool opened in its place:
+            # a pooler that takes a login and closes it (PgBouncer with its server down).
+            raise StoreUnavailable(
+                f"PostgreSQL at {self.url} closed every new connection at once"
+                " (a pooler whose server is down?): check that the server runs,"
+                f" and {self.setting}"
+            ) from exc
         except OperationalError as exc:
             raise StoreUnavailable(unreachable(self.url, exc.orig, self.setting)) from exc
         except DBAPIError as exc:
@@ -311,6 +327,11 @@ class StoreConnection:
                     f" ({first_line(exc.orig)}){hint}"
                 ) from exc
             raise
+
+
+#: What SQLAlchemy's pool raises once every connection opened at a checkout was refused
+#: (three in a row) by its checkout check (``discard_if_closed``).
+_EVERY_CHECKOUT_CLOSED = "This connection is closed"
 
 
 def plan_without_jit(conn: Connection) -> None:

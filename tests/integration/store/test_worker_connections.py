@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, text
 
+from beat.errors import StoreUnavailable
 from beat.models import RunState
 from beat.store.all_roles import Store
 from beat.store.runs import RunStore
@@ -82,3 +83,21 @@ def test_a_pooled_connection_the_server_closed_is_replaced_without_an_error(
     assert worker_store.database_now() is not None
     with worker_store.engine.connect() as conn:
         assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != backend
+
+
+def test_a_server_that_closes_every_new_connection_at_once_is_unreachable_not_a_crash(
+    worker_store: RunStore,
+) -> None:
+    """PgBouncer whose PostgreSQL is down takes a login, then says ``server login has
+    been failing`` and closes: every connection the pool opens is closed before its
+    first statement. SQLAlchemy gives up after three with ``InvalidRequestError``,
+    which escaped as a crash and killed the worker's lease threads (PgBouncer chaos)."""
+
+    def closed_by_its_server(dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.close()
+
+    event.listen(worker_store.engine, "connect", closed_by_its_server)
+    with pytest.raises(StoreUnavailable, match="closed every new connection"):
+        worker_store.heartbeat_received("w:1:x", [uuid.uuid4()], lease_seconds=30)
+    event.remove(worker_store.engine, "connect", closed_by_its_server)
+    assert worker_store.database_now() is not None, "a working server is used again"
