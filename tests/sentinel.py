@@ -8,7 +8,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,9 @@ from tests.conftest import IN_CI
 
 #: The name the sentinels know the primary by (``?master_name=`` in the URL).
 MASTER = "beat"
+#: The Redis servers' settings: loopback, nothing kept on disk.
+PLAIN = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+NOT_INSTALLED = "redis-sentinel is not installed: apt-get install -y redis-sentinel"
 
 
 @dataclass
@@ -28,6 +33,8 @@ class SentinelCluster:
     replica_port: int
     sentinel_ports: list[int]
     processes: dict[str, subprocess.Popen[bytes]]
+    workdir: Path
+    redis_server: str
 
     @property
     def url(self) -> str:
@@ -48,9 +55,25 @@ class SentinelCluster:
         os.kill(self.processes["primary"].pid, signal.SIGKILL)
         wait_for(lambda: self.primary() != before, "the sentinels' failover", timeout)
 
+    def fail_over(self, down: float, timeout: float = 60) -> None:
+        """SIGKILL whichever server is the primary now, wait for the sentinels to promote
+        the other, keep the killed one down ``down`` seconds more, then start it again:
+        the sentinels make it a replica of the new primary (a failover that can be
+        repeated, as a fleet's servers come back after one)."""
+        _, port = self.primary()
+        name = "primary" if port == self.primary_port else "replica"
+        os.kill(self.processes[name].pid, signal.SIGKILL)
+        self.processes[name].wait(10)
+        wait_for(lambda: self.primary()[1] != port, "the sentinels' failover", timeout)
+        time.sleep(down)
+        self.processes[name] = _start(
+            name, [self.redis_server, "--port", str(port), *PLAIN], self.workdir
+        )
+        wait_for(lambda: _replicating(port), "the old primary replicating again", timeout)
+
 
 def _start(name: str, args: list[str], workdir: Path) -> subprocess.Popen[bytes]:
-    with (workdir / f"{name}.log").open("wb") as log:  # the child keeps its own copy
+    with (workdir / f"{name}.log").open("ab") as log:  # the child keeps its own copy
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
 
 
@@ -58,23 +81,33 @@ def _start(name: str, args: list[str], workdir: Path) -> subprocess.Popen[bytes]
 def sentinels() -> Iterator[SentinelCluster]:
     """A primary, a replica and three sentinels (quorum 2, down after 1 s); skipped
     (failed in CI) without ``redis-sentinel``. A fixture: import it into a test module."""
+    if shutil.which("redis-server") is None or shutil.which("redis-sentinel") is None:
+        if IN_CI:
+            pytest.fail(NOT_INSTALLED, pytrace=False)
+        pytest.skip(NOT_INSTALLED)
+    with running_sentinels() as cluster:
+        yield cluster
+
+
+@contextmanager
+def running_sentinels() -> Iterator[SentinelCluster]:
+    """The ``sentinels`` fixture's servers, for code outside pytest (the chaos harness);
+    raises RuntimeError (``NOT_INSTALLED``) without ``redis-sentinel``."""
     server, sentinel = shutil.which("redis-server"), shutil.which("redis-sentinel")
     if server is None or sentinel is None:
-        message = "redis-sentinel is not installed: apt-get install -y redis-sentinel"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        raise RuntimeError(NOT_INSTALLED)
     workdir = Path(tempfile.mkdtemp(prefix="habeat-sentinel-"))
     primary, replica = free_port(), free_port()
-    cluster = SentinelCluster(primary, replica, [free_port() for _ in range(3)], {})
-    plain = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    cluster = SentinelCluster(
+        primary, replica, [free_port() for _ in range(3)], {}, workdir=workdir, redis_server=server
+    )
     try:
         cluster.processes["primary"] = _start(
-            "primary", [server, "--port", str(primary), *plain], workdir
+            "primary", [server, "--port", str(primary), *PLAIN], workdir
         )
         cluster.processes["replica"] = _start(
             "replica",
-            [server, "--port", str(replica), *plain, "--replicaof", "127.0.0.1", str(primary)],
+            [server, "--port", str(replica), *PLAIN, "--replicaof", "127.0.0.1", str(primary)],
             workdir,
         )
         for index, port in enumerate(cluster.sentinel_ports):

@@ -1,4 +1,5 @@
-"""The long chaos run: ``python -m tests.chaos [--seed N] [--duration SECONDS | --runs N]``
+"""The long chaos run: ``python -m tests.chaos [--seed N] [--duration SECONDS | --runs N]
+[--topology direct|rabbitmq|sentinel|pgbouncer]``
 (``scripts/chaos.sh`` runs this). Exit status 0 if every guarantee held, 1 on
 any violation, 2 if PostgreSQL or Redis is not installed."""
 
@@ -11,8 +12,10 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from tests.chaos.faults import FaultKind
 from tests.chaos.harness import CLOCK_SKEW, ChaosConfig, run_chaos
 from tests.chaos.servers import MissingBinaries
+from tests.chaos.topologies import KINDS, Topology
 from tests.chaos.workload import WorkloadShape
 
 
@@ -61,6 +64,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds the beats claim ahead (HABEAT_CLAIM_AHEAD; default 10)",
     )
     parser.add_argument(
+        "--topology",
+        type=Topology,
+        choices=list(Topology),
+        default=Topology.DIRECT,
+        help="the servers the fleet runs on: one PostgreSQL and one Redis reached directly"
+        " (default); RabbitMQ as the broker; the lease and broker on Redis Sentinel;"
+        " PostgreSQL through PgBouncer (tests/chaos/topologies.py)",
+    )
+    parser.add_argument(
+        "--only",
+        type=fault_kinds,
+        default=(),
+        metavar="KIND,...",
+        help="inject only these fault kinds, by name ("
+        + ", ".join(kind.name for kind in FaultKind)
+        + "); each must be one of the topology's",
+    )
+    parser.add_argument(
         "--show-logs", action="store_true", help="print the processes' log tails on a violation"
     )
     parser.add_argument(
@@ -69,7 +90,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="DIR",
         help="copy every process's full log to DIR, and every violation (violations.txt)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    foreign = [kind.name for kind in args.only if kind not in KINDS[args.topology]]
+    if foreign:
+        parser.error(f"--only: {', '.join(foreign)} not in the {args.topology} topology's faults")
+    return args
+
+
+def fault_kinds(value: str) -> tuple[FaultKind, ...]:
+    """``BEAT_KILL,WORKER_KILL`` as fault kinds; an unknown name is refused."""
+    try:
+        return tuple(FaultKind[name.strip()] for name in value.split(",") if name.strip())
+    except KeyError as exc:
+        raise argparse.ArgumentTypeError(f"no fault kind {exc}") from None
 
 
 def duration_for(runs: int) -> float:
@@ -98,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         foreign_worker=not args.without_foreign_worker,
         claim_ahead=args.claim_ahead,
         keep_logs=args.keep_logs,
+        topology=args.topology,
+        only=args.only,
     )
     try:
         report = run_chaos(config)

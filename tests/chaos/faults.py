@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -39,6 +40,20 @@ class FaultKind(enum.StrEnum):
     DEPLOY = "deploy"
     WORKER_PAUSE = "worker SIGSTOP+SIGCONT"
     IDLE_SESSION_TIMEOUT = "PostgreSQL idle_session_timeout"
+    # The faults of a server only some topologies have (``tests.chaos.topologies``).
+    RABBITMQ_RESTART = "RabbitMQ restart"
+    SENTINEL_FAILOVER = "Redis primary SIGKILL, Sentinel failover"
+    PGBOUNCER_RESTART = "PgBouncer restart"
+
+
+#: The kinds of the topology every process of which reaches one PostgreSQL and one Redis
+#: directly; the others add or leave out kinds (``tests.chaos.topologies``).
+DIRECT_KINDS = tuple(
+    kind
+    for kind in FaultKind
+    if kind
+    not in {FaultKind.RABBITMQ_RESTART, FaultKind.SENTINEL_FAILOVER, FaultKind.PGBOUNCER_RESTART}
+)
 
 
 #: Relative frequency of each kind once every kind has happened once: process
@@ -57,6 +72,9 @@ WEIGHTS = {
     FaultKind.DEPLOY: 1,
     FaultKind.WORKER_PAUSE: 2,
     FaultKind.IDLE_SESSION_TIMEOUT: 1,
+    FaultKind.RABBITMQ_RESTART: 1,
+    FaultKind.SENTINEL_FAILOVER: 2,
+    FaultKind.PGBOUNCER_RESTART: 1,
 }
 #: Seconds of calm between two faults (the cluster may still be recovering).
 GAP = (1.0, 4.0)
@@ -114,21 +132,34 @@ def durations(lock_ttl: float, lease_timeout: float) -> dict[FaultKind, tuple[fl
         FaultKind.DEPLOY: DEPLOY_DOWNTIME,
         FaultKind.WORKER_PAUSE: (lease_timeout + 2.0, lease_timeout + 6.0),
         FaultKind.IDLE_SESSION_TIMEOUT: IDLE_TIMEOUT_WINDOW,
+        # Seconds the node stays stopped (its stop and start take seconds more).
+        FaultKind.RABBITMQ_RESTART: (0.5, 3.0),
+        # Seconds the killed primary stays down after the sentinels promoted its replica.
+        FaultKind.SENTINEL_FAILOVER: (0.5, 3.0),
+        FaultKind.PGBOUNCER_RESTART: (0.5, 3.0),
     }
 
 
-def make_plan(seed: int, duration: float, *, lock_ttl: float, lease_timeout: float) -> list[Fault]:
-    """Faults for ``duration`` seconds of injection; every kind happens at least once
-    (first, in a seeded order), so a short run may run a little past ``duration``."""
+def make_plan(
+    seed: int,
+    duration: float,
+    *,
+    lock_ttl: float,
+    lease_timeout: float,
+    kinds: Sequence[FaultKind] = DIRECT_KINDS,
+) -> list[Fault]:
+    """Faults of ``kinds`` for ``duration`` seconds of injection; every kind happens at
+    least once (first, in a seeded order), so a short run may run a little past
+    ``duration``."""
     rng = random.Random(seed)
-    first_of_each = list(FaultKind)
+    first_of_each = list(kinds)
     rng.shuffle(first_of_each)
     ranges = durations(lock_ttl, lease_timeout)
-    kinds, weights = list(WEIGHTS), list(WEIGHTS.values())
+    weights = [WEIGHTS[kind] for kind in kinds]
     plan: list[Fault] = []
     at = rng.uniform(*GAP)
     while at < duration or first_of_each:
-        kind = first_of_each.pop(0) if first_of_each else rng.choices(kinds, weights)[0]
+        kind = first_of_each.pop(0) if first_of_each else rng.choices(list(kinds), weights)[0]
         fault = Fault(
             at=round(at, 3),
             kind=kind,

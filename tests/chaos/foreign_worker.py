@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 
@@ -35,6 +36,10 @@ def _transport_options() -> dict[str, object]:
     prefix = os.environ.get("HABEAT_BROKER_KEY_PREFIX", "")
     if prefix:
         options["global_keyprefix"] = prefix
+    # kombu's Sentinel transport takes the primary's name from its options, not the URL.
+    master_name = parse_qs(urlsplit(os.environ["CELERY_BROKER_URL"]).query).get("master_name")
+    if master_name:
+        options["master_name"] = master_name[0]
     return options
 
 

@@ -31,19 +31,20 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
+from celery import Celery
 from redis import Redis
 from sqlalchemy import text
 
+from app.factory import create_app
 from beat.errors import HABeatError
 from beat.leader.lost_messages import CHECK_INTERVAL, CONFIRM_AFTER, UNTAKEN_AFTER
 from beat.ops.schedules import Schedules
@@ -65,7 +66,8 @@ from tests.chaos.checks import (
 from tests.chaos.faults import IDLE_SESSION_TIMEOUT, Fault, FaultKind, make_plan
 from tests.chaos.jobs import CODE_SCHEDULES_ENV
 from tests.chaos.plain_jobs import PLAIN_QUEUE
-from tests.chaos.servers import PrivatePostgres, PrivateRedis, find_binaries
+from tests.chaos.servers import find_binaries, private_servers, workspace
+from tests.chaos.topologies import KINDS, Endpoints, Topology, topology_servers
 from tests.chaos.workload import (
     ChainSender,
     CodeSchedule,
@@ -141,6 +143,15 @@ class ChaosConfig:
     quiescence_timeout: float = 90.0
     #: Copy every process's full log (and the servers') here at the end, if set.
     keep_logs: Path | None = None
+    #: The servers the fleet runs on (``tests.chaos.topologies``).
+    topology: Topology = Topology.DIRECT
+    #: Only these fault kinds (of the topology's), for a short run; all of them if empty.
+    only: tuple[FaultKind, ...] = ()
+
+    @property
+    def kinds(self) -> tuple[FaultKind, ...]:
+        """The fault kinds this run injects, in the topology's order."""
+        return tuple(kind for kind in KINDS[self.topology] if not self.only or kind in self.only)
 
     def process_settings(self) -> dict[str, str]:
         """Environment of every process (the e2e cluster adds the e2e jobs module)."""
@@ -163,9 +174,11 @@ class ChaosConfig:
         ahead = "" if self.claim_ahead == 10.0 else f" --claim-ahead {self.claim_ahead:g}"
         skew = "" if self.clock_skew == CLOCK_SKEW else f" --clock-skew {self.clock_skew:g}"
         foreign = "" if self.foreign_worker else " --without-foreign-worker"
+        topology = "" if self.topology is Topology.DIRECT else f" --topology {self.topology}"
+        only = f" --only {','.join(kind.name for kind in self.kinds)}" if self.only else ""
         return (
             f"scripts/chaos.sh --seed {self.seed} --duration {self.duration:g}"
-            f"{sizes}{ahead}{skew}{foreign}"
+            f"{sizes}{ahead}{skew}{foreign}{topology}{only}"
         )
 
     def beat_skews(self) -> list[float]:
@@ -300,17 +313,16 @@ class ChaosCluster:
     """Beats behind their proxies and workers, each kept in a slot so a killed
     process is replaced by a new one in the same slot."""
 
-    def __init__(
-        self, cluster: Cluster, postgres: PrivatePostgres, redis: PrivateRedis, config: ChaosConfig
-    ) -> None:
+    def __init__(self, cluster: Cluster, endpoints: Endpoints, config: ChaosConfig) -> None:
         self.cluster = cluster
-        self.postgres = postgres
-        self.redis = redis
+        self.endpoints = endpoints
+        self.postgres = endpoints.postgres
+        self.redis = endpoints.redis
         self.beats = [
             BeatSlot(
                 name=f"beat{index}",
-                redis_proxy=CuttableProxy("127.0.0.1", redis.port),
-                postgres_proxy=CuttableProxy("127.0.0.1", postgres.port),
+                redis_proxy=CuttableProxy("127.0.0.1", endpoints.redis.port),
+                postgres_proxy=CuttableProxy("127.0.0.1", endpoints.postgres_port),
                 skew=skew,
             )
             for index, skew in enumerate(config.beat_skews())
@@ -321,10 +333,9 @@ class ChaosCluster:
         redis_url = f"redis://127.0.0.1:{slot.redis_proxy.port}/0"
         slot.process = self.cluster.beat(
             slot.name,
-            DATABASE_URL=f"postgresql+psycopg://postgres@127.0.0.1:{slot.postgres_proxy.port}/"
-            + DATABASE,
-            REDIS_URL=redis_url,
-            CELERY_BROKER_URL=redis_url,
+            DATABASE_URL=self.endpoints.database_url(slot.postgres_proxy.port),
+            REDIS_URL=self.endpoints.lease_url(redis_url),
+            CELERY_BROKER_URL=self.endpoints.broker_url(redis_url),
             HABEAT_IMPORTS=JOB_MODULES,
             **skewed_env(slot.skew),
         )
@@ -422,6 +433,16 @@ class ChaosCluster:
                 self.start_worker(worker)
         return exited
 
+    def app(self) -> Celery:
+        """A Celery app on the topology's broker, to send tasks from the harness."""
+        redis_url = self.redis.url()
+        return create_app(
+            self.cluster.env.settings(
+                redis_url=self.endpoints.lease_url(redis_url),
+                broker_url=self.endpoints.broker_url(redis_url),
+            )
+        )
+
     def workers_ready(self) -> bool:
         return all(
             slot.process is not None and " ready." in slot.process.output() for slot in self.workers
@@ -489,6 +510,9 @@ class Injector:
             FaultKind.DEPLOY: self._deploy,
             FaultKind.WORKER_PAUSE: self._pause_worker,
             FaultKind.IDLE_SESSION_TIMEOUT: self._idle_session_timeout,
+            FaultKind.RABBITMQ_RESTART: self._restart_rabbitmq,
+            FaultKind.SENTINEL_FAILOVER: self._fail_over_redis,
+            FaultKind.PGBOUNCER_RESTART: self._restart_pgbouncer,
         }
 
     def run(self, plan: list[Fault]) -> None:
@@ -697,7 +721,7 @@ class Injector:
         workers = [slot.process for slot in self.chaos.workers if slot.process is not None]
         for process in workers:
             process.signal(signal.SIGSTOP)
-        client = Redis(port=self.chaos.redis.port, socket_timeout=10)
+        client = Redis(port=self.chaos.endpoints.broker_redis_port(), socket_timeout=10)
         try:
             time.sleep(fault.duration)
             deletions = delete_messages(client, prefix, share, seed=f"{fault.at}")
@@ -774,7 +798,44 @@ class Injector:
         self.chaos.redis.stop()
         time.sleep(fault.duration)
         self.chaos.redis.start()
+        if self.chaos.endpoints.rabbitmq is None:  # the broker's messages went with it
+            self.log.redis_restarts.append((down_at, now_utc()))
+        return True
+
+    def _fail_over_redis(self, fault: Fault) -> bool:
+        """SIGKILL the Sentinel primary (the lease's and the broker's): the sentinels
+        promote the replica; what it had not replicated yet is lost, as in a restart."""
+        sentinels = self.chaos.endpoints.sentinels
+        assert sentinels is not None
+        self._mid_run(fault)
+        say(f"Redis primary SIGKILL; the old one down {fault.duration:.1f}s after the failover")
+        down_at = now_utc()
+        sentinels.fail_over(down=fault.duration)
         self.log.redis_restarts.append((down_at, now_utc()))
+        say(f"Sentinel failover done: primary now on port {sentinels.primary()[1]}")
+        return True
+
+    def _restart_rabbitmq(self, fault: Fault) -> bool:
+        """Stop RabbitMQ as an operator does and start it again: durable queues and
+        persistent messages survive; every connection and unacked delivery does not."""
+        rabbitmq = self.chaos.endpoints.rabbitmq
+        assert rabbitmq is not None
+        self._mid_run(fault)
+        began = time.monotonic()
+        rabbitmq.stop()
+        time.sleep(fault.duration)
+        rabbitmq.start()
+        say(f"RabbitMQ restarted: down {time.monotonic() - began:.1f}s")
+        return True
+
+    def _restart_pgbouncer(self, fault: Fault) -> bool:
+        """Stop PgBouncer at once (every client's connection dropped, transactions in
+        flight aborted) and start it again on its port."""
+        pgbouncer = self.chaos.endpoints.pgbouncer
+        assert pgbouncer is not None
+        self._mid_run(fault)
+        say(f"PgBouncer down for {fault.duration:.1f}s")
+        pgbouncer.restart(down=fault.duration)
         return True
 
     def _restart_postgres(self, fault: Fault) -> bool:
@@ -931,33 +992,6 @@ def _unfinished(store: Store) -> int:
 # -- the run ------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def private_servers(workdir: Path) -> Iterator[tuple[PrivatePostgres, PrivateRedis]]:
-    binaries = find_binaries()
-    postgres = PrivatePostgres(binaries, workdir)
-    redis = PrivateRedis(binaries.redis_server, workdir)
-    try:
-        postgres.init()
-        postgres.start()
-        redis.start()
-        yield postgres, redis
-    finally:
-        redis.stop()
-        if postgres.running():
-            postgres.stop("immediate")
-
-
-@contextlib.contextmanager
-def workspace() -> Iterator[Path]:
-    """A temporary directory the postgres account can enter (as root it runs initdb)."""
-    path = Path(tempfile.mkdtemp(prefix="habeat-chaos-"))
-    try:
-        path.chmod(0o755)
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def keep_logs(workdir: Path, destination: Path) -> None:
     destination.mkdir(parents=True, exist_ok=True)
     for log in workdir.glob("*.log"):
@@ -970,12 +1004,20 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
     anything if PostgreSQL or Redis is not installed."""
     find_binaries()
     plan = make_plan(
-        config.seed, config.duration, lock_ttl=config.lock_ttl, lease_timeout=config.lease_timeout
+        config.seed,
+        config.duration,
+        lock_ttl=config.lock_ttl,
+        lease_timeout=config.lease_timeout,
+        kinds=config.kinds,
     )
     planned_end = plan[-1].at + plan[-1].duration
-    say(f"seed {config.seed}: {len(plan)} faults over {planned_end:.0f}s")
+    say(f"seed {config.seed}, {config.topology}: {len(plan)} faults over {planned_end:.0f}s")
     started = time.monotonic()
-    with workspace() as workdir, private_servers(workdir) as (postgres, redis):
+    with (
+        workspace() as workdir,
+        private_servers(workdir) as (postgres, redis),
+        topology_servers(config.topology, workdir, postgres, redis, DATABASE) as endpoints,
+    ):
         env = SessionEnv(
             database_url=postgres.url(DATABASE), redis_url=redis.url(), key_prefix=KEY_PREFIX
         )
@@ -985,9 +1027,13 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             create_tables(store)
             code_schedule = CodeSchedule(path=workdir / "code-schedules.json")
             code_schedule.write()
-            settings = config.process_settings() | {CODE_SCHEDULES_ENV: str(code_schedule.path)}
+            settings = (
+                config.process_settings()
+                | endpoints.worker_env()
+                | {CODE_SCHEDULES_ENV: str(code_schedule.path)}
+            )
             cluster = Cluster(env=env, store=store, workdir=workdir, settings=settings)
-            chaos = ChaosCluster(cluster, postgres, redis, config)
+            chaos = ChaosCluster(cluster, endpoints, config)
             try:
                 return _run(chaos, store, config, plan, code_schedule, planned_end, started)
             finally:
@@ -1020,7 +1066,7 @@ def _run(
     expectations += crowd
     log = InjectionLog()
     injector = Injector(chaos, store, log, code_schedule=code_schedule, config=config)
-    chains = ChainSender(store, chaos.cluster.app, config.workload.chain_every, config.seed)
+    chains = ChainSender(store, chaos.app, config.workload.chain_every, config.seed)
     injection_started = time.monotonic()
     chains.start()
     try:
@@ -1161,7 +1207,11 @@ def format_summary(report: ChaosReport) -> str:
     reclaims = verdict.reclaim_times
     fenced = [pause for pause in log.pauses if pause.taken_over]
     rows = [
-        *((f"fault: {kind}", f"{log.injected[kind]}" + _missed(log, kind)) for kind in FaultKind),
+        ("topology", str(config.topology)),
+        *(
+            (f"fault: {kind}", f"{log.injected[kind]}" + _missed(log, kind))
+            for kind in config.kinds
+        ),
         ("faults injected", str(sum(log.injected.values()))),
         ("fleet", _fleet(report)),
         ("runs expected / seen", f"{verdict.expected} / {verdict.seen}"),
@@ -1301,7 +1351,7 @@ def _workload_rows(report: ChaosReport) -> list[tuple[str, str]]:
             " second message)",
         ),
         ("retries checked against their countdown", str(counts.retries_checked)),
-        ("server restarts mid-run", _restarts(log)),
+        ("server restarts mid-run", _restarts(log, report.config.kinds)),
         (
             "worker pauses past the lease",
             f"{len(log.worker_pauses)}, holding {sum(len(p.held) for p in log.worker_pauses)} runs",
@@ -1323,10 +1373,20 @@ def _fleet(report: ChaosReport) -> str:
     return f"{beats}; {workers}"
 
 
-def _restarts(log: InjectionLog) -> str:
+#: The faults that stop a server (``Injector._mid_run`` aims them at runs running).
+SERVER_FAULTS = (
+    FaultKind.POSTGRES_RESTART,
+    FaultKind.REDIS_RESTART,
+    FaultKind.RABBITMQ_RESTART,
+    FaultKind.SENTINEL_FAILOVER,
+    FaultKind.PGBOUNCER_RESTART,
+)
+
+
+def _restarts(log: InjectionLog, kinds: tuple[FaultKind, ...]) -> str:
     """Per server: restarts, and how many began with runs running on both pools / one."""
     parts = []
-    for kind in (FaultKind.POSTGRES_RESTART, FaultKind.REDIS_RESTART):
+    for kind in (kind for kind in SERVER_FAULTS if kind in kinds):
         pools = [busy for restart, busy in log.restarts if restart == kind]
         both = sum(1 for busy in pools if {"prefork", "threads"} <= busy)
         some = sum(1 for busy in pools if busy)

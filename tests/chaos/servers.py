@@ -19,8 +19,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,3 +288,31 @@ class PrivateRedis:
 
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+
+@contextlib.contextmanager
+def private_servers(workdir: Path) -> Iterator[tuple[PrivatePostgres, PrivateRedis]]:
+    """A private PostgreSQL and Redis in ``workdir``, started; stopped at the end."""
+    binaries = find_binaries()
+    postgres = PrivatePostgres(binaries, workdir)
+    cache = PrivateRedis(binaries.redis_server, workdir)
+    try:
+        postgres.init()
+        postgres.start()
+        cache.start()
+        yield postgres, cache
+    finally:
+        cache.stop()
+        if postgres.running():
+            postgres.stop("immediate")
+
+
+@contextlib.contextmanager
+def workspace() -> Iterator[Path]:
+    """A temporary directory the postgres account can enter (as root it runs initdb)."""
+    path = Path(tempfile.mkdtemp(prefix="habeat-chaos-"))
+    try:
+        path.chmod(0o755)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

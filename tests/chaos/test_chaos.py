@@ -68,6 +68,7 @@ from tests.chaos.harness import (
     run_chaos,
 )
 from tests.chaos.servers import MissingBinaries, find_binaries
+from tests.chaos.topologies import KINDS, Topology
 from tests.chaos.workload import BAD_ROWS, CodeSchedule, expectation_of
 from tests.conftest import IN_CI, SessionEnv
 from tests.e2e.proxy import CuttableProxy
@@ -78,6 +79,30 @@ pytestmark = pytest.mark.chaos
 #: each kind alone takes about 90 s of the plan, a deploy included), then the end phase
 #: (at least 50 s: a run the worker without the package executed could be sent again).
 CI_RUNS = [(20261202, 30.0)]
+
+#: A short seed of each other topology in CI (topology, seed, seconds of faults, kinds):
+#: the topology's own server fault among the everyday deaths and pauses (every kind the
+#: topologies share is in the run above). ``scripts/chaos.sh --topology T`` runs them all.
+TOPOLOGY_CI_RUNS = [
+    (
+        Topology.RABBITMQ,
+        20261206,
+        10.0,
+        (FaultKind.RABBITMQ_RESTART, FaultKind.WORKER_KILL, FaultKind.LEADER_PAUSE),
+    ),
+    (
+        Topology.SENTINEL,
+        20261206,
+        10.0,
+        (FaultKind.SENTINEL_FAILOVER, FaultKind.WORKER_KILL, FaultKind.BROKER_MESSAGE_LOSS),
+    ),
+    (
+        Topology.PGBOUNCER,
+        20261206,
+        10.0,
+        (FaultKind.PGBOUNCER_RESTART, FaultKind.BEAT_POSTGRES_STALL, FaultKind.BEAT_KILL),
+    ),
+]
 
 #: Runs that once failed, kept to re-run the same fault plan: (seed, seconds, what it caught).
 #: Replayed with ``HABEAT_CHAOS_REGRESSIONS=1`` (or ``scripts/chaos.sh --seed N --duration S``),
@@ -103,20 +128,27 @@ def servers_installed() -> None:
         pytest.skip(str(exc))
 
 
-def run_and_check(seed: int, duration: float) -> None:
+def run_and_check(
+    seed: int,
+    duration: float,
+    topology: Topology = Topology.DIRECT,
+    only: tuple[FaultKind, ...] = (),
+) -> None:
     # The skewed fleet, without the worker that lacks the package: that one has no
     # guard against a message the broker hands out twice (a delivery restored to the
     # queue after a Redis restart while it ran it), and runs such a copy again, which
     # no code in this package can prevent on a worker without it. The mixed fleet is
     # run by scripts/chaos.sh (the default) and by tests/e2e/test_mixed_fleet.py.
-    config = ChaosConfig(seed=seed, duration=duration, foreign_worker=False)
+    config = ChaosConfig(
+        seed=seed, duration=duration, foreign_worker=False, topology=topology, only=only
+    )
     report = run_chaos(config)
     print(report.summary())
     assert not report.violations, f"{report.summary()}\n{report.logs_tail[-30000:]}"
     # Not asserted: that a paused leader was replaced while stopped. A pause that
     # lands inside a claim transaction holds the leader row, and the takeover waits
     # for it by design (up to the claim's idle timeout, longer than some pauses).
-    assert set(report.log.injected) == set(FaultKind), "every fault kind was injected"
+    assert set(report.log.injected) == set(config.kinds), "every fault kind was injected"
 
 
 @pytest.mark.timeout(420)
@@ -125,6 +157,18 @@ def test_a_short_chaos_run_keeps_every_guarantee(
     servers_installed: None, seed: int, duration: float
 ) -> None:
     run_and_check(seed, duration)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("topology", "seed", "duration", "only"), TOPOLOGY_CI_RUNS)
+def test_a_short_chaos_run_on_another_topology_keeps_every_guarantee(
+    servers_installed: None,
+    topology: Topology,
+    seed: int,
+    duration: float,
+    only: tuple[FaultKind, ...],
+) -> None:
+    run_and_check(seed, duration, topology, only)
 
 
 @pytest.mark.timeout(420)
@@ -151,15 +195,46 @@ def test_a_seed_always_gives_the_same_plan() -> None:
     )
 
 
+@pytest.mark.parametrize("topology", list(Topology))
 @pytest.mark.parametrize("seed", range(20))
-def test_every_plan_has_every_kind_and_no_outage_reaches_the_misfire_grace(seed: int) -> None:
-    config = ChaosConfig(seed=seed, duration=10)
+def test_every_plan_has_every_kind_and_no_outage_reaches_the_misfire_grace(
+    seed: int, topology: Topology
+) -> None:
+    config = ChaosConfig(seed=seed, duration=10, topology=topology)
     plan = make_plan(
-        seed, config.duration, lock_ttl=config.lock_ttl, lease_timeout=config.lease_timeout
+        seed,
+        config.duration,
+        lock_ttl=config.lock_ttl,
+        lease_timeout=config.lease_timeout,
+        kinds=config.kinds,
     )
-    assert {fault.kind for fault in plan} == set(FaultKind)
+    assert {fault.kind for fault in plan} == set(KINDS[topology])
     assert all(fault.duration < config.misfire_grace / 4 for fault in plan)
     assert [fault.at for fault in plan] == sorted(fault.at for fault in plan)
+
+
+def test_the_direct_topologys_plans_are_the_plans_seeds_gave_before_topologies() -> None:
+    # Recorded seeds (CI's, the regressions', the benchmark pages') replay the same faults.
+    plan = make_plan(20261202, 30.0, lock_ttl=3, lease_timeout=4)
+    assert [fault.kind for fault in plan[:3]] == [
+        FaultKind.BEAT_POSTGRES_CUT,
+        FaultKind.BEAT_REDIS_STALL,
+        FaultKind.BEAT_REDIS_CUT,
+    ]
+    assert not {FaultKind.RABBITMQ_RESTART, FaultKind.SENTINEL_FAILOVER} & {
+        fault.kind for fault in make_plan(20261202, 600.0, lock_ttl=3, lease_timeout=4)
+    }
+
+
+def test_a_short_run_injects_only_the_kinds_it_names() -> None:
+    config = ChaosConfig(
+        seed=1,
+        duration=10,
+        topology=Topology.RABBITMQ,
+        only=(FaultKind.WORKER_KILL, FaultKind.RABBITMQ_RESTART),
+    )
+    assert config.kinds == (FaultKind.WORKER_KILL, FaultKind.RABBITMQ_RESTART)
+    assert "--topology rabbitmq --only WORKER_KILL,RABBITMQ_RESTART" in config.reproduce()
 
 
 def test_a_message_loss_stops_the_workers_for_less_than_their_lease() -> None:

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,8 +15,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.chaos.harness import workspace
-from tests.chaos.servers import POSTGRES_USER, free_port, wait_for
+from tests.chaos.servers import POSTGRES_USER, free_port, wait_for, workspace
 from tests.conftest import IN_CI
 
 
@@ -41,16 +41,27 @@ class PgBouncer:
         )
         for path in (config, users):
             path.chmod(0o644)
-        command = ["pgbouncer", str(config)]
+        self._command = ["pgbouncer", str(config)]
         if os.geteuid() == 0:  # pgbouncer refuses to run as root
-            command = ["runuser", "-u", POSTGRES_USER, "--", *command]
+            self._command = ["runuser", "-u", POSTGRES_USER, "--", *self._command]
         self.log.touch()
         if os.geteuid() == 0:
             shutil.chown(self.log, POSTGRES_USER)
-        self._process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        self._process = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            self._command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
         wait_for(self._answers, f"pgbouncer on port {self.port}", timeout=20)
+        return process
+
+    def restart(self, down: float) -> None:
+        """Stop it at once (SIGTERM: every client connection dropped), keep it down
+        ``down`` seconds, start it again on the same port."""
+        self.stop()
+        time.sleep(down)
+        self._process = self._start()
 
     def url(self, query: str = "") -> str:
         """The SQLAlchemy URL through this PgBouncer, with ``query`` (``?...``) if given."""

@@ -20,8 +20,7 @@ from sqlalchemy.engine import make_url
 
 from beat.models import RunState
 from beat.store.all_roles import Store
-from tests.chaos.harness import private_servers, workspace
-from tests.chaos.servers import PrivatePostgres, PrivateRedis
+from tests.chaos.servers import PrivatePostgres, PrivateRedis, private_servers, workspace
 from tests.e2e.cluster import Cluster, cluster_on, wait_until
 from tests.e2e.pgbouncer import PgBouncer, running_pgbouncer
 from tests.integration.helpers import run_rows

@@ -23,8 +23,7 @@ from sqlalchemy import text
 from beat.models import RunState
 from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
-from tests.chaos.harness import workspace
-from tests.chaos.servers import PrivateRedis, binaries_for_a_test
+from tests.chaos.servers import PrivateRedis, binaries_for_a_test, workspace
 from tests.e2e.cluster import START_UP, Cluster, wait_until
 from tests.e2e.test_ha_cluster import (
     assert_each_fire_time_once,

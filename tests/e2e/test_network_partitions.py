@@ -31,8 +31,13 @@ from sqlalchemy.engine import make_url
 from beat.models import RunState
 from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
-from tests.chaos.harness import workspace
-from tests.chaos.servers import MissingBinaries, PrivatePostgres, PrivateRedis, find_binaries
+from tests.chaos.servers import (
+    MissingBinaries,
+    PrivatePostgres,
+    PrivateRedis,
+    find_binaries,
+    workspace,
+)
 from tests.conftest import IN_CI
 from tests.e2e.cluster import CELERY, START_UP, Cluster, Process, cluster_on, wait_until
 from tests.e2e.netns import Host, NetnsUnavailable

@@ -20,7 +20,7 @@ from beat.models import RunState
 from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
 from beat.store.plain_runs import CANCELLED_ON_CONNECTION_LOSS
-from tests.chaos.harness import workspace
+from tests.chaos.servers import workspace
 from tests.e2e.cluster import Cluster, wait_until
 from tests.e2e.rabbitmq import PrivateRabbitMQ, private_rabbitmq
 from tests.e2e.test_crash_fast import longest_gap_between_publications

@@ -18,8 +18,7 @@ import redis
 
 from beat.lease.beacon import SessionBeacon
 from beat.store.all_roles import Store
-from tests.chaos.harness import private_servers, workspace
-from tests.chaos.servers import PrivatePostgres, PrivateRedis
+from tests.chaos.servers import PrivatePostgres, PrivateRedis, private_servers, workspace
 
 pytestmark = pytest.mark.integration
 

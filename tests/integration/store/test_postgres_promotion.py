@@ -23,7 +23,6 @@ from beat.models import RunState
 from beat.ops.schedules import Schedules
 from beat.store.all_roles import Store
 from beat.store.runs import RunStore
-from tests.chaos.harness import workspace
 from tests.chaos.servers import (
     POSTGRES_BIN_GLOB,
     POSTGRES_USER,
@@ -31,6 +30,7 @@ from tests.chaos.servers import (
     PrivatePostgres,
     binaries_for_a_test,
     wait_for,
+    workspace,
 )
 
 pytestmark = pytest.mark.integration
