@@ -17,14 +17,17 @@ Celery runs a message sent twice: that is an ad hoc plain task's semantics.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 import uuid
 from typing import Any
 
-from celery import Celery, group, signature
+from celery import Celery, group, signature, states
+from celery.backends.base import DisabledBackend
 from celery.exceptions import Reject
+from kombu.exceptions import OperationalError
 
 from beat.delivery.receipts import REQUEUE_DELAY
 from beat.errors import StoreUnavailable
@@ -44,23 +47,30 @@ def has_links(request: Any) -> bool:
 
 def links_record(result: Any) -> dict[str, Any] | None:
     """What the completion keeps for the links (``{"result": ...}``); None if the result
-    cannot be kept as JSON: the links are then left to Celery's tracer, as before."""
+    cannot be kept in a JSONB column (not JSON, or JSON PostgreSQL refuses: NaN,
+    infinities, a NUL character): the links are then left to Celery's tracer, as before.
+    The completion must never fail on what the body returned."""
     record = {"result": result}
     try:
-        json.dumps(record)
+        encoded = json.dumps(record, allow_nan=False)
     except (TypeError, ValueError):
         return None
-    return record
+    return None if "\\u0000" in encoded else record
 
 
 def send_links_after_completion(app: Celery, request: Any, store: RunLinks, result: Any) -> None:
-    """Send the run's links right after its completion kept them; if the broker refuses
-    them, hand the message back (``Reject``): its next delivery sends them."""
+    """Send the run's links right after its completion kept them; if the broker cannot
+    take them, hand the message back (``Reject``): its next delivery sends them. A link
+    that can never be sent (its signature does not fit its task) fails the task as
+    Celery's tracer would, and nothing tries it again."""
     run_id = run_id_for(request.id)
     try:
         send_links(app, request, result)
     except Exception as exc:
         forget_links(request)
+        if not _broker_unavailable(app, exc):
+            _give_up(store, run_id, exc)
+            raise
         logger.warning(
             "run %s succeeded, but its links could not be sent (%s): handing its message"
             " back, so that a later delivery sends them",
@@ -83,20 +93,29 @@ def send_links_left_unsent(
     """A second delivery of a succeeded run sends the links its first delivery left
     unsent (its worker died, or the broker refused them), once ``settle_seconds`` (the
     lease) have passed since the completion; before, the message goes back to wait."""
+    hand_back: tuple[type[BaseException], ...] = (StoreUnavailable, *_broker_errors(app))
     try:
         unsent = store.unsent_links(run_id, settle_seconds=settle_seconds)
         if unsent is None:
             return
         if not unsent.settled:
             raise Reject("its first delivery may still send its links", requeue=True)
-        send_links(app, request, unsent.result)
+        try:
+            send_links(app, request, unsent.result)
+        except Exception as exc:
+            if _broker_unavailable(app, exc):
+                raise
+            forget_links(request)
+            _give_up(store, run_id, exc)
+            raise
         forget_links(request)
         store.links_sent(run_id)
+        _record_success(app, request, unsent.result)
     except Reject:
         forget_links(request)
         time.sleep(REQUEUE_DELAY)  # do not spin on the message
         raise
-    except Exception as exc:  # the store or the broker: hand the message back
+    except hand_back as exc:
         forget_links(request)
         logger.warning(
             "could not send the links run %s left unsent, handing its message back: %s",
@@ -113,6 +132,54 @@ def send_links_left_unsent(
     )
 
 
+def _broker_errors(app: Celery) -> tuple[type[BaseException], ...]:
+    """What a send raises when the broker cannot take it now (not: a link that can never
+    be sent, an encoding error)."""
+    connection = app.connection_for_write()
+    try:
+        return (
+            OperationalError,
+            ConnectionError,
+            TimeoutError,
+            *connection.connection_errors,
+            *connection.recoverable_connection_errors,
+        )
+    finally:
+        connection.release()
+
+
+def _broker_unavailable(app: Celery, exc: BaseException) -> bool:
+    return isinstance(exc, _broker_errors(app))
+
+
+def _give_up(store: RunLinks, run_id: uuid.UUID, exc: BaseException) -> None:
+    """A link that can never be sent: said, and not kept for a later delivery."""
+    logger.error(
+        "the links of run %s cannot be sent (%s): the task fails as Celery fails it",
+        run_id,
+        exc,
+        extra={"run_id": str(run_id)},
+    )
+    with contextlib.suppress(StoreUnavailable):
+        store.links_sent(run_id)
+
+
+def _record_success(app: Celery, request: Any, result: Any) -> None:
+    """Store the result the first delivery did not (it handed its message back before
+    Celery's tracer stored it), so a result backend, and a chord the run belongs to,
+    learn it succeeded; once: not if the backend has it already."""
+    backend = app.backend
+    if isinstance(backend, DisabledBackend) or getattr(request, "ignore_result", False):
+        return
+    try:
+        if backend.get_state(request.id) != states.SUCCESS:
+            backend.mark_as_done(request.id, result, request)
+    except Exception as exc:  # the links are sent: a backend error must not undo that
+        logger.warning(
+            "could not store the result of %s in the result backend: %s", request.id, exc
+        )
+
+
 def send_links(app: Celery, request: Any, result: Any) -> None:
     """Send the request's callbacks with ``result``, then the rest of its chain, as
     Celery's tracer does, each callback with a stable task ID; raises what kombu raises."""
@@ -124,8 +191,11 @@ def send_links(app: Celery, request: Any, result: Any) -> None:
     }
     callbacks = [signature(callback, app=app) for callback in request.callbacks or ()]
     for index, callback in enumerate(callbacks):
-        if not isinstance(callback, group) and not callback.options.get("task_id"):
-            callback.set(task_id=str(uuid.uuid5(_CALLBACK_IDS, f"{parent_id}:{index}")))
+        members = callback.tasks if isinstance(callback, group) else [callback]
+        for number, member in enumerate(members):
+            if not member.options.get("task_id"):
+                stable = uuid.uuid5(_CALLBACK_IDS, f"{parent_id}:{index}:{number}")
+                member.set(task_id=str(stable))
     if len(callbacks) == 1:
         callbacks[0].apply_async((result,), **options)
     elif callbacks:

@@ -47,70 +47,83 @@ def _redelivered(request: Any) -> bool:
 
 def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> None:
     """Hold the run of a message beat published when it arrives; for a plain task, take
-    the run, or drop the delivery if the run was taken before."""
+    the run, or drop the delivery if the run was taken before.
+
+    Celery only logs what this handler raises, and runs the body: so nothing escapes.
+    A plain run whose receipt cannot be recorded does not start. While PostgreSQL is
+    unreachable its message goes back to the broker; after an error nobody expected it
+    is acknowledged unrun, and the leader's lost-message recovery sends the run again
+    (at most ``MAX_SENDS`` times, then it ends ``lost`` with the reason): a message
+    handed back for ever would hold this worker's intake for as long."""
     if request is None:
         return
     context = request.request_dict
     if not published_by_beat(_Headers(context)):
         return
     context.pop(RECEIPT_KEY, None)  # a retry carries its parent's headers
-    config = delivery_config(request.task.app.conf)
-    leases = _leases_of(config, request.hostname or "worker")
     run_id = run_id_for(request.id)
-    expires = run_expiry(context)
-    due = retry_due(context)
     try:
-        if is_guarded(request.task):
-            if expires is not None and leases.store.expire_if_past(run_id, expires):
-                _expired_at_receipt(request, run_id, expires)
-                return
-            # The guard decides in the pool whether this delivery runs; until then the
-            # worker only holds the run.
-            if leases.store.note_received(
-                run_id,
-                owner=leases.owner,
-                worker=request.hostname or "",
-                lease_seconds=config.lease_timeout,
-            ):
-                leases.add(run_id, request.id)
-            return
-        if _redelivered(request) and leases.store.end_taken_unrecorded(
-            run_id, queue=str(request.delivery_info.get("routing_key") or "")
-        ):
-            logger.error(
-                "plain run %s is lost: %s",
-                run_id,
-                TAKEN_UNRECORDED,
-                extra={"run_id": str(run_id)},
-            )
-            _drop(request, requeue=False)
-            return
-        outcome = leases.store.receive_plain(
-            run_id,
-            owner=leases.owner,
-            worker=request.hostname or "",
-            lease_seconds=config.lease_timeout,
-            retries=int(context.get("retries") or 0),
-            expires=expires,
-            retry_due_at=due,
-            # Without the instant, the ETA as this worker's clock reads it.
-            retry_due_in=seconds_until(request.eta) if request.eta and due is None else None,
-        )
-    except Exception as exc:  # any error: Celery would only log it, and run the body
+        _take_on_receipt(request, context, run_id)
+    except Exception as exc:
+        unreachable = isinstance(exc, HABeatError)
         if is_guarded(request.task):  # its guard decides at its start
             logger.warning("could not record the receipt of run %s: %s", run_id, exc)
             return
         logger.error(
-            "cannot check plain run %s against the run table, handing it back: %s",
+            "cannot check plain run %s against the run table, %s: %s",
             run_id,
+            "handing it back" if unreachable else "not running it",
             exc,
             extra={"run_id": str(run_id)},
-            exc_info=not isinstance(exc, HABeatError),
+            exc_info=not unreachable,
         )
         metrics.WORKER_REQUEUED.inc()
-        time.sleep(REQUEUE_DELAY)
-        _drop(request, requeue=True)
+        if unreachable:
+            time.sleep(REQUEUE_DELAY)
+        _drop(request, requeue=unreachable)
+
+
+def _take_on_receipt(request: Any, context: dict[str, Any], run_id: uuid.UUID) -> None:
+    config = delivery_config(request.task.app.conf)
+    leases = _leases_of(config, request.hostname or "worker")
+    expires = run_expiry(context)
+    due = retry_due(context)
+    if is_guarded(request.task):
+        if expires is not None and leases.store.expire_if_past(run_id, expires):
+            _expired_at_receipt(request, run_id, expires)
+            return
+        # The guard decides in the pool whether this delivery runs; until then the
+        # worker only holds the run.
+        if leases.store.note_received(
+            run_id,
+            owner=leases.owner,
+            worker=request.hostname or "",
+            lease_seconds=config.lease_timeout,
+        ):
+            leases.add(run_id, request.id)
         return
+    if _redelivered(request) and leases.store.end_taken_unrecorded(
+        run_id, queue=str(request.delivery_info.get("routing_key") or "")
+    ):
+        logger.error(
+            "plain run %s is lost: %s",
+            run_id,
+            TAKEN_UNRECORDED,
+            extra={"run_id": str(run_id)},
+        )
+        _drop(request, requeue=False)
+        return
+    outcome = leases.store.receive_plain(
+        run_id,
+        owner=leases.owner,
+        worker=request.hostname or "",
+        lease_seconds=config.lease_timeout,
+        retries=int(context.get("retries") or 0),
+        expires=expires,
+        retry_due_at=due,
+        # Without the instant, the ETA as this worker's clock reads it.
+        retry_due_in=seconds_until(request.eta) if request.eta and due is None else None,
+    )
     if isinstance(outcome, Refused) and outcome.state == RunState.EXPIRED.value:
         _expired_at_receipt(request, run_id, expires)
         return

@@ -99,8 +99,13 @@ class RunLeases:
             for seconds, runs in by_length.items():
                 pairs = [(run.run_id, run.owner) for run in runs]
                 renewed |= self.store.renew_run_leases(pairs, lease_seconds=seconds)
-        except HABeatError as exc:
-            logger.warning("lease heartbeat of %d runs failed: %s", len(held), exc)
+        except Exception as exc:  # whatever failed, a lease that expired is lost
+            logger.warning(
+                "lease heartbeat of %d runs failed: %s",
+                len(held),
+                exc,
+                exc_info=not isinstance(exc, HABeatError),
+            )
             for run in held:
                 if time.monotonic() >= run.valid_until:
                     self._lost(run, "its lease expired while PostgreSQL was unreachable")

@@ -304,7 +304,7 @@ class StoreConnection:
         try:
             yield
         except InvalidRequestError as exc:
-            if str(exc) != _EVERY_CHECKOUT_CLOSED:
+            if type(exc) is not InvalidRequestError or str(exc) != _EVERY_CHECKOUT_CLOSED:
                 raise
             # ``discard_if_closed`` refused every connection the pool opened in its place:
             # a pooler that takes a login and closes it (PgBouncer with its server down).

@@ -8,10 +8,21 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, states
 from celery.canvas import Signature
+from celery.exceptions import Reject
+from kombu.exceptions import OperationalError
 
-from beat.delivery.links import forget_links, has_links, links_record, send_links
+from beat.delivery.links import (
+    forget_links,
+    has_links,
+    links_record,
+    send_links,
+    send_links_after_completion,
+    send_links_left_unsent,
+)
+from beat.store.run_links import UnsentLinks
+from beat.store.runs import run_id_for
 
 
 def request(**fields: Any) -> SimpleNamespace:
@@ -43,10 +54,18 @@ def test_only_a_request_with_callbacks_or_a_chain_has_links() -> None:
     assert has_links(request(callbacks=[{"task": "t"}]))
 
 
-def test_a_result_json_cannot_hold_is_left_to_celerys_tracer() -> None:
-    assert links_record({"a": [1, "b"]}) == {"result": {"a": [1, "b"]}}
-    assert links_record(object()) is None
-    assert links_record(float("nan")) is not None  # JSON as Python writes it
+@pytest.mark.parametrize(
+    "result",
+    [object(), float("nan"), {"x": [float("inf")]}, "a\x00b", {"k": ["\x00"]}],
+    ids=["not-json", "nan", "infinity", "nul", "nested-nul"],
+)
+def test_a_result_postgresql_cannot_keep_is_left_to_celerys_tracer(result: Any) -> None:
+    # PostgreSQL's JSONB refuses NaN, infinities and NUL: the completion must not fail.
+    assert links_record(result) is None
+
+
+def test_a_json_result_is_kept_for_the_links() -> None:
+    assert links_record({"a": [1, "b", 2.5, None]}) == {"result": {"a": [1, "b", 2.5, None]}}
 
 
 def test_callbacks_without_a_task_id_get_the_same_one_at_every_send(
@@ -93,3 +112,63 @@ def test_forgotten_links_leave_celerys_tracer_nothing_to_send() -> None:
     delivery = request(callbacks=[{"task": "t"}], chain=[{"task": "u"}])
     forget_links(delivery)
     assert not has_links(delivery)
+
+
+class LinksStore:
+    def __init__(self) -> None:
+        self.sent: list[uuid.UUID] = []
+
+    def links_sent(self, run_id: uuid.UUID) -> None:
+        self.sent.append(run_id)
+
+
+@pytest.mark.parametrize(
+    ("error", "raised", "kept"),
+    [
+        # The broker cannot take them now: the message goes back, they are kept.
+        (OperationalError("connection refused"), Reject, True),
+        # A signature that does not fit its task (Celery's strict typing): every send
+        # raises, so the task fails as Celery fails it, and nothing tries it again.
+        (TypeError("takes 0 positional arguments but 1 was given"), TypeError, False),
+    ],
+    ids=["broker-unavailable", "never-sendable"],
+)
+def test_a_failed_send_of_the_links_is_tried_again_only_if_the_broker_was_the_cause(
+    monkeypatch: pytest.MonkeyPatch, error: Exception, raised: type[Exception], kept: bool
+) -> None:
+    def apply_async(self: Signature, args: Any = None, **options: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(Signature, "apply_async", apply_async)
+    app = Celery(set_as_current=False, broker="memory://")
+    store = LinksStore()
+    delivery = request(chain=[dict(Signature("chain.next", app=app))])
+    with pytest.raises(raised):
+        send_links_after_completion(app, delivery, store, 1)  # type: ignore[arg-type]
+    assert store.sent == ([] if kept else [run_id_for(delivery.id)])
+    assert not has_links(delivery), "Celery's tracer sends nothing"
+
+
+class SettledStore(LinksStore):
+    def unsent_links(self, run_id: uuid.UUID, *, settle_seconds: float) -> UnsentLinks:
+        return UnsentLinks(result={"rows": 5}, settled=True)
+
+
+def test_links_sent_by_a_second_delivery_store_the_result_the_first_did_not(
+    sent: list[tuple[str, Any, dict[str, Any]]],
+) -> None:
+    # The first delivery handed its message back before Celery stored its result: a
+    # result backend (and a chord the run belongs to) must still learn it succeeded.
+    app = Celery(set_as_current=False, broker="memory://", backend="cache+memory://")
+    delivery = request(
+        chain=[dict(Signature("chain.next", app=app))], chord=None, group=None, ignore_result=False
+    )
+    store = SettledStore()
+    run_id = uuid.uuid4()
+
+    send_links_left_unsent(app, delivery, store, run_id, settle_seconds=0)  # type: ignore[arg-type]
+
+    assert [task for task, _, _ in sent] == ["chain.next"]
+    assert store.sent == [run_id]
+    assert app.backend.get_state(delivery.id) == states.SUCCESS
+    assert app.backend.get_result(delivery.id) == {"rows": 5}

@@ -1,5 +1,5 @@
 """A plain run's receipt fails closed: whatever stops the worker from recording that
-it took the run, the message goes back to the broker and the body does not run.
+it took the run, the body does not run.
 Celery only logs what a ``task_received`` handler raises, so an error the receipt did
 not catch let the body run unrecorded (the PgBouncer chaos run: an effect committed
 while its run stayed ``queued``, for the leader to send again)."""
@@ -48,12 +48,17 @@ class Store:
 
 
 @pytest.mark.parametrize(
-    "error",
-    [StoreUnavailable("PostgreSQL is unreachable"), RuntimeError("an error nobody expected")],
+    ("error", "handed_back"),
+    [
+        (StoreUnavailable("PostgreSQL is unreachable"), [True]),
+        # Not handed back for ever (it would hold the worker's intake): acknowledged unrun,
+        # for the leader's lost-message recovery, which bounds its copies.
+        (RuntimeError("an error nobody expected"), [False]),
+    ],
     ids=["unreachable", "unexpected"],
 )
-def test_a_plain_run_whose_receipt_fails_is_handed_back_and_not_run(
-    monkeypatch: pytest.MonkeyPatch, error: Exception
+def test_a_plain_run_whose_receipt_fails_does_not_run(
+    monkeypatch: pytest.MonkeyPatch, error: Exception, handed_back: list[bool]
 ) -> None:
     config = SimpleNamespace(database_url="postgresql://x/y", lease_timeout=30.0)
     leases = SimpleNamespace(store=Store(error), owner="w:1:received")
@@ -66,4 +71,20 @@ def test_a_plain_run_whose_receipt_fails_is_handed_back_and_not_run(
 
     with pytest.raises(TaskRevokedError):
         request.execute_using_pool(pool=None)
-    assert request.handed_back == [True]
+    assert request.handed_back == handed_back
+
+
+def test_a_receipt_that_cannot_even_read_its_settings_does_not_run_the_body(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(conf: Any) -> None:
+        raise KeyError("habeat_database_url")
+
+    monkeypatch.setattr(receipts, "delivery_config", broken)
+    request = Request()
+
+    receipts._hold_received_run(request=request)
+
+    with pytest.raises(TaskRevokedError):
+        request.execute_using_pool(pool=None)
+    assert request.handed_back == [False]
