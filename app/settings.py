@@ -143,6 +143,14 @@ class Settings:
             # A worker that loses the broker connection cancels what it runs: the
             # broker will redeliver it anyway, and the lease keeps the run single.
             "worker_cancel_long_running_tasks_on_connection_loss": True,
+            # After a reconnect Celery lowers the prefetch count, then raises it again
+            # from the callback of each acknowledgement: on the threads pool that is a
+            # pool thread, sending basic.qos on the channel the consumer's thread uses.
+            # py-amqp is not thread-safe: both waited for the one reply, and the worker
+            # stopped consuming for good, holding its prefetched messages (seen with
+            # RabbitMQ restarted under a threads worker). The requests it ran were
+            # cancelled at the loss anyway: there is nothing to be careful of.
+            "worker_enable_prefetch_count_reduction": False,
         }
 
 

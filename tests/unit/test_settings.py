@@ -55,6 +55,15 @@ def test_workers_install_the_poison_message_guard_and_size_its_dead_letter_list(
     assert (config.dead_letter_key, config.dead_letter_max_length) == ("habeat.dead_letter", 0)
 
 
+def test_a_reconnected_threads_worker_never_sends_basic_qos_from_a_pool_thread() -> None:
+    # Celery's prefetch restore after a reconnect runs in the acknowledgement's callback,
+    # on a pool thread of the threads pool, beside the consumer's own basic.qos on the same
+    # py-amqp channel: the worker hung for good (RabbitMQ chaos, seed 5, twice).
+    conf = create_app(Settings.from_env({})).conf
+    assert conf.worker_enable_prefetch_count_reduction is False
+    assert conf.worker_cancel_long_running_tasks_on_connection_loss is True
+
+
 # -- an existing project's app: app.conf first, then the environment ---------------------
 
 
