@@ -53,6 +53,9 @@ app.conf.update(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
+    # As docs/reference/configuration.md asks of a threads worker on RabbitMQ: Celery 5.7
+    # can deadlock its consumer restoring the prefetch count after a reconnect.
+    worker_enable_prefetch_count_reduction=False,
     timezone="UTC",
     enable_utc=True,
 )
