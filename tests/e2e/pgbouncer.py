@@ -38,6 +38,10 @@ class PgBouncer:
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
             f"auth_type = trust\nauth_file = {users}\npool_mode = {mode}\n"
             f"logfile = {self.log}\nmax_client_conn = 200\ndefault_pool_size = 20\n"
+            # After a failed server login PgBouncer refuses every client for this long
+            # (15 s by default): keep it below the run lease, or a worker cannot record
+            # a run's end for longer than its lease after a PostgreSQL restart.
+            "server_login_retry = 1\n"
         )
         for path in (config, users):
             path.chmod(0o644)
