@@ -57,7 +57,12 @@ class PgBouncer:
         process = subprocess.Popen(
             self._command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
-        wait_for(self._answers, f"pgbouncer on port {self.port}", timeout=20)
+        try:
+            wait_for(self._answers, f"pgbouncer on port {self.port}", timeout=20)
+        except RuntimeError:
+            process.kill()  # nobody else holds it: it would outlive the test
+            process.wait(timeout=30)
+            raise
         return process
 
     def restart(self, down: float) -> None:
