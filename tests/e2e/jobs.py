@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import psycopg
-from celery.signals import before_task_publish, worker_init, worker_process_init
+from celery.signals import worker_init, worker_process_init
 from celery.worker import state as worker_state
 from celery.worker.control import control_command
 from kombu.exceptions import OperationalError
@@ -238,12 +238,6 @@ def _first_dispatch(label: str) -> bool:
         return inserted == 1
 
 
-@before_task_publish.connect
-def _die_at_the_first_dispatch(body: Any = None, **_: Any) -> None:
-    if _label_of(body).startswith(DIE_AT_DISPATCH) and _first_dispatch(_label_of(body)):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _label_of(body: Any) -> str:
     args = body[0] if isinstance(body, tuple | list) and body else ()
     return args[0] if args and isinstance(args[0], str) else ""
@@ -251,15 +245,19 @@ def _label_of(body: Any) -> str:
 
 @worker_init.connect
 @worker_process_init.connect
-def _fail_the_first_dispatch(**_: Any) -> None:
-    """Make the first publish of a ``FAIL_AT_DISPATCH`` label raise, as kombu does when
-    the broker is gone (a signal handler's error would only be logged)."""
+def _break_the_first_dispatch(**_: Any) -> None:
+    """In a worker only: the first publish of a ``DIE_AT_DISPATCH`` label kills the
+    process sending it; of a ``FAIL_AT_DISPATCH`` label, raises as kombu does when the
+    broker is gone. Not a ``before_task_publish`` receiver: its errors are only logged,
+    and a receiver in the test process would turn beat's message templates off."""
     amqp = celery_app.amqp
     send = amqp.send_task_message
 
     def sending(producer: Any, name: str, message: Any, **options: Any) -> Any:
         label = _label_of(message.body)
-        if label.startswith(FAIL_AT_DISPATCH) and _first_dispatch(label):
+        if label.startswith((DIE_AT_DISPATCH, FAIL_AT_DISPATCH)) and _first_dispatch(label):
+            if label.startswith(DIE_AT_DISPATCH):
+                os.kill(os.getpid(), signal.SIGKILL)
             raise OperationalError(f"{label}: the broker went away (a test's publish)")
         return send(producer, name, message, **options)
 
