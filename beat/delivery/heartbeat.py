@@ -26,6 +26,10 @@ logger = logging.getLogger(__name__)
 #: (the request is reserved just after ``task_received``).
 RECEIPT_GRACE = 5.0
 
+#: How often the heartbeat looks at the beacon, and tries again a renewal that failed
+#: (seconds; at most a third of the lease).
+PULSE_SECONDS = 1.0
+
 
 class WorkerHeartbeat:
     """The worker's main process, seen from PostgreSQL: its presence (``beat_workers``)
@@ -60,6 +64,10 @@ class WorkerHeartbeat:
         self._stalled: set[uuid.UUID] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        #: When the last renewal succeeded (monotonic), and the beacon it named.
+        self._renewed_at: float | None = None
+        self._named: str | None = None
+        self._failing = False
 
     def start(self) -> None:
         with self._lock:
@@ -77,25 +85,53 @@ class WorkerHeartbeat:
     def _beat(self) -> None:
         while True:
             try:
-                self.renew()
+                self.pulse()
             except Exception:  # this thread must outlive any error: every lease needs it
                 logger.exception("renewing this worker's receipt leases and presence failed")
-            time.sleep(self.lease_seconds / 3)
+            time.sleep(min(PULSE_SECONDS, self.lease_seconds / 3))
 
-    def renew(self) -> None:
-        """Renew the receipt leases of the runs still in hand, and this worker's presence."""
+    def pulse(self) -> None:
+        """Keep the beacon (a half lost to a server's restart is opened again and its
+        row written at once), and renew when a renewal is due: a third of the lease
+        after the last one, at once after one that failed, or when the beacon the
+        presence names changed. The reaper reads the presence to tell a whole worker's
+        death from a crash of its run: stale for a third of the lease after a restart,
+        a worker killed then had its run counted as an attempt."""
+        session = self.beacon()
+        named = None if session is None else session.beacon
+        due = self._renewed_at is None or (
+            time.monotonic() - self._renewed_at >= self.lease_seconds / 3
+        )
+        if due or named != self._named:
+            self.renew()
+
+    def renew(self) -> bool:
+        """Renew the receipt leases of the runs still in hand, and this worker's
+        presence; False if PostgreSQL could not be reached (said once an outage)."""
         held = self._still_held()
         try:
             # The leases first: opening a lost half of the beacon again may take time.
             self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
+            session = self.beacon()
             self.store.worker_seen(
-                self.hostname,
-                pid=os.getpid(),
-                booted_at=self._boot_time(),
-                session=self.beacon(),
+                self.hostname, pid=os.getpid(), booted_at=self._boot_time(), session=session
             )
         except HABeatError as exc:
-            logger.warning("could not renew this worker's leases (%d runs): %s", len(held), exc)
+            if not self._failing:
+                logger.warning(
+                    "could not renew this worker's leases (%d runs): %s; trying again every %g s",
+                    len(held),
+                    exc,
+                    min(PULSE_SECONDS, self.lease_seconds / 3),
+                )
+            self._failing = True
+            return False
+        if self._failing:
+            logger.warning("renewed this worker's leases and presence again")
+        self._failing = False
+        self._renewed_at = time.monotonic()
+        self._named = None if session is None else session.beacon
+        return True
 
     def _boot_time(self) -> datetime:
         """When this process started, by the database's clock: PostgreSQL's time less

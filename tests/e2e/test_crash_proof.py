@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 
 from beat.models import RunState
 from beat.store.all_roles import Store
+from beat.store.db import SERVER_INCARNATION
 from tests.chaos.servers import PrivatePostgres, PrivateRedis, private_servers, workspace
 from tests.e2e.cluster import Cluster, cluster_on, wait_until
 from tests.e2e.pgbouncer import PgBouncer, running_pgbouncer
@@ -107,6 +108,26 @@ def restart_postgres(postgres: PrivatePostgres) -> None:
 def restart_redis(redis_server: PrivateRedis) -> None:
     redis_server.stop()
     redis_server.start()
+
+
+def wait_for_presences_on_the_server(cluster: Cluster, workers: int) -> None:
+    """Wait until ``workers`` workers' presences name a beacon opened on the server
+    answering now: what the reaper reads to tell a whole worker's death. The heartbeat
+    opens a lost half again within a second (a third of the lease before: 20 s here)."""
+
+    def recorded() -> int:
+        with cluster.store.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM beat_workers w"
+                        " JOIN beat_beacons b ON b.name = w.beacon"
+                        f" WHERE b.postgres_server = ({SERVER_INCARNATION})"
+                    )
+                ).scalar_one()
+            )
+
+    wait_until(lambda: recorded() == workers, timeout=10, interval=0.2)
 
 
 def assert_ran_once(cluster: Cluster, task_id: str) -> None:
@@ -219,6 +240,7 @@ def test_after_both_servers_restarted_a_killed_workers_run_is_still_reclaimed_at
     private_cluster.worker("worker1", concurrency=1)
     restart_redis(redis_server)
     restart_postgres(postgres)
+    wait_for_presences_on_the_server(private_cluster, workers=2)
     task_id = start_watched_run(private_cluster, seconds=3)
     worker = run_row(private_cluster.store, task_id).worker
     private_cluster.process_for_worker(worker).signal(signal.SIGKILL)
