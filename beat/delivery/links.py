@@ -93,7 +93,6 @@ def send_links_left_unsent(
     """A second delivery of a succeeded run sends the links its first delivery left
     unsent (its worker died, or the broker refused them), once ``settle_seconds`` (the
     lease) have passed since the completion; before, the message goes back to wait."""
-    hand_back: tuple[type[BaseException], ...] = (StoreUnavailable, *_broker_errors(app))
     try:
         unsent = store.unsent_links(run_id, settle_seconds=settle_seconds)
         if unsent is None:
@@ -115,7 +114,11 @@ def send_links_left_unsent(
         forget_links(request)
         time.sleep(REQUEUE_DELAY)  # do not spin on the message
         raise
-    except hand_back as exc:
+    except Exception as exc:
+        # Only a failure builds the broker's errors (a connection object): most second
+        # deliveries have nothing left unsent.
+        if not (isinstance(exc, StoreUnavailable) or _broker_unavailable(app, exc)):
+            raise
         forget_links(request)
         logger.warning(
             "could not send the links run %s left unsent, handing its message back: %s",

@@ -172,3 +172,27 @@ def test_links_sent_by_a_second_delivery_store_the_result_the_first_did_not(
     assert store.sent == [run_id]
     assert app.backend.get_state(delivery.id) == states.SUCCESS
     assert app.backend.get_result(delivery.id) == {"rows": 5}
+
+
+class NothingUnsentStore(LinksStore):
+    def unsent_links(self, run_id: uuid.UUID, *, settle_seconds: float) -> None:
+        return None
+
+
+def test_a_second_delivery_with_nothing_left_unsent_opens_no_broker_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = Celery(set_as_current=False, broker="memory://")
+    opened: list[object] = []
+    connection_for_write = app.connection_for_write
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        opened.append(args)
+        return connection_for_write(*args, **kwargs)
+
+    monkeypatch.setattr(app, "connection_for_write", counted)
+    delivery = request(chain=[dict(Signature("chain.next", app=app))])
+
+    send_links_left_unsent(app, delivery, NothingUnsentStore(), uuid.uuid4(), settle_seconds=0)  # type: ignore[arg-type]
+
+    assert opened == [], "the broker's errors are built only when a send failed"
