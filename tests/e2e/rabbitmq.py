@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,18 +54,33 @@ class PrivateRabbitMQ:
     (``consumer_timeout``). Debian's ``rabbitmq-server`` runs as the ``rabbitmq``
     account, so that account owns ``workdir``."""
 
-    def __init__(self, workdir: Path, *, consumer_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        consumer_timeout: float | None = None,
+        heartbeat: int | None = None,
+        addresses: tuple[str, ...] = (),
+    ) -> None:
         self.workdir = workdir
         self.node = f"habeat{uuid.uuid4().hex[:8]}@localhost"
         self.port = free_port()
         self._dist_port = free_port()
         self._pid_file = workdir / "rabbitmq.pid"
         self._consumer_timeout = consumer_timeout
+        #: The heartbeat the node proposes (seconds): the lower of it and the client's
+        #: is used, and a peer silent for two of them is taken for gone.
+        self._heartbeat = heartbeat
+        #: Addresses it listens on besides 127.0.0.1 (a network namespace's link).
+        self._addresses = addresses
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        return self.url_at("127.0.0.1")
+
+    def url_at(self, address: str) -> str:
+        return f"amqp://guest:guest@{address}:{self.port}//"
 
     def start(self) -> None:
         if shutil.which("rabbitmq-server") is None:
@@ -120,6 +136,12 @@ class PrivateRabbitMQ:
 
     def _write_config(self) -> None:
         settings = [f"listeners.tcp.default = 127.0.0.1:{self.port}", "loopback_users = none"]
+        settings += [
+            f"listeners.tcp.{index} = {address}:{self.port}"
+            for index, address in enumerate(self._addresses, start=1)
+        ]
+        if self._heartbeat is not None:
+            settings.append(f"heartbeat = {self._heartbeat}")
         advanced = "[]."
         if self._consumer_timeout is not None:
             settings.append(f"consumer_timeout = {round(self._consumer_timeout * 1000)}")
@@ -173,7 +195,7 @@ def _give_to_rabbitmq(path: Path) -> None:
 
 
 @contextmanager
-def private_rabbitmq(workdir: Path, **settings: float) -> Iterator[PrivateRabbitMQ]:
+def private_rabbitmq(workdir: Path, **settings: Any) -> Iterator[PrivateRabbitMQ]:
     """A started private node in ``workdir``; skipped (failed in CI) if it cannot run."""
     node = PrivateRabbitMQ(workdir, **settings)
     try:

@@ -119,16 +119,22 @@ class PartitionedCluster:
             ).fetchone()
         return 0 if row is None else int(row[0])
 
-    def worker_across_the_link(self, name: str, concurrency: int) -> Process:
+    def worker_across_the_link(
+        self, name: str, concurrency: int, pool: str = "threads", **environment: str
+    ) -> Process:
+        """A worker in ``host``'s namespace; ``environment`` overrides the servers'."""
         return self.cluster.worker(
             name,
             concurrency=concurrency,
+            pool=pool,
             program=self.host.command(CELERY),
-            **self.across_the_link(),
+            **(self.across_the_link() | environment),
         )
 
-    def beat_across_the_link(self, name: str) -> Process:
-        return self.cluster.beat(name, program=self.host.command(CELERY), **self.across_the_link())
+    def beat_across_the_link(self, name: str, **environment: str) -> Process:
+        return self.cluster.beat(
+            name, program=self.host.command(CELERY), **(self.across_the_link() | environment)
+        )
 
 
 @pytest.fixture
