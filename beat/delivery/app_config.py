@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import copy
 import os
-import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from beat.config import SETTINGS, BeatConfig
+from beat.process_locks import ForkSafeLock
 
 #: Every environment variable a setting may be read from.
 _VARIABLES = tuple(variable for row in SETTINGS for variable in row.variables)
@@ -32,7 +32,7 @@ class _Read:
 
 
 _reads: dict[int, _Read] = {}
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 
 
 def delivery_config(conf: Any) -> BeatConfig:

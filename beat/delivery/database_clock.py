@@ -59,6 +59,7 @@ from beat.delivery.message_times import DUE_HEADER, EXPIRES_HEADER, _instant, re
 from beat.delivery.plain_runs import RECEIPT_KEY
 from beat.errors import HABeatError
 from beat.models import RunState
+from beat.process_locks import ForkSafeLock
 from beat.publish.messages import ATTEMPT_HEADER
 from beat.store.run_guard import expiry_reason
 from beat.store.runs import RunStore, run_id_for, run_store_for
@@ -117,7 +118,7 @@ class WorkerClock:
 
 
 _clocks: dict[tuple[int, str], WorkerClock] = {}
-_clocks_lock = threading.Lock()
+_clocks_lock = ForkSafeLock()
 
 
 def _clock_of(config: BeatConfig) -> WorkerClock:

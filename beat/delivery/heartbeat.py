@@ -17,6 +17,7 @@ from beat.config import BeatConfig, uses_this_scheduler
 from beat.delivery.message_times import seconds_until
 from beat.errors import HABeatError
 from beat.lease.beacon import process_session
+from beat.process_locks import ForkSafeLock
 from beat.records import Session
 from beat.store.runs import RunStore, run_store_for
 
@@ -215,7 +216,7 @@ def _say_stalled(run_id: uuid.UUID, task_id: str) -> None:
 
 
 _leases: dict[int, WorkerHeartbeat] = {}
-_leases_lock = threading.Lock()
+_leases_lock = ForkSafeLock()
 
 
 def _leases_of(config: BeatConfig, hostname: str) -> WorkerHeartbeat:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from beat.errors import HABeatError
+from beat.process_locks import ForkSafeLock
 from beat.store.runs import RunStore
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class RunLeases:
 
 
 _leases: dict[tuple[int, int], RunLeases] = {}
-_leases_lock = threading.Lock()
+_leases_lock = ForkSafeLock()
 
 
 def run_leases_of(store: RunStore, every: float) -> RunLeases:

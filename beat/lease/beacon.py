@@ -87,7 +87,6 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -104,6 +103,7 @@ from beat.lease.holder import (
     BeaconConnection,
     open_beacon_connection,
 )
+from beat.process_locks import ForkSafeLock
 from beat.records import Session
 from beat.redis_urls import is_sentinel
 from beat.sockets import readable
@@ -346,7 +346,7 @@ class SessionBeacon:
 
 
 _process_beacons: dict[tuple[int, str], SessionBeacon] = {}
-_process_lock = threading.Lock()
+_process_lock = ForkSafeLock()
 
 
 def process_session(config: BeatConfig) -> Session | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 import uuid
 from collections.abc import Collection
 from datetime import datetime
@@ -35,6 +34,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.models import WAITING_STATES, RunState
+from beat.process_locks import ForkSafeLock
 from beat.records import Session
 from beat.store.db import create_store_engine
 from beat.store.history import RunHistory
@@ -70,7 +70,7 @@ def run_id_for(task_id: str) -> uuid.UUID:
 
 
 _stores: dict[tuple[int, str], RunStore] = {}
-_stores_lock = threading.Lock()
+_stores_lock = ForkSafeLock()
 
 
 def run_store_for(url: str) -> RunStore:

@@ -39,6 +39,7 @@ LAYERS: Mapping[str, int] = {
     "beat.config": 0,
     "beat.celery_reports": 0,
     "beat.sockets": 0,
+    "beat.process_locks": 0,
     "beat.redis_urls": 0,
     "beat.database_urls": 0,
     "beat.schedule": 0,
