@@ -49,6 +49,7 @@ class WorkerHeartbeat:
         hostname: str,
         lease_seconds: float,
         beacon: Callable[[], Session | None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         #: This process's beacon (``beat.lease.beacon``), recorded with its presence: asked
@@ -65,10 +66,13 @@ class WorkerHeartbeat:
         self._stalled: set[uuid.UUID] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        #: When the last renewal succeeded (monotonic), and the beacon it named.
+        self._clock = clock
+        #: When the last renewal that succeeded began (``clock``), and the beacon it named.
         self._renewed_at: float | None = None
         self._named: str | None = None
-        self._failing = False
+        #: Renewals failed in a row, and when the next may be tried (``clock``).
+        self._failures = 0
+        self._retry_at = 0.0
 
     def start(self) -> None:
         with self._lock:
@@ -92,47 +96,65 @@ class WorkerHeartbeat:
             time.sleep(min(PULSE_SECONDS, self.lease_seconds / 3))
 
     def pulse(self) -> None:
-        """Keep the beacon (a half lost to a server's restart is opened again and its
-        row written at once), and renew when a renewal is due: a third of the lease
-        after the last one, at once after one that failed, or when the beacon the
-        presence names changed. The reaper reads the presence to tell a whole worker's
-        death from a crash of its run: stale for a third of the lease after a restart,
-        a worker killed then had its run counted as an attempt."""
-        session = self.beacon()
-        named = None if session is None else session.beacon
-        due = self._renewed_at is None or (
-            time.monotonic() - self._renewed_at >= self.lease_seconds / 3
-        )
-        if due or named != self._named:
+        """Renew when a renewal is due (a third of the lease after the last one), else
+        keep the beacon and renew if the beacon the presence names changed: a half lost
+        to a server's restart is opened again and named within a second. The reaper
+        reads the presence to tell a whole worker's death from a crash of its run;
+        stale for a third of the lease after a restart, a worker killed then had its
+        run counted as an attempt. After a failed renewal the next waits 1 s, then
+        twice as long each time, up to a third of the lease: an outage costs the
+        servers no more than the steady cadence."""
+        now = self._clock()
+        if self._failures and now < self._retry_at:
+            return
+        if self._renewed_at is None or now - self._renewed_at >= self.lease_seconds / 3:
             self.renew()
+            return
+        session = self.beacon()
+        if (None if session is None else session.beacon) != self._named:
+            self.renew(session, kept=True)
 
-    def renew(self) -> bool:
+    def renew(self, session: Session | None = None, *, kept: bool = False) -> bool:
         """Renew the receipt leases of the runs still in hand, and this worker's
-        presence; False if PostgreSQL could not be reached (said once an outage)."""
+        presence naming its beacon (``session`` if ``kept`` already, else kept after the
+        leases: opening a lost half again may take time); False if PostgreSQL could not
+        be reached (said once an outage)."""
+        began = self._clock()
         held = self._still_held()
         try:
-            # The leases first: opening a lost half of the beacon again may take time.
             self.store.heartbeat_received(self.owner, held, lease_seconds=self.lease_seconds)
-            session = self.beacon()
+            if not kept:
+                session = self.beacon()
             self.store.worker_seen(
                 self.hostname, pid=os.getpid(), booted_at=self._boot_time(), session=session
             )
         except HABeatError as exc:
-            if not self._failing:
-                logger.warning(
-                    "could not renew this worker's leases (%d runs): %s; trying again every %g s",
-                    len(held),
-                    exc,
-                    min(PULSE_SECONDS, self.lease_seconds / 3),
-                )
-            self._failing = True
+            self._failed(exc, len(held))
             return False
-        if self._failing:
+        if self._failures:
             logger.warning("renewed this worker's leases and presence again")
-        self._failing = False
-        self._renewed_at = time.monotonic()
+        self._failures = 0
+        self._renewed_at = began
         self._named = None if session is None else session.beacon
         return True
+
+    def _failed(self, exc: HABeatError, held: int) -> None:
+        if not self._failures:
+            logger.warning(
+                "could not renew this worker's leases (%d runs): %s; trying again in %g s,"
+                " then less often, up to every %g s",
+                held,
+                exc,
+                self._backoff(1),
+                self._backoff(64),
+            )
+        self._failures += 1
+        self._retry_at = self._clock() + self._backoff(self._failures)
+
+    def _backoff(self, failures: int) -> float:
+        """Seconds before the renewal after ``failures`` failed in a row."""
+        doubled: float = PULSE_SECONDS * 2.0 ** min(failures - 1, 16)
+        return min(doubled, self.lease_seconds / 3)
 
     def _boot_time(self) -> datetime:
         """When this process started, by the database's clock: PostgreSQL's time less

@@ -194,6 +194,8 @@ class SessionBeacon:
         self._redis_server = ""
         #: False once the servers were seen unable to tell: crash detection is off.
         self._supported = True
+        #: Whether the open database connection was checked as its server's own session.
+        self._checked = False
 
     def keep(self) -> Session | None:
         """Open again whichever half was lost, record the halves if they changed; the
@@ -211,8 +213,9 @@ class SessionBeacon:
             return None
         redis_down: LeaseUnavailable | None = None
         try:
-            if self._session is None:
+            if not self._checked:  # once a connection: not again while Redis is away
                 self._check_own_session(self._conn)
+                self._checked = True
             if self._redis is None:
                 try:
                     self._redis = self._open_redis()
@@ -231,6 +234,7 @@ class SessionBeacon:
 
     def _open_pg(self) -> psycopg.Connection[Any]:
         self._session = None  # a new backend: its row is written next
+        self._checked = False
         return open_idle_connection(
             self._conninfo,
             self._masked,

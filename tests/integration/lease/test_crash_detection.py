@@ -376,6 +376,31 @@ def test_a_session_opened_again_while_redis_is_down_is_recorded_at_once(
     assert listed != first.pid
 
 
+def test_while_redis_was_never_reached_the_session_is_checked_once(
+    store: Store, beacons: Callable[[], SessionBeacon], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's heartbeat keeps its beacon every second: while Redis cannot be
+    reached from the start, its database session is checked as the server's own (and
+    old rows pruned) once for the connection, not at every keep."""
+    checks: list[object] = []
+    own_session = liveness.own_session
+
+    def counted(conn: object) -> bool:
+        checks.append(conn)
+        return own_session(conn)  # type: ignore[arg-type]
+
+    def unreachable(url: str, name: str) -> None:
+        raise LeaseUnavailable("Redis is unreachable")
+
+    monkeypatch.setattr(liveness, "own_session", counted)
+    monkeypatch.setattr(liveness, "open_beacon_connection", unreachable)
+    process = beacons()
+    for _ in range(3):
+        with pytest.raises(LeaseUnavailable):
+            process.keep()
+    assert len(checks) == 1
+
+
 def test_a_process_with_many_open_files_keeps_its_halves(
     beacons: Callable[[], SessionBeacon], redis_client: redis.Redis
 ) -> None:

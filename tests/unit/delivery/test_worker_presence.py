@@ -66,3 +66,28 @@ def test_a_steady_worker_writes_its_presence_once_a_third_of_its_lease() -> None
     for _ in range(5):
         heartbeat.pulse()
     assert store.seen == [name], "the beacon is looked at each pulse, written when due"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_renewals_failing_in_a_row_are_tried_less_often_up_to_the_steady_cadence() -> None:
+    # An outage must cost PostgreSQL no more than the steady cadence: every worker of a
+    # fleet tries again, and a server coming back meets them all at once.
+    store = PresenceStore(failures=6)
+    clock = Clock()
+    heartbeat = WorkerHeartbeat(store, "w", lease_seconds=30, clock=clock)  # type: ignore[arg-type]
+    tried_at = []
+    for tick in range(40):  # one pulse a second
+        clock.now = float(tick)
+        before = store.failures, len(store.seen)
+        heartbeat.pulse()
+        if (store.failures, len(store.seen)) != before:
+            tried_at.append(tick)
+    assert tried_at == [0, 1, 3, 7, 15, 25, 35], "1 s, then doubled, up to a third of the lease"
+    assert store.seen == [None], "written once the outage ended"
