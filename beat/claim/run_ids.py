@@ -12,9 +12,10 @@ bytes left over in the parent are never used by both.
 from __future__ import annotations
 
 import os
-import threading
 import uuid
 from collections.abc import Iterator
+
+from beat.process_locks import ForkSafeLock
 
 #: IDs drawn per read from the operating system.
 BATCH = 1024
@@ -22,7 +23,7 @@ BATCH = 1024
 
 class _RunIds:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()  # a lock held at a fork stays held in the child
         self._pool: Iterator[uuid.UUID] = iter(())
 
     def next(self) -> uuid.UUID:
@@ -35,7 +36,6 @@ class _RunIds:
 
     def forget(self) -> None:
         """Drop the IDs drawn but not used (in a forked child: the parent has them too)."""
-        self._lock = threading.Lock()  # a lock held at the fork stays held in the child
         self._pool = iter(())
 
 

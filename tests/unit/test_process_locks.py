@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from beat.claim import run_ids
 from beat.delivery import app_config, database_clock, heartbeat, run_leases
 from beat.lease import beacon
 from beat.store import runs
@@ -24,6 +25,7 @@ REGISTRY_LOCKS = {
     "run stores": (runs, "_stores_lock"),
     "worker clocks": (database_clock, "_clocks_lock"),
     "delivery configs": (app_config, "_lock"),
+    "run IDs": (run_ids._IDS, "_lock"),
 }
 
 

@@ -15,6 +15,7 @@ from beat.delivery.heartbeat import WorkerHeartbeat
 from beat.errors import StoreUnavailable
 from beat.records import Session
 from tests.e2e.cluster import wait_until
+from tests.fakes import ManualClock
 
 
 class PresenceStore:
@@ -68,23 +69,15 @@ def test_a_steady_worker_writes_its_presence_once_a_third_of_its_lease() -> None
     assert store.seen == [name], "the beacon is looked at each pulse, written when due"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_renewals_failing_in_a_row_are_tried_less_often_up_to_the_steady_cadence() -> None:
     # An outage must cost PostgreSQL no more than the steady cadence: every worker of a
     # fleet tries again, and a server coming back meets them all at once.
     store = PresenceStore(failures=6)
-    clock = Clock()
+    clock = ManualClock(monotonic=0.0)
     heartbeat = WorkerHeartbeat(store, "w", lease_seconds=30, clock=clock)  # type: ignore[arg-type]
     tried_at = []
     for tick in range(40):  # one pulse a second
-        clock.now = float(tick)
+        clock.advance_to(float(tick))
         before = store.failures, len(store.seen)
         heartbeat.pulse()
         if (store.failures, len(store.seen)) != before:
