@@ -17,13 +17,24 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-#: The private subnet of the veth pairs: 10.213.<n>.0/24, n from the test's PID.
+#: The private subnet of the veth pairs: 10.213.<n>.0/24 (see ``_subnet_octet``).
 SUBNET_PREFIX = "10.213"
+#: Third octets each pytest-xdist worker draws from, so two never share a subnet.
+OCTETS_PER_WORKER = 50
 
 
 class NetnsUnavailable(RuntimeError):
     """This machine cannot make a network namespace here (not root, no iproute2 or
     iptables, or a sandbox that forbids it); the message says which."""
+
+
+def _subnet_octet() -> int:
+    """This process's third octet: a band of its own per pytest-xdist worker (``gw0``
+    takes 1-50, ``gw1`` 51-100, ...), the PID choosing within it; two test
+    processes at once on one machine then never share a subnet."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    band = int(worker) % (250 // OCTETS_PER_WORKER) if worker.isdigit() else 0
+    return band * OCTETS_PER_WORKER + os.getpid() % OCTETS_PER_WORKER + 1
 
 
 def _run(*argv: str) -> None:
@@ -43,7 +54,7 @@ class Host:
                 raise NetnsUnavailable(
                     f"{binary} is not installed (apt-get install iproute2 iptables)"
                 )
-        octet = os.getpid() % 250 + 1
+        octet = _subnet_octet()
         self.name = f"habeat-{tag}-{os.getpid()}"
         self._outside = f"hb{os.getpid() % 100000}o"  # interface names: 15 bytes at most
         self._inside = f"hb{os.getpid() % 100000}i"
