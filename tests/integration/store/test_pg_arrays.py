@@ -59,7 +59,10 @@ def conn(store: Store) -> Iterator[Connection]:
         yield connection
 
 
-@pytest.mark.parametrize(("item", "literal", "elements"), CASES, ids=lambda case: str(case))
+# Named by their function: the same names in every pytest process (pytest-xdist compares).
+@pytest.mark.parametrize(
+    ("item", "literal", "elements"), CASES, ids=[case[1].__name__ for case in CASES]
+)
 @settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_literal_reads_back_as_the_drivers_array(
