@@ -10,7 +10,7 @@ The lease's Redis defaults to the broker when the broker is Redis.
 
 The settings are one table (``SETTINGS``): each field of ``BeatConfig`` is declared
 with its default, the parser of its environment variable's text, the check of its
-value (whichever source it came from) and its meaning. ``from_celery_conf``,
+value (whichever source it came from: ``beat.config_values``) and its meaning. ``from_celery_conf``,
 ``validate``, the demo app's ``app.settings`` and the configuration reference's table
 (``markdown_table``) come from it.
 """
@@ -18,15 +18,32 @@ value (whichever source it came from) and its meaning. ``from_celery_conf``,
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields
-from enum import Enum
 from typing import Any, TypeVar
 
 from beat.celery_reports import hide_urls_in_celery_reports
+from beat.config_values import (
+    Check,
+    Parser,
+    Refused,
+    a_switch,
+    at_least,
+    claim_window,
+    failure_threshold,
+    kept_messages,
+    not_empty,
+    one_of,
+    parse_number,
+    parse_port,
+    parse_switch,
+    parse_text,
+    parse_whole_number,
+    positive,
+    tcp_port,
+)
 from beat.database_urls import database_url_refusal
 from beat.errors import ConfigError
-from beat.limits import MAX_FAILURE_THRESHOLD
 from beat.models import MisfirePolicy, OverlapPolicy
 from beat.redis_urls import lease_url_of_broker
 
@@ -45,92 +62,6 @@ _URL_SETTINGS = {"database_url": "database_setting", "redis_url": "redis_setting
 _PROVENANCE = frozenset(_URL_SETTINGS.values())
 
 T = TypeVar("T")
-#: Turns an environment variable's text into a setting's value, or raises ``_Refused``.
-Parser = Callable[[str], T]
-#: Says why a setting's value is refused (what to set instead), or None if it is fine.
-Check = Callable[[T], str | None]
-
-
-class _Refused(ValueError):
-    """A parser's refusal: the text that follows ``VARIABLE='text'`` in the error."""
-
-
-# -- parsers: the text of an environment variable, as the setting's type --------------
-
-
-def _text(raw: str) -> str:
-    """A string setting takes the variable's text as it is."""
-    return raw
-
-
-def _number(raw: str) -> float:
-    """A number (durations are seconds)."""
-    try:
-        return float(raw)
-    except ValueError:
-        raise _Refused("is not a number: set it to a number") from None
-
-
-def _whole_number(raw: str) -> int:
-    """A count: a number without a fractional part (``1e3`` and ``5.0`` are fine)."""
-    value = _number(raw)
-    if not value.is_integer():
-        raise _Refused("must be a whole number")
-    return int(value)
-
-
-#: What a port setting must be, said by its parser and by its check.
-_PORT = "must be a TCP port from 1 to 65535, or 0 or unset for none"
-
-
-def _port(raw: str) -> int | None:
-    """A TCP port; 0 means none (the range is the check's: app.conf is checked too)."""
-    try:
-        value = _whole_number(raw)
-    except _Refused:
-        raise _Refused(_PORT) from None
-    return value or None
-
-
-# -- checks: why a value is refused, whichever source it came from ---------------------
-
-
-def _at_least(low: float, unit: str = "") -> Check[float]:
-    reason = f"must be at least {low:g}{unit}"
-    return lambda value: reason if value < low else None
-
-
-def _failure_threshold(value: float) -> str | None:
-    if not 0 <= value <= MAX_FAILURE_THRESHOLD:
-        return f"must be from 0 (never) to {MAX_FAILURE_THRESHOLD} failures in a row"
-    return None
-
-
-def _positive(value: float) -> str | None:
-    return "must be positive" if value <= 0 else None
-
-
-def _not_empty(value: str) -> str | None:
-    return "must not be empty" if not value else None
-
-
-def _one_of(kind: type[Enum]) -> Check[str]:
-    choices = [member.value for member in kind]
-    reason = "use one of " + ", ".join(choices)
-    return lambda value: reason if value not in choices else None
-
-
-def _tcp_port(value: int | None) -> str | None:
-    return _PORT if value is not None and not 0 <= value <= 65535 else None
-
-
-def _claim_window(value: float) -> str | None:
-    return "use 0 (off) to 30 seconds" if not 0 <= value <= 30 else None
-
-
-def _kept_messages(value: int) -> str | None:
-    return "must be 0 (keep none) or more" if value < 0 else None
-
 
 # -- the table -------------------------------------------------------------------------
 
@@ -182,7 +113,7 @@ class Setting:
                 continue
             try:
                 value = self.parse(raw)
-            except _Refused as refused:
+            except Refused as refused:
                 raise ConfigError(f"{variable}={raw!r} {refused}") from None
             error = self.refusal(value, variable)
             if error is not None:
@@ -235,15 +166,15 @@ def _policy(default: MisfirePolicy | OverlapPolicy, kind: str) -> str:
     return _setting(
         default.value,
         f"{kind} policy of schedules created without one",
-        parse=_text,
-        check=_one_of(type(default)),
+        parse=parse_text,
+        check=one_of(type(default)),
         variable=f"{ENV_PREFIX}{kind.upper()}_POLICY",
     )
 
 
 def _port_setting(meaning: str) -> int | None:
     """A TCP port, off by default."""
-    return _setting(None, meaning, parse=_port, check=_tcp_port, shown_default="off")
+    return _setting(None, meaning, parse=parse_port, check=tcp_port, shown_default="off")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -256,14 +187,14 @@ class BeatConfig:
     database_url: str = _setting(
         "postgresql+psycopg://postgres@127.0.0.1:5432/habeat",
         "SQLAlchemy URL of the schedules and runs (PostgreSQL)",
-        parse=_text,
+        parse=parse_text,
         shown_default="required",
     )
     redis_url: str = _setting(
         "redis://127.0.0.1:6379/0",
         "Redis URL of the leader lease (may differ from the broker); rediss:// for TLS,"
         " sentinel://host:port;sentinel://host:port/0?master_name=NAME for Sentinel",
-        parse=_text,
+        parse=parse_text,
         shown_default="the broker, if it is Redis",
     )
     #: The setting a user changes to fix ``database_url``, named in error hints
@@ -274,27 +205,36 @@ class BeatConfig:
     key_prefix: str = _setting(
         "habeat",
         "prefix of the lease's Redis keys and name of the leader row (one per cluster)",
-        parse=_text,
-        check=_not_empty,
+        parse=parse_text,
+        check=not_empty,
     )
     lock_ttl: float = _setting(
         10.0,
         "seconds the leader lease lives unrenewed; a dead leader is replaced after about this long",
-        parse=_number,
-        check=_at_least(1, " second"),
+        parse=parse_number,
+        check=at_least(1, " second"),
+    )
+    lead_without_redis: bool = _setting(
+        True,
+        "while the lease's Redis is unreachable, a beat leads on the leader row in PostgreSQL"
+        " once its hold ended (the lock TTL, `max_wait` and `claim_ahead`, plus a lock TTL)"
+        " and schedules on, fenced by the same epoch; `false`: scheduling waits for Redis",
+        parse=parse_switch,
+        check=a_switch,
+        shown_default="`true`",
     )
     standby_poll: float = _setting(
         1.0,
         "seconds between a standby's attempts to lead (a clean hand-over wakes it at once)",
-        parse=_number,
-        check=_positive,
+        parse=parse_number,
+        check=positive,
     )
     max_wait: float = _setting(
         5.0,
         "longest wait of the leader between ticks, seconds (edits made with psql are seen"
         " within it)",
-        parse=_number,
-        check=_positive,
+        parse=parse_number,
+        check=positive,
     )
     claim_batch: int = _setting(
         # A burst is claimed batch after batch: a transaction's round trips and commit
@@ -302,51 +242,51 @@ class BeatConfig:
         # 1,000 (and 4,000 no faster) on a 2-core host (docs/benchmarks).
         2000,
         "schedules claimed per transaction",
-        parse=_whole_number,
-        check=_at_least(1),
+        parse=parse_whole_number,
+        check=at_least(1),
     )
     claim_ahead: float = _setting(
         3.0,
         "seconds; runs of `allow` schedules due this soon are always claimed and built"
         " ahead and sent at their fire time (0: off)",
-        parse=_number,
-        check=_claim_window,
+        parse=parse_number,
+        check=claim_window,
     )
     claim_ahead_max: float = _setting(
         30.0,
         "seconds; how far ahead a burst is claimed, so that all of it is built by its fire"
         " time (the window widens with what is due and how fast this leader claims;"
         " 0: never wider than habeat_claim_ahead)",
-        parse=_number,
-        check=_claim_window,
+        parse=parse_number,
+        check=claim_window,
     )
     max_armed: int = _setting(
         200_000,
         "most runs held in memory claimed ahead (about 3 KiB each, message included); later"
         " ones are claimed nearer their fire time",
-        parse=_whole_number,
-        check=_at_least(0),
+        parse=parse_whole_number,
+        check=at_least(0),
     )
     outbox_grace: float = _setting(
         10.0,
         "seconds a run this process claimed may stay `pending` before it publishes it again",
-        parse=_number,
+        parse=parse_number,
     )
     misfire_grace: float = _setting(
         60.0,
         "seconds late before a fire time counts as missed (the misfire policy then decides)",
-        parse=_number,
+        parse=parse_number,
     )
     max_catchup: int = _setting(
         100,
         "most missed fire times one claim turns into runs (`fire_all`) or skip records",
-        parse=_whole_number,
-        check=_at_least(1),
+        parse=parse_whole_number,
+        check=at_least(1),
     )
     default_timezone: str = _setting(
         "UTC",
         "zone of schedules created without one",
-        parse=_text,
+        parse=parse_text,
         variable="HABEAT_TIMEZONE",
     )
     default_misfire_policy: str = _policy(MisfirePolicy.FIRE_ONCE, "misfire")
@@ -355,19 +295,19 @@ class BeatConfig:
         10.0,
         "seconds a claim transaction may stay idle before PostgreSQL aborts it (a leader"
         " paused mid-claim cannot block a takeover)",
-        parse=_number,
+        parse=parse_number,
     )
     lease_timeout: float = _setting(
         30.0,
         "seconds a worker's lease on a run lasts without a heartbeat; the leader reclaims"
         " a run whose lease expired",
-        parse=_number,
-        check=_at_least(2, " seconds"),
+        parse=parse_number,
+        check=at_least(2, " seconds"),
     )
     heartbeat_interval: float | None = _setting(
         None,
         "seconds between a worker's heartbeats on its run (shorter than the lease)",
-        parse=_number,
+        parse=parse_number,
         shown_default="a third of the lease",
     )
     max_attempts: int = _setting(
@@ -375,21 +315,21 @@ class BeatConfig:
         "attempts of a run whose worker process crashes or hangs under it before it is"
         " marked `lost` (per schedule: `--max-attempts`); an attempt ended by its whole"
         " worker dying (killed, restarted) does not count, up to 10",
-        parse=_whole_number,
-        check=_at_least(1),
+        parse=parse_whole_number,
+        check=at_least(1),
     )
     history_retention_days: float = _setting(
         30.0,
         "the leader deletes finished runs older than this many days, as fast as they come,"
         " and incidents resolved and notifications sent that long ago (0: keep them)",
-        parse=_number,
+        parse=parse_number,
     )
     visibility_timeout: float = _setting(
         3600.0,
         "the Redis broker's visibility timeout, seconds; a run queued for twice this long"
         " is published again",
-        parse=_number,
-        check=_positive,
+        parse=parse_number,
+        check=positive,
     )
     metrics_port: int | None = _port_setting(
         "port of beat's Prometheus endpoint `/metrics`, opened on its first tick (see Metrics)"
@@ -401,41 +341,41 @@ class BeatConfig:
         "127.0.0.1",
         "address both endpoints bind to; `0.0.0.0` (or one interface's address) for a"
         " Prometheus on another host (the endpoints have no authentication)",
-        parse=_text,
+        parse=parse_text,
     )
     metrics_schedule_limit: int = _setting(
         1000,
         "the leader serves a series per schedule (failures in a row, last success) while"
         " the cluster holds at most this many schedules: a label value each (0: never)",
-        parse=_whole_number,
-        check=_at_least(0),
+        parse=parse_whole_number,
+        check=at_least(0),
     )
     alert_after_failures: int = _setting(
         3,
         "a schedule's failing monitor opens an incident once this many of its runs in a row"
         " failed, were lost or expired (its own `alert_after_failures` overrides it; 0: never)",
-        parse=_whole_number,
-        check=_failure_threshold,
+        parse=parse_whole_number,
+        check=failure_threshold,
     )
     pause_after_failures: int = _setting(
         0,
         "the scheduler pauses a schedule after this many of its runs in a row failed, with"
         " the reason as its pause note (its own `pause_after_failures` overrides it; 0: never)",
-        parse=_whole_number,
-        check=_failure_threshold,
+        parse=parse_whole_number,
+        check=failure_threshold,
     )
     dead_letter_key: str = _setting(
         "habeat.dead_letter",
         "Redis list on the broker (after its `global_keyprefix`) where workers keep the"
         " messages they cannot decode or unpack",
-        parse=_text,
-        check=_not_empty,
+        parse=parse_text,
+        check=not_empty,
     )
     dead_letter_max_length: int = _setting(
         1000,
         "most messages kept in that list, the oldest going first (0: none, only the log line)",
-        parse=_whole_number,
-        check=_kept_messages,
+        parse=parse_whole_number,
+        check=kept_messages,
     )
 
     @classmethod

@@ -37,6 +37,7 @@ LAYERS: Mapping[str, int] = {
     "beat.records": 0,
     "beat.metrics": 0,
     "beat.config": 0,
+    "beat.config_values": 0,
     "beat.celery_reports": 0,
     "beat.sockets": 0,
     "beat.process_locks": 0,
