@@ -68,6 +68,13 @@ LEADER_EPOCH = Gauge(
     multiprocess_mode="max",
     registry=REGISTRY,
 )
+LEADING_ON_DATABASE = Gauge(
+    "habeat_leader_on_database",
+    "1 while this beat process leads on the leader row in PostgreSQL alone: the lease's"
+    " Redis is unreachable (scheduling goes on; restore Redis).",
+    multiprocess_mode="max",
+    registry=REGISTRY,
+)
 LEADERSHIP_CHANGES = Counter(
     "habeat_leadership_changes_total",
     "Leadership transitions of this process: acquired, lost (lease expired or a newer"

@@ -31,6 +31,7 @@ from beat.leader.lost_messages import LostMessages
 from beat.leader.overlapped_send import SHUTDOWN_WAIT
 from beat.leader.reporting import MAX_BACKOFF, Reporter, TickErrors
 from beat.lease.beacon import CrashDetection, SessionBeacon
+from beat.lease.database_hold import DatabaseHold
 from beat.lease.holder import LeaderLease
 from beat.lease.presence import BeatPresence
 from beat.lease.redis_url import redis_client
@@ -227,16 +228,28 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
     def leadership(self) -> Leadership:
         if self._leadership is None:
             config = self.config
+            longest_step = config.lock_ttl + config.max_wait + config.claim_ahead
             self._leadership = Leadership(
                 self.lease,
                 self.store,
                 self._report,
-                longest_step=config.lock_ttl + config.max_wait + config.claim_ahead,
+                longest_step=longest_step,
                 on_lost=self._drop_armed,
                 crash_detection=self.crash_detection,
                 presence=self.presence,
+                hold=self._database_hold(longest_step) if config.lead_without_redis else None,
             )
         return self._leadership
+
+    def _database_hold(self, longest_step: float) -> DatabaseHold:
+        """The leader row's hold: longer than the lease by the leader's longest step, so
+        a slow loop loses its Redis lease to the watchdog before its hold could lapse."""
+        return DatabaseHold(
+            self.store,
+            holder=self.lease.holder,
+            seconds=longest_step + self.config.lock_ttl,
+            renew_interval=self.config.renew_interval,
+        )
 
     @property
     def presence(self) -> BeatPresence:

@@ -20,6 +20,9 @@ health watchdog that lets the lease go when this process cannot do the work.
 - **Lose**: whoever notices first (the renewer, a fenced write refused with
   ``StaleEpoch``, the check before sending runs claimed ahead) ends this term;
   the loop's ``on_lost`` drops what only this leader holds in memory.
+- **Redis down**: with a hold on the leader row (``beat.lease.database_hold``), a
+  process that cannot reach the lease's Redis takes the row once its hold ended and
+  leads on it alone, fenced by the same epoch; Redis answering again ends that term.
 - **Presence**: every pass, leading or not, also refreshes this process's entry
   among the cluster's beat processes (``beat.lease.presence``), for people to
   read; a clean shutdown removes it. It never bears on who leads.
@@ -32,8 +35,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Protocol
 
-from beat.errors import HABeatError, LeaseUnavailable, StaleEpoch
-from beat.leader.reporting import Reporter
+from beat.errors import HABeatError, LeaseUnavailable, StaleEpoch, StoreUnavailable
+from beat.leader.reporting import REPEAT_LOG_INTERVAL, Reporter
+from beat.lease.database_hold import DatabaseHold
 from beat.lease.holder import DRIFT_MARGIN
 from beat.records import DatabaseClock, Session
 
@@ -57,7 +61,7 @@ class LeaderRow(Protocol):
 
     def current_epoch(self) -> int: ...
     def take_leadership(
-        self, epoch: int, holder: str, *, session: Session | None = ...
+        self, epoch: int, holder: str, *, session: Session | None = ..., hold: float | None = ...
     ) -> datetime | None: ...
     def notify_leader_released(self) -> None: ...
 
@@ -117,6 +121,7 @@ class Leadership:
         clock: Callable[[], float] = time.monotonic,
         crash_detection: CrashDetector | None = None,
         presence: Presence | None = None,
+        hold: DatabaseHold | None = None,
     ) -> None:
         self._lease = lease
         self._row = leader_row
@@ -127,7 +132,15 @@ class Leadership:
         self._clock = clock
         self._crash = crash_detection or _NoCrashDetection()
         self._presence = presence or _NoPresence()
+        #: The leader row's hold (None: no process leads without the Redis lease).
+        self._hold = hold
         self._epoch: int | None = None
+        #: This term leads on the row's hold alone (the lease's Redis was unreachable).
+        self.on_database = False
+        self._redis_asked = 0.0  # clock() when a term on the row last asked Redis
+        #: clock() since when Redis has not answered, and when that was last logged.
+        self._redis_down_since: float | None = None
+        self._redis_logged_at = 0.0
         self._progress = clock()
         #: PostgreSQL's clock as the takeover of this term read it (None before one).
         self.database: DatabaseClock | None = None
@@ -135,7 +148,12 @@ class Leadership:
     @property
     def epoch(self) -> int | None:
         """This process's epoch while it leads, else None."""
-        return self._epoch if self._epoch is not None and self._lease.is_held() else None
+        return self._epoch if self._epoch is not None and self._term_valid() else None
+
+    def _term_valid(self) -> bool:
+        """By this process's clock: the halves this term leads with are its own."""
+        held = self._hold is None or self._hold.is_held()
+        return held if self.on_database else held and self._lease.is_held()
 
     @property
     def holder(self) -> str:
@@ -146,6 +164,8 @@ class Leadership:
         # Every pass of a leader or a standby comes here first: the one place to say
         # this process is up (throttled, and harmless if it fails).
         self._presence.refresh()
+        if self._epoch is not None and self.on_database:
+            return self._lead_on_database()
         if self._epoch is not None:
             if not self._crash.keep_beacon():
                 self.step_down(
@@ -153,30 +173,36 @@ class Leadership:
                     " another: standbys may take over"
                 )
                 return None
-            if self._lease.is_held():
+            if self._lease.is_held() and self._keep_hold():
                 return self._epoch
-            self._epoch = None  # the renewer already said why
-            self._crash.close_beacon()
-            self._on_lost()
-            self._report.lost()
-        epoch = self._try_acquire()
-        if epoch is None:
-            return None
+            self._end_term()  # the renewer, or the hold, already said why
         try:
-            epoch = self._record_epoch(epoch, self._crash.open_beacon())
+            epoch = self._try_acquire()
+        except LeaseUnavailable as exc:
+            if self._hold is None:
+                raise
+            self._redis_unreachable(exc)
+            return self._take_the_row()
+        self._redis_answers()
+        return None if epoch is None else self._start_term(epoch)
+
+    def _start_term(self, epoch: int) -> int | None:
+        """Lead with the Redis lease just taken, once PostgreSQL records its epoch."""
+        try:
+            recorded = self._record_epoch(epoch, self._crash.open_beacon())
         except BaseException:
             self._crash.close_beacon()
             self._lease.release()
             raise
-        if epoch is None:
+        if recorded is None:
             self._crash.close_beacon()
             self._lease.release()
             return None
-        self._epoch = epoch
+        self._epoch = recorded
         self.made_progress()
         self._lease.start_renewing(healthy=self.healthy)
-        self._report.acquired(epoch, self._lease.holder)
-        return epoch
+        self._report.acquired(recorded, self._lease.holder)
+        return recorded
 
     def _try_acquire(self) -> int | None:
         """Take the lease if it is free, or if its holder crashed (``beat.lease.beacon``)."""
@@ -184,6 +210,84 @@ class Leadership:
         if epoch is None and self._crash.evict_dead_leader():
             epoch = self._lease.try_acquire(self._row.current_epoch())
         return epoch
+
+    def _keep_hold(self) -> bool:
+        """A Redis term keeps the row's hold too; False once it lapsed or the row has a
+        newer epoch (then this term is over)."""
+        if self._hold is None or self._hold.keep():
+            return True
+        self._report.lease_lost(
+            "the leader row's hold lapsed or has a newer epoch (PostgreSQL unreachable"
+            " for too long, or another process leads)"
+        )
+        return False
+
+    def _end_term(self) -> None:
+        """This term is over (why was said where it was seen): drop what it held."""
+        self._epoch = None
+        if self.on_database:
+            self.on_database = False
+        else:
+            self._crash.close_beacon()
+        if self._hold is not None:
+            self._hold.end()
+        self._on_lost()
+        self._report.lost()
+
+    # -- leading on the row while Redis is unreachable ---------------------------------
+
+    def _take_the_row(self) -> int | None:
+        """The lease's Redis is unreachable: lead on the leader row's hold if it ended
+        (its last leader stopped renewing it: crashed, paused, or cut off too)."""
+        assert self._hold is not None
+        taken = self._hold.take_over()
+        if taken is None:
+            return None
+        epoch, taken_at = taken
+        self.database = DatabaseClock(now=taken_at, clock=self._clock())
+        self._epoch, self.on_database = epoch, True
+        self._redis_asked = self._clock()
+        self.made_progress()
+        self._report.acquired_on_database(epoch, self._lease.holder)
+        return epoch
+
+    def _redis_unreachable(self, exc: LeaseUnavailable) -> None:
+        """Log the first failure of a streak, then once every ``REPEAT_LOG_INTERVAL``."""
+        now = self._clock()
+        if self._redis_down_since is None:
+            self._redis_down_since = now
+        elif now - self._redis_logged_at < REPEAT_LOG_INTERVAL:
+            return
+        self._report.redis_unreachable(exc, again=now > self._redis_down_since)
+        self._redis_logged_at = now
+
+    def _redis_answers(self) -> None:
+        if self._redis_down_since is not None:
+            self._report.redis_answers_again(self._clock() - self._redis_down_since)
+            self._redis_down_since = None
+
+    def _lead_on_database(self) -> int | None:
+        """A pass of a term on the row: keep the hold; once a lease TTL passed since
+        Redis was last asked, ask it again (taking the lease): if it answers, the lease
+        goes back to it, this process leading on if it took the lease."""
+        assert self._hold is not None
+        assert self._epoch is not None
+        if not self._hold.keep():
+            self._report.lease_lost("the leader row's hold lapsed or has a newer epoch")
+            self._end_term()
+            return None
+        if self._clock() - self._redis_asked < self._lease.ttl:
+            return self._epoch
+        self._redis_asked = self._clock()
+        try:
+            epoch = self._lease.try_acquire(self._row.current_epoch())
+        except LeaseUnavailable as exc:
+            self._redis_unreachable(exc)
+            return self._epoch
+        self._redis_answers()
+        self._report.lease_lost("Redis answers again: the lease goes back to it")
+        self._end_term()
+        return None if epoch is None else self._start_term(epoch)
 
     def _record_epoch(self, epoch: int, session: Session | None) -> int | None:
         """Record our epoch (and the session we keep for the term) in PostgreSQL; if a
@@ -198,10 +302,14 @@ class Leadership:
 
     def _took(self, epoch: int, holder: str, session: Session | None) -> bool:
         """Record ``epoch``; if it was, keep the database's clock the statement read."""
-        taken_at = self._row.take_leadership(epoch, holder, session=session)
+        sent_at = self._clock()
+        hold = None if self._hold is None else self._hold.seconds
+        taken_at = self._row.take_leadership(epoch, holder, session=session, hold=hold)
         if taken_at is None:
             return False
         self.database = DatabaseClock(now=taken_at, clock=self._clock())
+        if self._hold is not None:
+            self._hold.started(epoch, sent_at)
         return True
 
     def made_progress(self) -> None:
@@ -227,7 +335,15 @@ class Leadership:
         one round trip long (as long as building the messages takes, on a transport that
         cannot batch), the pause must outlast the tenth of the TTL the check requires,
         and another process can take the lease only once it has expired in Redis, then
-        it records its epoch and reads its outbox before it sends."""
+        it records its epoch and reads its outbox before it sends.
+
+        A term on the leader row's hold asks PostgreSQL the same of the hold; a Redis
+        term needs its hold too, by its own clock (no round trip)."""
+        if self.on_database:
+            self._confirm_hold_for_send()
+            return
+        if self._hold is not None and not self._hold.is_held():
+            raise StaleEpoch("the leader row's hold lapsed (checked before sending runs)")
         try:
             left = self._lease.time_left()
         except LeaseUnavailable as exc:
@@ -240,6 +356,19 @@ class Leadership:
         if left < self._lease.ttl * DRIFT_MARGIN:
             raise StaleEpoch(f"the leader lease expires in {left:.3f}s, too soon to send runs")
 
+    def _confirm_hold_for_send(self) -> None:
+        assert self._hold is not None
+        try:
+            left = self._hold.time_left()
+        except StoreUnavailable as exc:
+            raise StaleEpoch(
+                f"cannot confirm the leader row's hold before sending runs: {exc}"
+            ) from exc
+        if left is None:
+            raise StaleEpoch("another process leads (checked before sending runs)")
+        if left < self._hold.seconds * DRIFT_MARGIN:
+            raise StaleEpoch(f"the leader row's hold ends in {left:.3f}s, too soon to send runs")
+
     def step_down(self, reason: str) -> None:
         """End this term at once (a fenced write was refused): give the lease back."""
         self._report.stepping_down(reason)
@@ -247,6 +376,11 @@ class Leadership:
             self._report.lost()
         self._epoch = None
         self._on_lost()
+        if self._hold is not None:
+            self._hold.end()
+        if self.on_database:
+            self.on_database = False  # no Redis lease nor beacon to give back
+            return
         try:
             self._lease.release()
         except HABeatError as exc:
@@ -268,8 +402,13 @@ class Leadership:
 
     def _release_term(self, epoch: int) -> None:
         released = False
+        on_database, self.on_database = self.on_database, False
         try:
-            released = self._lease.release()
+            if self._hold is not None:
+                self._hold.release()  # a standby cut off from Redis too takes over at once
+                released = on_database
+            if not on_database:
+                released = self._lease.release()
             if released:
                 self._row.notify_leader_released()
         except Exception as exc:  # shutting down: the TTL frees the lease anyway

@@ -77,12 +77,28 @@ class Reporter(MonitorReporting):
         """The current state, set after every tick (and at once when the lease is lost)."""
         metrics.LEADER.set(0 if epoch is None else 1)
         metrics.LEADER_EPOCH.set(epoch or 0)
+        if epoch is None:
+            metrics.LEADING_ON_DATABASE.set(0)
 
     def acquired(self, epoch: int, holder: str) -> None:
         metrics.LEADERSHIP_CHANGES.labels(change=metrics.ACQUIRED).inc()
         self.leading(epoch)
+        metrics.LEADING_ON_DATABASE.set(0)
         logger.warning(
             "this process now leads (epoch %d, holder %s)",
+            epoch,
+            holder,
+            extra={"epoch": epoch, "holder": holder},
+        )
+
+    def acquired_on_database(self, epoch: int, holder: str) -> None:
+        """A term on the leader row's hold alone: the lease's Redis is unreachable."""
+        metrics.LEADERSHIP_CHANGES.labels(change=metrics.ACQUIRED).inc()
+        self.leading(epoch)
+        metrics.LEADING_ON_DATABASE.set(1)
+        logger.warning(
+            "this process now leads on the leader row in PostgreSQL (epoch %d, holder %s):"
+            " the lease's Redis is unreachable; the lease goes back to Redis when it answers",
             epoch,
             holder,
             extra={"epoch": epoch, "holder": holder},
@@ -105,6 +121,19 @@ class Reporter(MonitorReporting):
             change=metrics.RELEASED if released else metrics.LOST
         ).inc()
         self.leading(None)
+
+    def redis_unreachable(self, exc: BaseException, *, again: bool) -> None:
+        """The lease's Redis does not answer (logged at the first failure of a streak,
+        ``again`` every ``REPEAT_LOG_INTERVAL`` while it lasts)."""
+        logger.error(
+            "%s%s; a beat leads on the leader row in PostgreSQL once its hold ends"
+            " (habeat_lead_without_redis)",
+            "still: " if again else "",
+            exc,
+        )
+
+    def redis_answers_again(self, after: float) -> None:
+        logger.warning("the lease's Redis answers again (unreachable for %.1fs)", after)
 
     def release_failed(self, exc: BaseException) -> None:
         logger.warning("could not release the leader lease cleanly: %s", exc)

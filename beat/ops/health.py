@@ -128,7 +128,7 @@ def _service_checks(store: Store, read_lease: Callable[[], LeaseStatus]) -> list
         lease = read_lease()
     except LeaseUnavailable as exc:
         redis_down = Check(name="redis", ok=False, detail=str(exc))
-        return [postgres, schema, redis_down, _not_checked("leader", "Redis does not answer")]
+        return [postgres, schema, redis_down, _leader_on_the_row_check(store, schema)]
     redis_up = Check(name="redis", ok=True, detail=f"Redis at {lease.where} answers")
     if not schema.ok:
         return [postgres, schema, redis_up, _not_checked("leader", "the schema is not current")]
@@ -146,6 +146,30 @@ def _leader_check(store: Store, lease: LeaseStatus) -> Check:
             name="leader", ok=True, detail=f"{info.holder} leads (epoch {info.epoch}{expiry})"
         )
     return Check(name="leader", ok=False, detail=leader_status(info, lease))
+
+
+def _leader_on_the_row_check(store: Store, schema: Check) -> Check:
+    """Redis does not answer: a process may lead on the leader row alone
+    (``habeat_lead_without_redis``), holding it by PostgreSQL's clock."""
+    if not schema.ok:
+        return _not_checked("leader", "Redis does not answer")
+    try:
+        info = store.leader_info()
+    except (HABeatError, SQLAlchemyError) as exc:
+        return Check(name="leader", ok=False, detail=first_line(exc))
+    if info is None or info.held_for is None or info.held_for <= 0:
+        return Check(
+            name="leader",
+            ok=False,
+            detail="Redis does not answer and no process holds the leader row: nothing is"
+            " claimed until a beat takes the row (habeat_lead_without_redis) or Redis answers",
+        )
+    return Check(
+        name="leader",
+        ok=True,
+        detail=f"{info.holder} leads on the leader row in PostgreSQL alone (epoch {info.epoch},"
+        f" held for {info.held_for:.1f}s): scheduling goes on; restore Redis",
+    )
 
 
 def _claims_check(store: Store, checks: list[Check], grace: timedelta) -> Check:

@@ -347,6 +347,10 @@ leader = Table(
     #: halves are proven gone, the leader's process is dead and a standby takes over
     #: without waiting for the lease. NULL: not known, wait for the lease.
     Column("beacon", Text),
+    #: Until when the leader of ``epoch`` holds this row, by PostgreSQL's clock: renewed
+    #: with its lease; once it has passed, a process that cannot reach the lease's Redis
+    #: may take the row with the next epoch (``beat.lease.database_hold``). NULL: never.
+    Column("held_until", TZ),
 )
 
 workers = Table(

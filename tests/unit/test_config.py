@@ -24,6 +24,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "redis_url": ("redis://lease/2", "redis://lease/2"),
     "key_prefix": ("other", "other"),
     "lock_ttl": ("7", 7.0),
+    "lead_without_redis": ("off", False),
     "standby_poll": ("0.5", 0.5),
     "max_wait": ("2.5", 2.5),
     "claim_batch": ("50", 50),
@@ -56,6 +57,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
 REFUSED_TEXTS = [
     ("lock_ttl", "soon", "HABEAT_LOCK_TTL='soon' is not a number: set it to a number"),
     ("lock_ttl", "0.5", "habeat_lock_ttl=0.5: must be at least 1 second"),
+    ("lead_without_redis", "maybe", "HABEAT_LEAD_WITHOUT_REDIS='maybe' must be true or false"),
     ("standby_poll", "0", "habeat_standby_poll=0.0: must be positive"),
     ("max_wait", "-1", "habeat_max_wait=-1.0: must be positive"),
     ("claim_batch", "many", "HABEAT_CLAIM_BATCH='many' is not a number"),
@@ -84,6 +86,7 @@ REFUSED_TEXTS = [
 REFUSED_VALUES = [
     ("key_prefix", ""),
     ("lock_ttl", 0.5),
+    ("lead_without_redis", "false"),
     ("standby_poll", 0),
     ("max_wait", 0),
     ("claim_batch", 0),

@@ -93,6 +93,9 @@ class LeaderInfo:
     epoch: int
     holder: str
     acquired_at: datetime
+    #: Seconds the leader row is still held, by PostgreSQL's clock (negative once it
+    #: ended; None: no hold recorded). ``beat.lease.database_hold``.
+    held_for: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

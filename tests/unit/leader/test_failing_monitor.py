@@ -225,8 +225,9 @@ def test_while_the_leases_redis_is_down_every_process_still_sends_what_is_overdu
     every pass fails at the lease. The stall incident is opened all the same (its look
     comes first), and its notification must go out too: it is how the operator learns
     that nothing is scheduled. A process that cannot reach the lease sends what is
-    overdue, as a standby does."""
-    w = world()
+    overdue, as a standby does. (With ``lead_without_redis``, the default, a process
+    leads on the leader row instead: ``tests/unit/leader/test_leading_without_redis.py``.)"""
+    w = world(lead_without_redis=False)
     w.store.add_schedule("often", every=5, in_seconds=1)
     w.start("a")
     w.start("b", delay=1)

@@ -296,7 +296,7 @@ def test_the_outbox_never_takes_a_batch_being_sent_for_one_left_pending() -> Non
         w.store.add_schedule(f"s{index:02d}", every=3600, in_seconds=-0.5)
     w.start("a")
 
-    w.run_for(20)
+    w.run_for(30)
 
     assert len(w.store.call_times("pending_runs")) >= 3, "maintenance ran during the burst"
     assert len(w.sent) == 30
@@ -694,7 +694,15 @@ SCHEDULES: list[tuple[str, float, float, OverlapPolicy, float]] = [
     ("jittered", 2.5, 0.3, OverlapPolicy.ALLOW, 1.5),
     ("skip", 1.5, 0.4, OverlapPolicy.SKIP, 0.0),
 ]
-FAULTS = ("crash", "pause", "hand_over", "broker", "renewer")
+FAULTS = (
+    "crash",
+    "pause",
+    "hand_over",
+    "broker",
+    "renewer",
+    "redis_down",  # the lease's Redis, for every process
+    "redis_cut",  # one process cut from the lease's Redis
+)
 fault = st.tuples(
     st.floats(min_value=0.0, max_value=8.0),  # seconds after the previous fault
     st.sampled_from(FAULTS),
@@ -719,8 +727,23 @@ def apply_fault(w: World, kind: str, target: int, length: float, names: Iterator
         process.pause(length)
     elif kind == "broker":
         process.publisher.fail_next(1 + int(length) % 3)
+    elif kind in ("redis_down", "redis_cut"):
+        cut_off(w, kind, process, seconds=3 * length)  # up to 36 s: past the row's hold
     else:
         process.lease.crash()  # its renewer thread dies; the process goes on
+
+
+def cut_off(w: World, kind: str, process: Process, *, seconds: float) -> None:
+    """The lease's Redis unreachable for ``seconds``, from every process (``redis_down``)
+    or from ``process`` alone; each call fails at once. (A cut from PostgreSQL is not
+    among these faults: a send whose ``mark_published`` failed is sent again from the
+    outbox, a second message by design, which the workers' guard and receipt drop.)"""
+    if kind == "redis_down":
+        w.lease_server.reachable = False
+        w.after(seconds, lambda: setattr(w.lease_server, "reachable", True))
+    else:
+        process.lease.cut_off = True
+        w.after(seconds, lambda: setattr(process.lease, "cut_off", False))
 
 
 def check_every_fire_time_published_once(w: World, until: datetime) -> None:
@@ -782,7 +805,7 @@ def test_processes_never_both_lead_and_every_fire_time_is_published_once(
         w.run_until(at)
         if not any(process.runnable for process in w.processes):
             w.start(next(names))
-        w.run_for(30)  # quiet: whoever leads catches up
+        w.run_for(45)  # quiet: whoever leads catches up (a cut may still last 36 s)
 
     check_every_fire_time_published_once(w, w.clock.now() - timedelta(seconds=4))
 
