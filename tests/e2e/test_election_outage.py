@@ -1,21 +1,25 @@
 """The election outage: the lease's Redis down while PostgreSQL and the broker are up,
 with real `celery beat` and `celery worker` processes (the lease on a private Redis,
-the broker on another). What stops, what the operator sees, what comes back:
+the broker on another). What goes on, what the operator sees, what comes back:
 
-- no process can take or renew the lease, so once the leader's lease ends nothing is
-  claimed: scheduling stops (the epoch in PostgreSQL fences claims; it does not elect
-  a leader by itself);
-- every process still looks for a stall (PostgreSQL answers), opens the cluster's
-  stall incident, and sends its notification (a real HTTP receiver gets it);
-  ``schedules health`` fails, naming the lease;
-- once Redis is back, a beat takes the lease within a poll and catches up as each
-  schedule's misfire policy says (here ``fire_all``: every fire time runs once)."""
+- by default (``habeat_lead_without_redis``), once the leader row's hold has ended a
+  beat leads on the row in PostgreSQL alone, fenced by the same epoch, and schedules
+  on; ``schedules health`` fails on Redis and names who leads on the row; when Redis
+  answers again, the lease goes back to it with a newer epoch. Every fire time runs
+  once throughout;
+- with the fallback off, no process can take or renew the lease, so once the leader's
+  lease ends nothing is claimed: scheduling stops. Every process still looks for a
+  stall (PostgreSQL answers), opens the cluster's stall incident, and sends its
+  notification (a real HTTP receiver gets it); ``schedules health`` fails, naming the
+  lease; once Redis is back, a beat takes the lease within a poll and catches up as
+  each schedule's misfire policy says (here ``fire_all``: every fire time runs once)."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import text
@@ -54,6 +58,28 @@ def lease_redis() -> Iterator[PrivateRedis]:
             server.stop()
 
 
+def lease_on(lease_redis: PrivateRedis, **more: str) -> dict[str, str]:
+    """The cluster's settings: the lease on ``lease_redis``, a short TTL, ``more``."""
+    return {
+        "REDIS_URL": lease_redis.url(0),
+        "HABEAT_LOCK_TTL": str(LOCK_TTL),
+        "HABEAT_STANDBY_POLL": "0.5",
+        **more,
+    }
+
+
+def start_schedules_and_cluster(cluster: Cluster, store: Store) -> datetime:
+    """Every-second schedules (``fire_all``), a worker, a leading beat and a standby; the
+    schedules' anchor."""
+    anchor = create_second_schedules(store, misfire_policy="fire_all")
+    cluster.worker("worker0")
+    cluster.beat("beat0")
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    cluster.beat("beat1")
+    time.sleep(START_UP)
+    return anchor
+
+
 def claims_between(store: Store, start: datetime, end: datetime) -> int:
     with store.engine.connect() as conn:
         count: int = conn.execute(
@@ -72,22 +98,13 @@ def pending_until(store: Store, until: datetime) -> list[datetime]:
     ]
 
 
-def test_with_the_leases_redis_down_scheduling_stops_the_stall_is_told_and_all_catch_up(
+def test_with_the_leases_redis_down_and_the_fallback_off_scheduling_stops_and_all_catch_up(
     cluster: Cluster, store: Store, lease_redis: PrivateRedis
 ) -> None:
-    cluster.settings = {
-        "REDIS_URL": lease_redis.url(0),
-        "HABEAT_LOCK_TTL": str(LOCK_TTL),
-        "HABEAT_STANDBY_POLL": "0.5",
-    }
+    cluster.settings = lease_on(lease_redis, HABEAT_LEAD_WITHOUT_REDIS="false")
     with http_receiver() as receiver:
         Schedules(store).add_webhook("ops", receiver.url("/habeat"))
-        anchor = create_second_schedules(store, misfire_policy="fire_all")
-        cluster.worker("worker0")
-        cluster.beat("beat0")
-        wait_until(lambda: cluster.leading_process() is not None, timeout=30)
-        cluster.beat("beat1")
-        time.sleep(START_UP)
+        anchor = start_schedules_and_cluster(cluster, store)
 
         lease_redis.stop()
         down_at = store.now()
@@ -112,5 +129,82 @@ def test_with_the_leases_redis_down_scheduling_stops_the_stall_is_told_and_all_c
     assert "Redis" in health.stderr, health.stderr
     silent_from = down_at.timestamp() + LOCK_TTL + 1  # the leader's lease has ended
     assert claims_between(store, datetime.fromtimestamp(silent_from, down_at.tzinfo), back_at) == 0
+    assert_each_fire_time_once(store, anchor, until)
+    assert_each_run_executed_once(cluster, store)
+
+
+#: The row's hold with these settings: the lock TTL, max_wait and claim_ahead, plus a TTL.
+HOLD = LOCK_TTL + 1 + 1 + LOCK_TTL
+#: How long the lease's Redis stays down in the fallback's test (seconds).
+FALLBACK_OUTAGE = 40.0
+
+
+def claim_times(store: Store, start: datetime, end: datetime) -> list[datetime]:
+    with store.engine.connect() as conn:
+        return list(
+            conn.execute(
+                text(
+                    "SELECT DISTINCT claimed_at FROM beat_runs"
+                    " WHERE claimed_at >= :start AND claimed_at <= :end ORDER BY claimed_at"
+                ),
+                {"start": start, "end": end},
+            ).scalars()
+        )
+
+
+def longest_gap(times: list[datetime]) -> float:
+    return max(
+        ((later - earlier).total_seconds() for earlier, later in itertools.pairwise(times)),
+        default=0.0,
+    )
+
+
+def test_with_the_leases_redis_down_a_beat_leads_on_postgresql_and_every_fire_time_runs_once(
+    cluster: Cluster, store: Store, lease_redis: PrivateRedis
+) -> None:
+    cluster.settings = lease_on(lease_redis, HABEAT_MAX_WAIT="1", HABEAT_CLAIM_AHEAD="1")
+    anchor = start_schedules_and_cluster(cluster, store)
+    before = store.leader_info()
+    assert before is not None
+
+    lease_redis.stop()
+    down_at = store.now()
+    wait_until(
+        lambda: (info := store.leader_info()) is not None and info.epoch > before.epoch,
+        timeout=HOLD + 20,
+    )
+    on_row = store.leader_info()
+    assert on_row is not None
+    resumed_in = (on_row.acquired_at - down_at).total_seconds()
+    time.sleep(max(0.0, FALLBACK_OUTAGE - (store.now() - down_at).total_seconds()))
+    health = cluster.command("schedules", "health")
+    back_at = store.now()
+    lease_redis.start()
+    wait_until(
+        lambda: (info := store.leader_info()) is not None and info.epoch > on_row.epoch,
+        timeout=30,
+    )
+    after = store.leader_info()
+    assert after is not None
+    returned_in = (after.acquired_at - back_at).total_seconds()
+    time.sleep(3)
+    until = store.now()
+    wait_until(lambda: not pending_until(store, until), timeout=60, interval=0.5)
+
+    # From the leader's last claim before the outage (every second: within 1 s of it).
+    gap = longest_gap(claim_times(store, down_at - timedelta(seconds=2), until))
+    print(
+        f"lease's Redis down for {(back_at - down_at).total_seconds():.0f} s: a beat led on"
+        f" the leader row {resumed_in:.1f} s after (hold {HOLD:g} s), the longest time"
+        f" without a claim was {gap:.1f} s; the lease went back to Redis {returned_in:.1f} s"
+        f" after it came back (epochs {before.epoch} -> {on_row.epoch} -> {after.epoch})"
+    )
+    assert on_row.epoch == before.epoch + 1, "the row is taken with the next epoch"
+    assert resumed_in <= HOLD + 5, "a beat leads on the row once its hold ended"
+    assert gap <= HOLD + 5, "scheduling went on through the outage"
+    assert health.returncode == 1, health.stdout
+    assert "Redis" in health.stderr, health.stderr
+    assert "leads on the leader row in PostgreSQL alone" in health.stdout, health.stdout
+    assert any("leads on the leader row in PostgreSQL" in p.output() for p in cluster.processes)
     assert_each_fire_time_once(store, anchor, until)
     assert_each_run_executed_once(cluster, store)
