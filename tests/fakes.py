@@ -409,8 +409,9 @@ class FakeLease:
         if renewer.healthy is not None and not renewer.healthy():
             self._renewer = None
             self._drop("this process cannot do a leader's work (see its tick errors)")
-            if not self.cut_off:
-                self._server.release(self.holder)
+            with contextlib.suppress(LeaseUnavailable):  # else the TTL frees it
+                if not self.cut_off:
+                    self._server.release(self.holder)
             return None
         try:
             if not self.renew():
@@ -522,8 +523,16 @@ class LeaderRowState:
     epoch: int
     holder: str
     acquired_at: datetime
-    #: ``beat_leader.held_until`` (None: never taken without the lease).
+    #: ``beat_leader.held_until``, ``held_epoch`` and ``held_on_database``.
     held_until: datetime | None = None
+    held_epoch: int | None = None
+    held_on_database: bool = False
+
+    def held_now(self, now: datetime) -> bool:
+        """Held by the term of this epoch, now."""
+        return (
+            self.held_epoch == self.epoch and self.held_until is not None and self.held_until >= now
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -690,64 +699,91 @@ class FakeClaimStore:
         *,
         session: Session | None = None,
         hold: float | None = None,
+        ask_within: float = 1.0,
         lock_timeout: float = 2.0,
     ) -> datetime | None:
         """As ``LeaderStore.take_leadership``; the session is not kept: in memory no
         process dies, so crash detection has nothing to judge."""
         self._enter("take_leadership")
-        if self.leader is not None and self.leader.epoch >= epoch:
+        row, now = self.leader, self.clock.now()
+        on_row = row is not None and row.held_on_database and row.held_now(now)
+        if row is not None and on_row and row.holder != holder:
+            # Another holder leads on the row alone: asked to end (``ask_to_end``).
+            assert row.held_until is not None
+            row.held_until = min(row.held_until, now + timedelta(seconds=ask_within))
             return None
-        self.leader = LeaderRowState(
-            epoch=epoch, holder=holder, acquired_at=self.clock.now(), held_until=self._held(hold)
-        )
-        return self.clock.now()
+        if row is not None and row.epoch >= epoch:
+            return None
+        self.leader = LeaderRowState(epoch=epoch, holder=holder, acquired_at=now)
+        self._hold_row(epoch, hold, on_database=False)
+        return now
 
     # -- beat.lease.database_hold.HoldRow ---------------------------------------------------
 
-    def renew_hold(self, epoch: int, holder: str, hold: float) -> bool:
+    def renew_hold(
+        self, epoch: int, holder: str, hold: float, *, on_database: bool, margin: float = 0.0
+    ) -> bool:
         self._enter("renew_hold")
-        if not self._term_is(epoch, holder):
+        row, now = self.leader, self.clock.now()
+        if not self._term_is(epoch, holder) or row is None:
             return False
-        assert self.leader is not None
-        self.leader.held_until = self._held(hold)
+        if on_database and not (
+            row.held_epoch == epoch
+            and row.held_until is not None
+            and row.held_until > now + timedelta(seconds=margin)
+        ):
+            return False
+        self._hold_row(epoch, hold, on_database=on_database)
         return True
 
     def take_ended_hold(self, holder: str, hold: float) -> tuple[int, datetime] | None:
         self._enter("take_ended_hold")
-        row = self.leader
-        if row is None or row.held_until is None or row.held_until >= self.clock.now():
+        row, now = self.leader, self.clock.now()
+        if row is None or row.held_epoch != row.epoch or row.held_until is None:
             return None
-        self.leader = LeaderRowState(
-            epoch=row.epoch + 1,
-            holder=holder,
-            acquired_at=self.clock.now(),
-            held_until=self._held(hold),
-        )
-        return self.leader.epoch, self.clock.now()
+        if row.held_until >= now:
+            return None
+        self.leader = LeaderRowState(epoch=row.epoch + 1, holder=holder, acquired_at=now)
+        self._hold_row(row.epoch + 1, hold, on_database=True)
+        return self.leader.epoch, now
+
+    def carry_hold_on(self, epoch: int, holder: str, hold: float) -> tuple[int, datetime] | None:
+        self._enter("carry_hold_on")
+        row, now = self.leader, self.clock.now()
+        if not self._term_is(epoch, holder) or row is None or not row.held_now(now):
+            return None
+        self.leader = LeaderRowState(epoch=epoch + 1, holder=holder, acquired_at=now)
+        self._hold_row(epoch + 1, hold, on_database=True)
+        return epoch + 1, now
 
     def hold_left(self, epoch: int, holder: str) -> float | None:
         self._enter("hold_left")
-        if (
-            not self._term_is(epoch, holder)
-            or self.leader is None
-            or self.leader.held_until is None
-        ):
+        row = self.leader
+        if not self._term_is(epoch, holder) or row is None or row.held_epoch != epoch:
             return None
-        return (self.leader.held_until - self.clock.now()).total_seconds()
+        assert row.held_until is not None
+        return (row.held_until - self.clock.now()).total_seconds()
 
     def end_hold(self, epoch: int, holder: str) -> None:
         self._enter("end_hold")
-        if self._term_is(epoch, holder) and self.leader is not None and self.leader.held_until:
-            self.leader.held_until = self.clock.now()
+        row = self.leader
+        if self._term_is(epoch, holder) and row is not None and row.held_epoch == epoch:
+            row.held_until = self.clock.now()
+
+    def _hold_row(self, epoch: int, hold: float | None, *, on_database: bool) -> None:
+        assert self.leader is not None
+        if hold is None:
+            self.leader.held_until, self.leader.held_epoch = None, None
+            self.leader.held_on_database = False
+            return
+        self.leader.held_until = self.clock.now() + timedelta(seconds=hold)
+        self.leader.held_epoch, self.leader.held_on_database = epoch, on_database
 
     def _term_is(self, epoch: int, holder: str) -> bool:
         return self.leader is not None and (self.leader.epoch, self.leader.holder) == (
             epoch,
             holder,
         )
-
-    def _held(self, hold: float | None) -> datetime | None:
-        return None if hold is None else self.clock.now() + timedelta(seconds=hold)
 
     def notify_leader_released(self) -> None:
         self._enter("notify_leader_released")
@@ -1784,8 +1820,8 @@ class World:
         #: Runs sent by a process whose term a newer epoch superseded.
         self.violations: list[str] = []
         #: Moments when two processes believed they led (only Redis losing the key can
-        #: cause it: the epoch then fences the old leader), but for a term on the
-        #: leader row that a Redis term superseded (see ``_check_leaders``).
+        #: cause it: the epoch then fences the old leader), a term on the row that was
+        #: asked to end aside (``_ended_on_the_row``).
         self.double_leaders: list[str] = []
         #: Processes in the middle of a pass (sleeping until a deadline), innermost last.
         self.running: list[Process] = []
@@ -1892,13 +1928,21 @@ class World:
                 )
 
     def _check_leaders(self) -> float | None:
-        leaders = sorted(self.leaders, key=lambda process: process.epoch or 0)
-        # A term on the leader row that a Redis term superseded (Redis answered again)
-        # runs until its next pass: fenced by the epoch, its sends confirmed against
-        # the row (``check_send`` would see one). Any other overlap is a double leader.
-        if len(leaders) > 1 and not all(process.leadership.on_database for process in leaders[:-1]):
+        leaders = [process for process in self.leaders if not self._ended_on_the_row(process)]
+        if len(leaders) > 1:
             self.double_leaders.append(f"{self.clock():.3f}: {leaders} lead at once")
         return None
+
+    def _ended_on_the_row(self, process: Process) -> bool:
+        """A term on the row whose hold was asked to end (shortened inside its margin)
+        or superseded: until its next pass it believes it leads, but the store refuses
+        its claims (the epoch) and its sends (``hold_left`` under its margin)."""
+        row, hold = self.store.leader, process.hold
+        if not process.leadership.on_database or hold is None:
+            return False
+        if row is None or row.epoch != process.term or row.held_until is None:
+            return True
+        return (row.held_until - self.clock.now()).total_seconds() < hold.margin
 
     # -- what was sent ----------------------------------------------------------------------
 

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Protocol
 
-from beat.errors import HABeatError, LeaseUnavailable, StaleEpoch, StoreUnavailable
-from beat.leader.reporting import REPEAT_LOG_INTERVAL, Reporter
+from beat.errors import HABeatError, LeaseUnavailable, StaleEpoch
+from beat.leader.reporting import RedisOutage, Reporter
 from beat.lease.database_hold import DatabaseHold
 from beat.lease.holder import DRIFT_MARGIN
 from beat.records import DatabaseClock, Session
@@ -61,7 +61,13 @@ class LeaderRow(Protocol):
 
     def current_epoch(self) -> int: ...
     def take_leadership(
-        self, epoch: int, holder: str, *, session: Session | None = ..., hold: float | None = ...
+        self,
+        epoch: int,
+        holder: str,
+        *,
+        session: Session | None = ...,
+        hold: float | None = ...,
+        ask_within: float = ...,
     ) -> datetime | None: ...
     def notify_leader_released(self) -> None: ...
 
@@ -107,6 +113,50 @@ class _NoPresence:
         pass
 
 
+class _Takeover:
+    """Records the epoch of a Redis term just taken in the leader row, with its hold."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        row: LeaderRow,
+        hold: DatabaseHold | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self._lease, self._row, self._hold, self._clock = lease, row, hold, clock
+        #: PostgreSQL's clock as the statement that recorded the last epoch read it.
+        self.database: DatabaseClock | None = None
+
+    def record(self, epoch: int, session: Session | None) -> int | None:
+        """Record our epoch (and the session we keep for the term) in PostgreSQL; if a
+        newer epoch is there (Redis lost its counter), raise ours above it once."""
+        holder = self._lease.holder
+        if self._took(epoch, holder, session):
+            return epoch
+        bumped = self._lease.bump_epoch(self._row.current_epoch())
+        if bumped is not None and self._took(bumped, holder, session):
+            return bumped
+        return None
+
+    def _took(self, epoch: int, holder: str, session: Session | None) -> bool:
+        """Record ``epoch``; if it was, keep the database's clock the statement read."""
+        sent_at = self._clock()
+        hold = None if self._hold is None else self._hold.seconds
+        # A process without the fallback asks a term on the row to end as quickly.
+        ask_within = (self._lease.ttl if self._hold is None else self._hold.seconds) * (
+            DRIFT_MARGIN / 2
+        )
+        taken_at = self._row.take_leadership(
+            epoch, holder, session=session, hold=hold, ask_within=ask_within
+        )
+        if taken_at is None:
+            return False
+        self.database = DatabaseClock(now=taken_at, clock=self._clock())
+        if self._hold is not None:
+            self._hold.started(epoch, sent_at)
+        return True
+
+
 class Leadership:
     """This process's term as leader, if any (see the module docstring)."""
 
@@ -138,9 +188,8 @@ class Leadership:
         #: This term leads on the row's hold alone (the lease's Redis was unreachable).
         self.on_database = False
         self._redis_asked = 0.0  # clock() when a term on the row last asked Redis
-        #: clock() since when Redis has not answered, and when that was last logged.
-        self._redis_down_since: float | None = None
-        self._redis_logged_at = 0.0
+        self._redis_outage = RedisOutage(reporter, clock)
+        self._takeover = _Takeover(lease, leader_row, hold, clock)
         self._progress = clock()
         #: PostgreSQL's clock as the takeover of this term read it (None before one).
         self.database: DatabaseClock | None = None
@@ -173,23 +222,24 @@ class Leadership:
                     " another: standbys may take over"
                 )
                 return None
-            if self._lease.is_held() and self._keep_hold():
-                return self._epoch
-            self._end_term()  # the renewer, or the hold, already said why
+            if self._lease.is_held():
+                return self._epoch if self._keep_hold() else None
+            return self._after_the_lease_lapsed()  # the renewer already said why
         try:
             epoch = self._try_acquire()
         except LeaseUnavailable as exc:
             if self._hold is None:
                 raise
-            self._redis_unreachable(exc)
+            self._redis_outage.failed(exc)
             return self._take_the_row()
-        self._redis_answers()
+        self._redis_outage.answered()
         return None if epoch is None else self._start_term(epoch)
 
     def _start_term(self, epoch: int) -> int | None:
-        """Lead with the Redis lease just taken, once PostgreSQL records its epoch."""
+        """Lead with the Redis lease just taken, once PostgreSQL records its epoch (the
+        term on the row this process may lead goes on if it cannot be recorded)."""
         try:
-            recorded = self._record_epoch(epoch, self._crash.open_beacon())
+            recorded = self._takeover.record(epoch, self._crash.open_beacon())
         except BaseException:
             self._crash.close_beacon()
             self._lease.release()
@@ -197,12 +247,38 @@ class Leadership:
         if recorded is None:
             self._crash.close_beacon()
             self._lease.release()
-            return None
+            return self.epoch if self.on_database else None
+        self.database = self._takeover.database
+        if self._epoch is not None:  # a term on the row, superseded by this one
+            self._report.lease_lost("Redis answers again: the lease goes back to it")
+            self.on_database = False
+            self._on_lost()
+            self._report.lost()
         self._epoch = recorded
         self.made_progress()
         self._lease.start_renewing(healthy=self.healthy)
         self._report.acquired(recorded, self._lease.holder)
         return recorded
+
+    def _after_the_lease_lapsed(self) -> int | None:
+        """A Redis term whose lease lapsed: if Redis is unreachable and the row is still
+        held by this term, lead on the row alone with the next epoch (no gap); if Redis
+        answers, take the lease again (a new term) or stand by."""
+        try:
+            epoch = self._try_acquire()
+        except LeaseUnavailable as exc:
+            if self._hold is None:
+                self._end_term()
+                raise
+            self._redis_outage.failed(exc)
+            ended, held = self._epoch, self._hold.is_held()
+            self._end_term()
+            assert ended is not None
+            taken = self._hold.carry_on(ended) if held else None
+            return self._take_the_row() if taken is None else self._begin_row_term(*taken)
+        self._redis_outage.answered()
+        self._end_term()
+        return None if epoch is None else self._start_term(epoch)
 
     def _try_acquire(self) -> int | None:
         """Take the lease if it is free, or if its holder crashed (``beat.lease.beacon``)."""
@@ -212,11 +288,11 @@ class Leadership:
         return epoch
 
     def _keep_hold(self) -> bool:
-        """A Redis term keeps the row's hold too; False once it lapsed or the row has a
-        newer epoch (then this term is over)."""
+        """A Redis term keeps the row's hold too; once it lapsed or the row has a newer
+        epoch, this term is over: it steps down (the Redis lease given back)."""
         if self._hold is None or self._hold.keep():
             return True
-        self._report.lease_lost(
+        self.step_down(
             "the leader row's hold lapsed or has a newer epoch (PostgreSQL unreachable"
             " for too long, or another process leads)"
         )
@@ -241,9 +317,9 @@ class Leadership:
         (its last leader stopped renewing it: crashed, paused, or cut off too)."""
         assert self._hold is not None
         taken = self._hold.take_over()
-        if taken is None:
-            return None
-        epoch, taken_at = taken
+        return None if taken is None else self._begin_row_term(*taken)
+
+    def _begin_row_term(self, epoch: int, taken_at: datetime) -> int:
         self.database = DatabaseClock(now=taken_at, clock=self._clock())
         self._epoch, self.on_database = epoch, True
         self._redis_asked = self._clock()
@@ -251,27 +327,13 @@ class Leadership:
         self._report.acquired_on_database(epoch, self._lease.holder)
         return epoch
 
-    def _redis_unreachable(self, exc: LeaseUnavailable) -> None:
-        """Log the first failure of a streak, then once every ``REPEAT_LOG_INTERVAL``."""
-        now = self._clock()
-        if self._redis_down_since is None:
-            self._redis_down_since = now
-        elif now - self._redis_logged_at < REPEAT_LOG_INTERVAL:
-            return
-        self._report.redis_unreachable(exc, again=now > self._redis_down_since)
-        self._redis_logged_at = now
-
-    def _redis_answers(self) -> None:
-        if self._redis_down_since is not None:
-            self._report.redis_answers_again(self._clock() - self._redis_down_since)
-            self._redis_down_since = None
-
     def _lead_on_database(self) -> int | None:
         """A pass of a term on the row: keep the hold; once a lease TTL passed since
-        Redis was last asked, ask it again (taking the lease): if it answers, the lease
-        goes back to it, this process leading on if it took the lease."""
+        Redis was last asked, ask it again (taking the lease): once this process takes
+        it, the lease goes back to Redis with the next epoch. While another process
+        holds the Redis lease, it cannot record a newer epoch (this term holds the row
+        on the database): this term goes on."""
         assert self._hold is not None
-        assert self._epoch is not None
         if not self._hold.keep():
             self._report.lease_lost("the leader row's hold lapsed or has a newer epoch")
             self._end_term()
@@ -282,39 +344,18 @@ class Leadership:
         try:
             epoch = self._lease.try_acquire(self._row.current_epoch())
         except LeaseUnavailable as exc:
-            self._redis_unreachable(exc)
+            self._redis_outage.failed(exc)
             return self._epoch
-        self._redis_answers()
-        self._report.lease_lost("Redis answers again: the lease goes back to it")
-        self._end_term()
-        return None if epoch is None else self._start_term(epoch)
-
-    def _record_epoch(self, epoch: int, session: Session | None) -> int | None:
-        """Record our epoch (and the session we keep for the term) in PostgreSQL; if a
-        newer epoch is there (Redis lost its counter), raise ours above it once."""
-        holder = self._lease.holder
-        if self._took(epoch, holder, session):
-            return epoch
-        bumped = self._lease.bump_epoch(self._row.current_epoch())
-        if bumped is not None and self._took(bumped, holder, session):
-            return bumped
-        return None
-
-    def _took(self, epoch: int, holder: str, session: Session | None) -> bool:
-        """Record ``epoch``; if it was, keep the database's clock the statement read."""
-        sent_at = self._clock()
-        hold = None if self._hold is None else self._hold.seconds
-        taken_at = self._row.take_leadership(epoch, holder, session=session, hold=hold)
-        if taken_at is None:
-            return False
-        self.database = DatabaseClock(now=taken_at, clock=self._clock())
-        if self._hold is not None:
-            self._hold.started(epoch, sent_at)
-        return True
+        self._redis_outage.answered()
+        return self._epoch if epoch is None else self._start_term(epoch)
 
     def made_progress(self) -> None:
-        """The loop did a leader's work (a fenced claim committed, a wait ended)."""
+        """The loop did a leader's work (a fenced claim committed, a wait ended); the
+        row's hold is renewed as work goes on (a renewal interval apart), not only at
+        the start of a pass, which a burst built ahead may make long."""
         self._progress = self._clock()
+        if self._hold is not None and self._epoch is not None:
+            self._hold.keep()
 
     def healthy(self) -> bool:
         """False once the loop has made no progress for its longest step: its ticks
@@ -340,7 +381,8 @@ class Leadership:
         A term on the leader row's hold asks PostgreSQL the same of the hold; a Redis
         term needs its hold too, by its own clock (no round trip)."""
         if self.on_database:
-            self._confirm_hold_for_send()
+            assert self._hold is not None
+            self._hold.confirm_for_send()
             return
         if self._hold is not None and not self._hold.is_held():
             raise StaleEpoch("the leader row's hold lapsed (checked before sending runs)")
@@ -356,19 +398,6 @@ class Leadership:
         if left < self._lease.ttl * DRIFT_MARGIN:
             raise StaleEpoch(f"the leader lease expires in {left:.3f}s, too soon to send runs")
 
-    def _confirm_hold_for_send(self) -> None:
-        assert self._hold is not None
-        try:
-            left = self._hold.time_left()
-        except StoreUnavailable as exc:
-            raise StaleEpoch(
-                f"cannot confirm the leader row's hold before sending runs: {exc}"
-            ) from exc
-        if left is None:
-            raise StaleEpoch("another process leads (checked before sending runs)")
-        if left < self._hold.seconds * DRIFT_MARGIN:
-            raise StaleEpoch(f"the leader row's hold ends in {left:.3f}s, too soon to send runs")
-
     def step_down(self, reason: str) -> None:
         """End this term at once (a fenced write was refused): give the lease back."""
         self._report.stepping_down(reason)
@@ -377,7 +406,7 @@ class Leadership:
         self._epoch = None
         self._on_lost()
         if self._hold is not None:
-            self._hold.end()
+            self._hold.release()  # a process cut off from Redis may take the row at once
         if self.on_database:
             self.on_database = False  # no Redis lease nor beacon to give back
             return

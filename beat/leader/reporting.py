@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -66,6 +66,34 @@ class TickErrors:
         if self._streak:
             logger.warning("beat recovered after %d failed attempts", self._streak)
         self._streak, self._last_message = 0, ""
+
+
+class RedisOutage:
+    """Tells that the lease's Redis does not answer at most once every
+    ``REPEAT_LOG_INTERVAL``, however often it comes and goes (every process asks it at
+    every poll), and that it answers again after an outage it told of."""
+
+    def __init__(self, reporter: Reporter, clock: Callable[[], float]) -> None:
+        self._report = reporter
+        self._clock = clock
+        self._down_since: float | None = None
+        self._logged_at: float | None = None
+        self._told = False  # this outage was logged: its end is said too
+
+    def failed(self, exc: BaseException) -> None:
+        now = self._clock()
+        again = self._down_since is not None
+        if self._down_since is None:
+            self._down_since = now
+        if self._logged_at is not None and now - self._logged_at < REPEAT_LOG_INTERVAL:
+            return
+        self._report.redis_unreachable(exc, again=again)
+        self._logged_at, self._told = now, True
+
+    def answered(self) -> None:
+        if self._down_since is not None and self._told:
+            self._report.redis_answers_again(self._clock() - self._down_since)
+        self._down_since, self._told = None, False
 
 
 class Reporter(MonitorReporting):

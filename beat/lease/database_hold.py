@@ -13,8 +13,16 @@ clock), and one rule keeps the two paths apart:
   ended by PostgreSQL's clock, with the next epoch, and leads on the hold alone,
   renewing it the same way. Before every send of runs claimed ahead it asks PostgreSQL
   how long the hold has left, as a Redis leader asks Redis;
-- **when Redis answers again**, the lease goes back to it: the fallback leader takes the
-  Redis lease itself or steps down for the process that took it, whose epoch is newer.
+- **when Redis answers again**, the lease goes back to it: the fallback leader asks
+  Redis every lock TTL, takes the lease once it answers and records the next epoch.
+  A process the Redis lease elected meanwhile records no newer epoch while a term
+  leads on the row alone (``held_on_database``): it asks that term to end, shortening
+  its hold to half its margin (a tenth of it). The term then confirms no send and
+  renews nothing, and the asker records once the hold has ended: what the term
+  confirmed before the ask had the margin left, as a Redis leader's sends have a
+  tenth of the TTL;
+- **a Redis leader whose lease lapses because Redis is unreachable** goes on leading
+  on the row alone, with the next epoch, if the row is still its own: no gap.
 
 So a hold taken over has, by PostgreSQL's clock, gone unrenewed for ``seconds``, and its
 previous leader, paused or cut off, stopped believing it leads before that (its own
@@ -34,7 +42,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Protocol
 
-from beat.errors import StoreUnavailable
+from beat.errors import StaleEpoch, StoreUnavailable
 from beat.lease.holder import DRIFT_MARGIN
 
 logger = logging.getLogger(__name__)
@@ -43,8 +51,13 @@ logger = logging.getLogger(__name__)
 class HoldRow(Protocol):
     """The leader row's hold in PostgreSQL (``beat.store.leader.term``)."""
 
-    def renew_hold(self, epoch: int, holder: str, hold: float) -> bool: ...
+    def renew_hold(
+        self, epoch: int, holder: str, hold: float, *, on_database: bool, margin: float = ...
+    ) -> bool: ...
     def take_ended_hold(self, holder: str, hold: float) -> tuple[int, datetime] | None: ...
+    def carry_hold_on(
+        self, epoch: int, holder: str, hold: float
+    ) -> tuple[int, datetime] | None: ...
     def hold_left(self, epoch: int, holder: str) -> float | None: ...
     def end_hold(self, epoch: int, holder: str) -> None: ...
 
@@ -69,13 +82,39 @@ class DatabaseHold:
         self._renew_interval = renew_interval
         self._clock = clock
         self._epoch: int | None = None
+        #: This term leads on the row alone (Redis elects no newer epoch meanwhile).
+        self._on_database = False
         self._valid_until = 0.0  # clock() past which this process no longer holds the row
         self._renewed_at = 0.0  # clock() when the last renewal was sent
+        self._failing = False  # the last renewal could not reach PostgreSQL (logged once)
 
-    def started(self, epoch: int, sent_at: float) -> None:
+    @property
+    def margin(self) -> float:
+        """A hold with less left than this confirms no send and is not renewed (on the
+        row alone): where a term on the row stops once another process asks it to end."""
+        return self.seconds * DRIFT_MARGIN
+
+    @property
+    def ask_within(self) -> float:
+        """How soon a process the Redis lease elected asks a term on the row to end:
+        inside its margin, so that nothing it confirmed after the ask is sent."""
+        return self.margin / 2
+
+    def started(self, epoch: int, sent_at: float, *, on_database: bool = False) -> None:
         """The statement sent at ``sent_at`` recorded ``epoch`` with a hold of ``seconds``."""
-        self._epoch = epoch
+        self._epoch, self._on_database = epoch, on_database
         self._held_from(sent_at)
+
+    def carry_on(self, epoch: int) -> tuple[int, datetime] | None:
+        """The term ``epoch`` lost its Redis lease while Redis was unreachable: if it
+        still holds the row, lead on it alone with the next epoch (its runs claimed
+        ahead then go out from the outbox at their time, an earlier term's); the new
+        epoch and PostgreSQL's clock, or None."""
+        sent_at = self._clock()
+        taken = self._row.carry_hold_on(epoch, self.holder, self.seconds)
+        if taken is not None:
+            self.started(taken[0], sent_at, on_database=True)
+        return taken
 
     def is_held(self) -> bool:
         """True while this process may lead on the row (by its own clock)."""
@@ -92,10 +131,19 @@ class DatabaseHold:
         if sent_at - self._renewed_at < self._renew_interval:
             return self.is_held()
         try:
-            renewed = self._row.renew_hold(self._epoch, self.holder, self.seconds)
+            renewed = self._row.renew_hold(
+                self._epoch,
+                self.holder,
+                self.seconds,
+                on_database=self._on_database,
+                margin=self.margin,
+            )
         except StoreUnavailable as exc:
-            logger.warning("could not renew the leader row's hold: %s", exc)
+            if not self._failing:
+                logger.warning("could not renew the leader row's hold (tried again): %s", exc)
+            self._failing = True
             return self.is_held()
+        self._failing = False
         if not renewed:
             self.end()
             return False
@@ -108,7 +156,7 @@ class DatabaseHold:
         sent_at = self._clock()
         taken = self._row.take_ended_hold(self.holder, self.seconds)
         if taken is not None:
-            self.started(taken[0], sent_at)
+            self.started(taken[0], sent_at, on_database=True)
         return taken
 
     def time_left(self) -> float | None:
@@ -121,11 +169,25 @@ class DatabaseHold:
             self.end()
         return left
 
+    def confirm_for_send(self) -> None:
+        """Raise StaleEpoch unless PostgreSQL confirms that this term holds the row with
+        enough of its hold left to send (a tenth of it), as a Redis leader asks Redis."""
+        try:
+            left = self.time_left()
+        except StoreUnavailable as exc:
+            raise StaleEpoch(
+                f"cannot confirm the leader row's hold before sending runs: {exc}"
+            ) from exc
+        if left is None:
+            raise StaleEpoch("another process leads (checked before sending runs)")
+        if left < self.margin:
+            raise StaleEpoch(f"the leader row's hold ends in {left:.3f}s, too soon to send runs")
+
     def release(self) -> None:
         """End the hold in PostgreSQL too (a clean hand-over): a process that cannot
         reach Redis takes the row at once. Best effort: otherwise it ends by itself."""
-        epoch, self._epoch = self._epoch, None
-        self._valid_until = 0.0
+        epoch = self._epoch
+        self.end()
         if epoch is None:
             return
         try:
@@ -135,7 +197,7 @@ class DatabaseHold:
 
     def end(self) -> None:
         """Forget the hold (this term is over), touching nothing in PostgreSQL."""
-        self._epoch = None
+        self._epoch, self._on_database = None, False
         self._valid_until = 0.0
 
     def _held_from(self, sent_at: float) -> None:

@@ -347,10 +347,16 @@ leader = Table(
     #: halves are proven gone, the leader's process is dead and a standby takes over
     #: without waiting for the lease. NULL: not known, wait for the lease.
     Column("beacon", Text),
-    #: Until when the leader of ``epoch`` holds this row, by PostgreSQL's clock: renewed
-    #: with its lease; once it has passed, a process that cannot reach the lease's Redis
-    #: may take the row with the next epoch (``beat.lease.database_hold``). NULL: never.
+    #: Until when the leader of ``held_epoch`` holds this row, by PostgreSQL's clock:
+    #: renewed with its lease; once it has passed, a process that cannot reach the
+    #: lease's Redis may take the row with the next epoch (``beat.lease.database_hold``).
+    #: NULL, or a ``held_epoch`` that is not ``epoch`` (a leader of an earlier release
+    #: took over): never.
     Column("held_until", TZ),
+    Column("held_epoch", BigInteger),
+    #: The holder leads on the row alone: no process records a newer epoch through the
+    #: Redis lease until the hold ends (the holder hands the lease back itself).
+    Column("held_on_database", Boolean),
 )
 
 workers = Table(

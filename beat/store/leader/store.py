@@ -6,6 +6,7 @@ from __future__ import annotations
 from beat.store.db import create_store_engine
 from beat.store.leader.claim import ClaimStatements
 from beat.store.leader.cluster import ClusterReads
+from beat.store.leader.hold import HoldStatements
 from beat.store.leader.incident_reads import IncidentReads
 from beat.store.leader.lost_messages import LostMessageStatements
 from beat.store.leader.monitors import MonitorStatements
@@ -22,6 +23,7 @@ from beat.store.leader.wakeups import WakeupStatements
 
 class LeaderStore(
     TermStatements,
+    HoldStatements,
     SessionStatements,
     ClaimStatements,
     OutboxStatements,
