@@ -321,3 +321,57 @@ def test_a_leader_on_a_lossy_link_runs_each_fire_time_once(
     assert_each_fire_time_once(store, anchor, healed_at)
     assert_each_run_executed_once(cluster, store)
     print(f"epochs over the lossy link: {sorted({row.epoch for row in run_rows(store)})}")
+
+
+#: The run lease of the next test, and a cut one way longer than it.
+SHORT_LEASE, LONG_CUT, BODY = 8.0, 20.0, 12.0
+
+
+@pytest.mark.parametrize("direction", ["to-servers", "from-servers"])
+def test_a_worker_cut_one_way_for_longer_than_its_lease_loses_its_runs_without_a_second_effect(
+    partitioned: PartitionedCluster, direction: str
+) -> None:
+    """Cut one way (what the worker sends is lost, or only the servers' answers are:
+    then its statements still run, unanswered) for longer than its runs' lease: the
+    leader takes them back once their lease ended by the database's clock. The
+    idempotent run runs again on another worker and has its effect once (the cut
+    worker's completion, arriving late or unanswered, is refused: its lease is gone);
+    the plain run, taken, is never started again (it ends ``lost``, or ``succeeded``
+    once its completion arrives after the cut). Nothing is left running."""
+    cluster, store = partitioned.cluster, partitioned.cluster.store
+    cluster.settings["HABEAT_LEASE_TIMEOUT"] = str(SHORT_LEASE)
+    schedules = Schedules(store)
+    schedules.create("idempotent", "e2e.long", in_seconds=2, args=["idempotent", BODY])
+    schedules.create("plain", "e2e.plain_long", in_seconds=2, args=["plain", BODY])
+    partitioned.worker_across_the_link("across", concurrency=2)
+    cluster.beat("beat0")
+    wait_until(lambda: len(running_rows(store)) == 2, timeout=60, interval=0.2)
+    cluster.worker("spare", concurrency=2)
+    time.sleep(START_UP)
+
+    partitioned.host.partition(direction)
+    time.sleep(LONG_CUT)
+    partitioned.host.heal()
+
+    wait_until(
+        lambda: (
+            all(
+                row.state not in {"running", "pending", "queued"} for row in rows_of_the_test(store)
+            )
+            and cluster.labels().get("idempotent") == 1
+        ),
+        timeout=120,
+        interval=0.5,
+    )
+    time.sleep(SHORT_LEASE)  # what the cut worker sent late has arrived, or never will
+    rows = {row.task: row for row in rows_of_the_test(store)}
+    labels = cluster.labels()
+    ends = [(row.task, row.state, row.attempt, row.worker) for row in rows.values()]
+    print(f"cut {direction} for {LONG_CUT:g} s: {labels}; {ends}")
+    assert labels.get("idempotent") == 1, "the idempotent run's effect once"
+    assert labels.get("plain:start") == 1, "the plain run, taken, never started again"
+    assert rows["e2e.long"].state == RunState.SUCCEEDED.value
+    assert rows["e2e.long"].worker.startswith("spare@"), "it ran again on the spare worker"
+    # Taken back as lost when its lease ended; its completion, arriving once the cut
+    # healed, records what happened: it ran, once.
+    assert rows["e2e.plain_long"].state in {RunState.LOST.value, RunState.SUCCEEDED.value}
