@@ -116,7 +116,8 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
             self._start()
             self.loop.run_once()
         except StaleEpoch as exc:
-            self.leadership.step_down(str(exc))
+            # run_once waited a bounded time for the send in flight: did it end?
+            self.leadership.step_down(str(exc), nothing_in_flight=not self.loop.sends.in_flight)
         except Exception as exc:  # an error here would kill beat: log, back off, retry
             if self._closed:
                 # SIGTERM's handler closed this scheduler, then raised SystemExit into

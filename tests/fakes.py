@@ -1722,7 +1722,7 @@ class Process:
         try:
             self.loop.run_once()
         except StaleEpoch as exc:
-            self.leadership.step_down(str(exc))
+            self.leadership.step_down(str(exc), nothing_in_flight=not self.loop.sends.in_flight)
         except Exception as exc:  # as the real tick: log, back off, retry
             self.errors.append(exc)
             return self._tick_errors.failed(exc)

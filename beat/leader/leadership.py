@@ -271,7 +271,8 @@ class Leadership:
                 self._end_term()
                 raise
             self._redis_outage.failed(exc)
-            ended, held = self._epoch, self._hold.is_held()
+            # Only a loop that works carries on: one whose passes fail lets the row go.
+            ended, held = self._epoch, self._hold.is_held() and self.healthy()
             self._end_term()
             assert ended is not None
             taken = self._hold.carry_on(ended) if held else None
@@ -334,6 +335,9 @@ class Leadership:
         holds the Redis lease, it cannot record a newer epoch (this term holds the row
         on the database): this term goes on."""
         assert self._hold is not None
+        if not self.healthy():
+            self.step_down("this process cannot do a leader's work (see its tick errors)")
+            return None
         if not self._hold.keep():
             self._report.lease_lost("the leader row's hold lapsed or has a newer epoch")
             self._end_term()
@@ -398,15 +402,20 @@ class Leadership:
         if left < self._lease.ttl * DRIFT_MARGIN:
             raise StaleEpoch(f"the leader lease expires in {left:.3f}s, too soon to send runs")
 
-    def step_down(self, reason: str) -> None:
-        """End this term at once (a fenced write was refused): give the lease back."""
+    def step_down(self, reason: str, *, nothing_in_flight: bool = False) -> None:
+        """End this term at once (a fenced write was refused): give the lease back. The
+        row's hold is ended in PostgreSQL too, so that a process cut off from Redis
+        leads at once, only when the caller knows that no send of this term is in
+        flight (``nothing_in_flight``); else the hold runs out after it."""
         self._report.stepping_down(reason)
         if self._epoch is not None:
             self._report.lost()
         self._epoch = None
         self._on_lost()
-        if self._hold is not None:
-            self._hold.release()  # a process cut off from Redis may take the row at once
+        if self._hold is not None and nothing_in_flight:
+            self._hold.release()
+        elif self._hold is not None:
+            self._hold.end()
         if self.on_database:
             self.on_database = False  # no Redis lease nor beacon to give back
             return

@@ -171,10 +171,13 @@ class HoldStatements(FencedStore):
         """Seconds the row is still held by the leader of ``epoch``, by PostgreSQL's
         clock (negative once it ended); None if the row is no longer this term's."""
         with self._transaction() as conn:
+            wait_at_most(conn, LOCK_TIMEOUT)
+            # In share mode: an ask to end this term (``ask_to_end``) not yet committed
+            # is waited for, never read past: a confirm after the ask sees it.
             left = conn.execute(
-                select(func.extract("epoch", leader.c.held_until - func.clock_timestamp())).where(
-                    *self._term_is(epoch, holder), leader.c.held_epoch == epoch
-                )
+                select(func.extract("epoch", leader.c.held_until - func.clock_timestamp()))
+                .where(*self._term_is(epoch, holder), leader.c.held_epoch == epoch)
+                .with_for_update(read=True)
             ).one_or_none()
         return None if left is None else float(left[0])
 

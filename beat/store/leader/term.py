@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from sqlalchemy import and_, func, select, text
+from sqlalchemy import and_, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.errors import StoreUnavailable
@@ -18,6 +18,7 @@ from beat.store.leader.hold import (
     hold_values,
     lock_not_available,
     open_to,
+    wait_at_most,
 )
 from beat.store.leader.records import LeaderInfo
 from beat.store.tables import leader
@@ -84,7 +85,7 @@ class TermStatements(FencedStore):
         )
         try:
             with self._transaction() as conn:
-                conn.execute(text(f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'"))
+                wait_at_most(conn, lock_timeout)
                 row = conn.execute(statement).one_or_none()
                 if row is None:
                     ask_to_end(conn, self.leader_name, holder, ask_within)
