@@ -142,10 +142,12 @@ class _Takeover:
         """Record ``epoch``; if it was, keep the database's clock the statement read."""
         sent_at = self._clock()
         hold = None if self._hold is None else self._hold.seconds
-        # A process without the fallback asks a term on the row to end as quickly.
-        ask_within = (self._lease.ttl if self._hold is None else self._hold.seconds) * (
-            DRIFT_MARGIN / 2
-        )
+        # A process without the fallback asks a term on the row to end as quickly as
+        # one with it: inside half the margin of a hold as long as its own lease.
+        if self._hold is None:
+            ask_within = self._lease.ttl * DRIFT_MARGIN / 2
+        else:
+            ask_within = self._hold.ask_within
         taken_at = self._row.take_leadership(
             epoch, holder, session=session, hold=hold, ask_within=ask_within
         )

@@ -179,6 +179,18 @@ class SentChain:
     sent_at: datetime
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RedisOutage:
+    """The lease's Redis down past the leader row's hold (the broker up)."""
+
+    down: datetime
+    up: datetime
+    #: Seconds of the leader row's hold.
+    hold: float
+    #: The epochs PostgreSQL's leader row named while Redis was down.
+    epochs: tuple[int, ...]
+
+
 @dataclass(kw_only=True)
 class RunCounts:
     """Figures of the new kinds of work, for the summary."""
@@ -247,6 +259,10 @@ class Verdict:
     early: list[str] = field(default_factory=list)
     #: Runs started after their fire time + ``expires``.
     late: list[str] = field(default_factory=list)
+    #: Redis outages through which scheduling stopped for longer than the row's hold.
+    stalled: list[str] = field(default_factory=list)
+    #: The longest time without a claim within each Redis outage, in seconds.
+    outage_gaps: list[float] = field(default_factory=list)
     counts: RunCounts = field(default_factory=RunCounts)
 
     @property
@@ -258,6 +274,7 @@ class Verdict:
             *(f"unexpected: {item}" for item in self.unexpected),
             *(f"early: {item}" for item in self.early),
             *(f"expired but ran: {item}" for item in self.late),
+            *(f"stalled: {item}" for item in self.stalled),
         ]
 
     @property
@@ -275,6 +292,7 @@ class Observations:
     deleted: Sequence[DeletedMessage] = ()
     #: (down, up) of each Redis restart: it loses every message waiting in the broker.
     redis_restarts: Sequence[tuple[datetime, datetime]] = ()
+    redis_outages: Sequence[RedisOutage] = ()
     #: Processes that exited by themselves (workers at a Redis restart: a kombu fault).
     self_exits: Sequence[str] = ()
     worker_pauses: Sequence[WorkerPause] = ()
@@ -322,6 +340,7 @@ def judge(
     verdict.max_claim_gap, verdict.max_claim_gap_from = _max_claim_gap(
         rows, expectations, window_end
     )
+    _check_scheduling_through_outages(verdict, rows, seen.redis_outages)
     verdict.max_lateness, verdict.p99_lateness = _lateness(rows, expectations, window_end)
     verdict.crowd_max_lateness, verdict.crowd_p99_lateness = _lateness(
         rows, expectations, window_end, kind=CROWD_KIND
@@ -855,6 +874,24 @@ def _max_claim_gap(
     claims: set[datetime] = {r.claimed_at for r in rows if start <= r.claimed_at <= window_end}
     moments = sorted({start, window_end, *claims})
     return max(((b - a).total_seconds(), a) for a, b in pairwise(moments))
+
+
+def _check_scheduling_through_outages(
+    verdict: Verdict, rows: list[Any], outages: Sequence[RedisOutage]
+) -> None:
+    """While the lease's Redis is down, a beat leads on PostgreSQL's row: no time
+    within the outage goes without a claim for longer than the row's hold (the most a
+    term that lost Redis keeps the row before another beat may take it)."""
+    for outage in outages:
+        claims = {r.claimed_at for r in rows if outage.down <= r.claimed_at <= outage.up}
+        moments = sorted({outage.down, outage.up, *claims})
+        gap, began = max(((b - a).total_seconds(), a) for a, b in pairwise(moments))
+        verdict.outage_gaps.append(gap)
+        if gap > outage.hold:
+            verdict.stalled.append(
+                f"no claim for {gap:.1f} s from {began:%H:%M:%S.%f} while Redis was down"
+                f" {(outage.up - outage.down).total_seconds():.1f} s (hold {outage.hold:g} s)"
+            )
 
 
 def _lateness(

@@ -13,9 +13,11 @@ deletes messages from the workers' queues and from kombu's ``unacked`` hash (a
 Redis that lost keys), a deploy stops every beat, changes a code schedule and
 starts them again once a few of its fire times have passed, and
 ``idle_session_timeout`` makes PostgreSQL end every session idle a few seconds
-(no process dies, no server restarts). A worker pause stops a worker (SIGSTOP,
-a VM pause or a long GC) past its receipt lease while it holds runs, then lets
-it go on.
+(no process dies, no server restarts). A Redis outage keeps the lease's Redis down
+for longer than the leader row's hold, with PostgreSQL and the broker up: a beat
+must lead on the row meanwhile (``beat.lease.database_hold``). A worker pause
+stops a worker (SIGSTOP, a VM pause or a long GC) past its receipt lease while it
+holds runs, then lets it go on.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class FaultKind(enum.StrEnum):
     RABBITMQ_RESTART = "RabbitMQ restart"
     SENTINEL_FAILOVER = "Redis primary SIGKILL, Sentinel failover"
     PGBOUNCER_RESTART = "PgBouncer restart"
+    REDIS_OUTAGE = "lease's Redis down past the leader's hold"
 
 
 #: The kinds of the topology every process of which reaches one PostgreSQL and one Redis
@@ -52,7 +55,13 @@ DIRECT_KINDS = tuple(
     kind
     for kind in FaultKind
     if kind
-    not in {FaultKind.RABBITMQ_RESTART, FaultKind.SENTINEL_FAILOVER, FaultKind.PGBOUNCER_RESTART}
+    not in {
+        FaultKind.RABBITMQ_RESTART,
+        FaultKind.SENTINEL_FAILOVER,
+        FaultKind.PGBOUNCER_RESTART,
+        # Where Redis is the broker too, nothing can be sent while it is down.
+        FaultKind.REDIS_OUTAGE,
+    }
 )
 
 
@@ -75,6 +84,7 @@ WEIGHTS = {
     FaultKind.RABBITMQ_RESTART: 1,
     FaultKind.SENTINEL_FAILOVER: 2,
     FaultKind.PGBOUNCER_RESTART: 1,
+    FaultKind.REDIS_OUTAGE: 1,
 }
 #: Seconds of calm between two faults (the cluster may still be recovering).
 GAP = (1.0, 4.0)
@@ -87,6 +97,9 @@ DEPLOY_DOWNTIME = (8.0, 14.0)
 #: enough that sessions left idle (a beacon, a pooled connection) are ended.
 IDLE_SESSION_TIMEOUT = "6s"
 IDLE_TIMEOUT_WINDOW = (10.0, 14.5)
+#: The leader row's hold of the chaos fleet's settings: its longest step (a lock TTL,
+#: ``max_wait`` and ``claim_ahead``) and a lock TTL more (``beat.scheduler``).
+FLEET_HOLD = 3.0 + 1.0 + 10.0 + 3.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,7 +118,9 @@ class Fault:
     aimed: bool
 
 
-def durations(lock_ttl: float, lease_timeout: float) -> dict[FaultKind, tuple[float, float]]:
+def durations(
+    lock_ttl: float, lease_timeout: float, *, hold: float = FLEET_HOLD
+) -> dict[FaultKind, tuple[float, float]]:
     """Range of each kind's duration, in seconds.
 
     A pause outlasts the lock TTL by at least 2.5 s (a standby's poll and its
@@ -116,7 +131,9 @@ def durations(lock_ttl: float, lease_timeout: float) -> dict[FaultKind, tuple[fl
     lost, and no lease expires); a deploy keeps every beat down for a few fire
     times of the deployed schedule (see ``DEPLOY_DOWNTIME``). A worker pause
     outlasts the worker's lease by 2 to 6 s: the leader acts on the expired lease
-    while the worker still holds its runs.
+    while the worker still holds its runs. A Redis outage outlasts the leader row's
+    ``hold`` and a lock TTL more by 3 to 8 s: whoever led on Redis has lost the row by
+    then, so scheduling goes on only if a beat leads on the row.
     """
     return {
         FaultKind.BEAT_KILL: (0.2, 2.0),
@@ -137,6 +154,7 @@ def durations(lock_ttl: float, lease_timeout: float) -> dict[FaultKind, tuple[fl
         # Seconds the killed primary stays down after the sentinels promoted its replica.
         FaultKind.SENTINEL_FAILOVER: (0.5, 3.0),
         FaultKind.PGBOUNCER_RESTART: (0.5, 3.0),
+        FaultKind.REDIS_OUTAGE: (hold + lock_ttl + 3.0, hold + lock_ttl + 8.0),
     }
 
 
@@ -146,6 +164,7 @@ def make_plan(
     *,
     lock_ttl: float,
     lease_timeout: float,
+    hold: float = FLEET_HOLD,
     kinds: Sequence[FaultKind] = DIRECT_KINDS,
 ) -> list[Fault]:
     """Faults of ``kinds`` for ``duration`` seconds of injection; every kind happens at
@@ -154,7 +173,7 @@ def make_plan(
     rng = random.Random(seed)
     first_of_each = list(kinds)
     rng.shuffle(first_of_each)
-    ranges = durations(lock_ttl, lease_timeout)
+    ranges = durations(lock_ttl, lease_timeout, hold=hold)
     weights = [WEIGHTS[kind] for kind in kinds]
     plan: list[Fault] = []
     at = rng.uniform(*GAP)

@@ -57,6 +57,7 @@ from tests.chaos.checks import (
     DeletedMessage,
     LeaderPause,
     Observations,
+    RedisOutage,
     RunCounts,
     Verdict,
     WorkerKill,
@@ -149,6 +150,11 @@ class ChaosConfig:
     only: tuple[FaultKind, ...] = ()
 
     @property
+    def leader_hold(self) -> float:
+        """Seconds of the leader row's hold (as ``beat.scheduler`` sizes it)."""
+        return self.lock_ttl + self.max_wait + self.claim_ahead + self.lock_ttl
+
+    @property
     def kinds(self) -> tuple[FaultKind, ...]:
         """The fault kinds this run injects, in the topology's order."""
         return tuple(kind for kind in KINDS[self.topology] if not self.only or kind in self.only)
@@ -218,6 +224,8 @@ class InjectionLog:
     deleted: list[DeletedMessage] = field(default_factory=list)
     #: (down, up) of each Redis restart.
     redis_restarts: list[tuple[datetime, datetime]] = field(default_factory=list)
+    #: Each outage of the lease's Redis past the leader row's hold.
+    redis_outages: list[RedisOutage] = field(default_factory=list)
     #: Worker kills the plan asked for but the harness left out: every busy worker
     #: held a run that plan kills had already interrupted ``max_attempts - 1`` times.
     kills_spared: int = 0
@@ -513,6 +521,7 @@ class Injector:
             FaultKind.RABBITMQ_RESTART: self._restart_rabbitmq,
             FaultKind.SENTINEL_FAILOVER: self._fail_over_redis,
             FaultKind.PGBOUNCER_RESTART: self._restart_pgbouncer,
+            FaultKind.REDIS_OUTAGE: self._redis_outage,
         }
 
     def run(self, plan: list[Fault]) -> None:
@@ -802,6 +811,28 @@ class Injector:
             self.log.redis_restarts.append((down_at, now_utc()))
         return True
 
+    def _redis_outage(self, fault: Fault) -> bool:
+        """Stop the lease's Redis (not the broker: RabbitMQ) for longer than the leader
+        row's hold; note each epoch that led meanwhile, as PostgreSQL's row names it."""
+        self._mid_run(fault)
+        say(f"lease's Redis down for {fault.duration:.1f}s, past the leader's hold")
+        down_at = now_utc()
+        self.chaos.redis.stop()
+        epochs: list[int] = []
+        deadline = time.monotonic() + fault.duration
+        while time.monotonic() < deadline:
+            term = self.chaos.leader_term()
+            if term is not None and term[1] not in epochs:
+                epochs.append(term[1])
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        self.chaos.redis.start()
+        hold = self.config.leader_hold
+        self.log.redis_outages.append(
+            RedisOutage(down=down_at, up=now_utc(), hold=hold, epochs=tuple(epochs))
+        )
+        say(f"lease's Redis back; epochs that led on PostgreSQL's row meanwhile: {epochs}")
+        return True
+
     def _fail_over_redis(self, fault: Fault) -> bool:
         """SIGKILL the Sentinel primary (the lease's and the broker's): the sentinels
         promote the replica; what it had not replicated yet is lost, as in a restart."""
@@ -1008,6 +1039,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         config.duration,
         lock_ttl=config.lock_ttl,
         lease_timeout=config.lease_timeout,
+        hold=config.leader_hold,
         kinds=config.kinds,
     )
     planned_end = plan[-1].at + plan[-1].duration
@@ -1084,6 +1116,7 @@ def _run(
         chains=sent_chains(store),
         deleted=log.deleted,
         redis_restarts=log.redis_restarts,
+        redis_outages=log.redis_outages,
         self_exits=log.self_exits,
         worker_pauses=log.worker_pauses,
         foreign_queues=frozenset({PLAIN_QUEUE} if config.foreign_worker else ()),
@@ -1352,6 +1385,7 @@ def _workload_rows(report: ChaosReport) -> list[tuple[str, str]]:
         ),
         ("retries checked against their countdown", str(counts.retries_checked)),
         ("server restarts mid-run", _restarts(log, report.config.kinds)),
+        ("lease's Redis down past the hold", _outages(report) or "none"),
         (
             "worker pauses past the lease",
             f"{len(log.worker_pauses)}, holding {sum(len(p.held) for p in log.worker_pauses)} runs",
@@ -1380,7 +1414,17 @@ SERVER_FAULTS = (
     FaultKind.RABBITMQ_RESTART,
     FaultKind.SENTINEL_FAILOVER,
     FaultKind.PGBOUNCER_RESTART,
+    FaultKind.REDIS_OUTAGE,
 )
+
+
+def _outages(report: ChaosReport) -> str:
+    """Each outage of the lease's Redis: how long, the epochs on the row, the gap."""
+    return "; ".join(
+        f"{(outage.up - outage.down).total_seconds():.1f} s down, epochs {list(outage.epochs)},"
+        f" longest without a claim {gap:.2f} s"
+        for outage, gap in zip(report.log.redis_outages, report.verdict.outage_gaps, strict=True)
+    )
 
 
 def _restarts(log: InjectionLog, kinds: tuple[FaultKind, ...]) -> str:

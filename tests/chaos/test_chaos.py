@@ -42,6 +42,7 @@ from tests.chaos.checks import (
     DeletedMessage,
     Expectation,
     Observations,
+    RedisOutage,
     SentChain,
     Verdict,
     _check_chains,
@@ -52,10 +53,11 @@ from tests.chaos.checks import (
     _check_recorded_state,
     _check_retry_countdowns,
     _check_runs,
+    _check_scheduling_through_outages,
     _message_lost,
     bad_row_violations,
 )
-from tests.chaos.faults import FaultKind, durations, make_plan
+from tests.chaos.faults import FLEET_HOLD, FaultKind, durations, make_plan
 from tests.chaos.harness import (
     NO_FAULT,
     NOT_PLACED,
@@ -88,7 +90,12 @@ TOPOLOGY_CI_RUNS = [
         Topology.RABBITMQ,
         20261206,
         10.0,
-        (FaultKind.RABBITMQ_RESTART, FaultKind.WORKER_KILL, FaultKind.LEADER_PAUSE),
+        (
+            FaultKind.RABBITMQ_RESTART,
+            FaultKind.REDIS_OUTAGE,
+            FaultKind.WORKER_KILL,
+            FaultKind.LEADER_PAUSE,
+        ),
     ),
     (
         Topology.SENTINEL,
@@ -214,7 +221,12 @@ def test_every_plan_has_every_kind_and_no_outage_reaches_the_misfire_grace(
         kinds=config.kinds,
     )
     assert {fault.kind for fault in plan} == set(KINDS[topology])
-    assert all(fault.duration < config.misfire_grace / 4 for fault in plan)
+    # A beat leads on PostgreSQL's row through the lease's Redis outage: it stops no
+    # scheduling, but is kept within half the grace should the fallback fail.
+    assert all(
+        fault.duration < config.misfire_grace / (2 if fault.kind is FaultKind.REDIS_OUTAGE else 4)
+        for fault in plan
+    )
     assert [fault.at for fault in plan] == sorted(fault.at for fault in plan)
 
 
@@ -245,6 +257,15 @@ def test_a_short_run_injects_only_the_kinds_it_names() -> None:
 def test_a_message_loss_stops_the_workers_for_less_than_their_lease() -> None:
     low, high = durations(lock_ttl=3.0, lease_timeout=4.0)[FaultKind.BROKER_MESSAGE_LOSS]
     assert 0 < low <= high < 4.0
+
+
+def test_a_redis_outage_outlasts_the_hold_of_the_fleets_settings() -> None:
+    config = ChaosConfig(seed=1, duration=10, topology=Topology.RABBITMQ)
+    low, _ = durations(config.lock_ttl, config.lease_timeout, hold=config.leader_hold)[
+        FaultKind.REDIS_OUTAGE
+    ]
+    assert config.leader_hold == FLEET_HOLD
+    assert low > config.leader_hold + config.lock_ttl  # whoever led on Redis lost the row
 
 
 def test_a_pause_outlasts_the_lease_with_room_for_a_takeover() -> None:
@@ -727,6 +748,30 @@ def test_a_retry_whose_message_a_redis_restart_lost_waits_for_the_visibility_tim
     verdict = Verdict()
     _check_plain_run(verdict, row, 0, "run", set(), shared=True, message_lost=lost)
     assert bool(verdict.stuck) is not lost
+
+
+@pytest.mark.parametrize(("silence", "stalled"), [(3.0, False), (17.0, False), (17.5, True)])
+def test_scheduling_that_stops_longer_than_the_hold_while_redis_is_down_is_a_violation(
+    silence: float, stalled: bool
+) -> None:
+    """Through an outage of the lease's Redis a beat leads on PostgreSQL's row: claims
+    may pause for at most the row's hold (17 s here), wherever the silence falls."""
+    down = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    up = down + timedelta(seconds=25)
+    quiet_from = down + timedelta(seconds=2)
+    claims = [down + timedelta(seconds=0.5 * step) for step in range(51)]
+    rows = [
+        SimpleNamespace(claimed_at=at)
+        for at in claims
+        if not quiet_from < at < quiet_from + timedelta(seconds=silence)
+    ]
+    rows.append(SimpleNamespace(claimed_at=quiet_from + timedelta(seconds=silence)))
+    verdict = Verdict()
+    outage = RedisOutage(down=down, up=up, hold=17.0, epochs=(4, 5))
+    _check_scheduling_through_outages(verdict, rows, [outage])
+    assert verdict.outage_gaps == [pytest.approx(max(silence, 0.5))]
+    assert bool(verdict.stalled) is stalled
+    assert any(item.startswith("stalled: no claim for") for item in verdict.violations) is stalled
 
 
 def test_a_retry_taken_before_it_is_due_is_not_early_but_one_taken_before_its_fire_time_is() -> (

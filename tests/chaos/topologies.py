@@ -5,7 +5,9 @@
 - ``rabbitmq``: the broker is a private RabbitMQ node (durable queues, persistent
   messages, publisher confirms); the lease stays on Redis. RabbitMQ restarts mid-run.
   The message-loss fault is left out: it deletes keys of kombu's Redis transport, and
-  a confirmed message in a durable queue is not lost by RabbitMQ.
+  a confirmed message in a durable queue is not lost by RabbitMQ. With the broker off
+  Redis, the lease's Redis goes down for longer than the leader row's hold (the
+  election outage): scheduling must go on through a beat that leads on the row.
 - ``sentinel``: the lease and the broker on Redis Sentinel (a primary, a replica, three
   sentinels), every process with the ``sentinel://`` URL. The primary is SIGKILLed and
   the sentinels promote the replica; asynchronous replication may lose the newest
@@ -58,6 +60,7 @@ KINDS: dict[Topology, tuple[FaultKind, ...]] = {
     Topology.RABBITMQ: (
         *_direct_but(FaultKind.BROKER_MESSAGE_LOSS),
         FaultKind.RABBITMQ_RESTART,
+        FaultKind.REDIS_OUTAGE,
     ),
     Topology.SENTINEL: (
         *_direct_but(FaultKind.BEAT_REDIS_CUT, FaultKind.BEAT_REDIS_STALL, FaultKind.REDIS_RESTART),
