@@ -34,6 +34,41 @@ class Origin(enum.StrEnum):
     API = "api"
 
 
+class ChangeAction(enum.StrEnum):
+    """What a change to a schedule did (``beat_schedule_changes.action``)."""
+
+    CREATE = "create"
+    UPDATE = "update"
+    PAUSE = "pause"
+    RESUME = "resume"
+    DELETE = "delete"
+    #: An earlier version's fields made the schedule's again.
+    RESTORE = "restore"
+    #: The scheduler disabled it: it could not be planned or published.
+    QUARANTINE = "quarantine"
+    #: Its last fire time passed: a one-off fired, its window or ``max_runs`` ended.
+    END = "end"
+    #: A run made besides its timing (the schedule itself is unchanged).
+    TRIGGER = "trigger"
+    BACKFILL = "backfill"
+
+
+class ChangeEntry(enum.StrEnum):
+    """Where a change to a schedule came from."""
+
+    CLI = "cli"
+    PYTHON = "python"
+    UI = "ui"
+    API = "api"
+    #: The schedules defined in code, synced at beat start.
+    CODE = "code"
+    IMPORT = "import"
+    #: The scheduler itself: a quarantine, a pause after failures, an end.
+    SYSTEM = "system"
+    #: Written around the scheduler (psql): the actor is the database user.
+    SQL = "sql"
+
+
 class MisfirePolicy(enum.StrEnum):
     """What happens to fire times missed for longer than the misfire grace (no leader ran)."""
 
@@ -156,6 +191,8 @@ class Schedule:
     source_id: str | None = None
     #: What it is for, in people's words (carried over by an import).
     description: str | None = None
+    #: Raised by each change of its fields (``beat_schedule_changes``), never by a claim.
+    version: int = 1
 
     def __post_init__(self) -> None:
         require_aware(self.next_fire_at, "next_fire_at")

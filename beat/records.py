@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from beat.models import RunState
+from beat.models import ChangeAction, ChangeEntry, RunState
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +103,63 @@ class RunRecord:
         if self.published_at is None or self.fire_at is None:
             return None
         return self.published_at - self.fire_at
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChangeContext:
+    """Who changes schedules, and from where: what the audit log records with each
+    change (``beat.store.schedule_changes``)."""
+
+    #: A user name, ``token:<name>`` or ``system:<reason>``.
+    actor: str
+    entry: ChangeEntry
+    #: The machine the change is made on; the client's address over HTTP.
+    host: str | None = None
+    address: str | None = None
+    #: Why, in the actor's words (a pause's note).
+    note: str | None = None
+    #: What the change is called when the trigger would name it otherwise (a restore).
+    action: ChangeAction | None = None
+
+    def document(self) -> dict[str, str]:
+        """The fields the triggers read, without those left unset."""
+        fields = {
+            "actor": self.actor,
+            "entry": self.entry.value,
+            "host": self.host,
+            "address": self.address,
+            "note": self.note,
+            "action": None if self.action is None else self.action.value,
+        }
+        return {key: value for key, value in fields.items() if value is not None}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduleChange:
+    """One row of the audit log: a change to a schedule."""
+
+    id: int
+    schedule_name: str
+    #: The schedule's version after the change (a delete's: the version deleted).
+    version: int
+    changed_at: datetime
+    action: ChangeAction
+    actor: str
+    entry: ChangeEntry
+    host: str | None
+    address: str | None
+    note: str | None
+    #: The schedule's recorded fields before and after (None before a create, after
+    #: a delete, and for an end, a trigger or a backfill: the note says what happened).
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+    @property
+    def differences(self) -> dict[str, tuple[Any, Any]]:
+        """Each field the change made different: (before, after)."""
+        before, after = self.before or {}, self.after or {}
+        return {
+            field: (before.get(field), after.get(field))
+            for field in sorted(before.keys() | after.keys())
+            if before.get(field) != after.get(field)
+        }

@@ -16,6 +16,7 @@ Losing the lease stops claiming, never the process.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -35,8 +36,10 @@ from beat.lease.database_hold import DatabaseHold
 from beat.lease.holder import LeaderLease
 from beat.lease.presence import BeatPresence
 from beat.lease.redis_url import redis_client
+from beat.models import ChangeEntry
 from beat.publish.confirms import confirm_publishes
 from beat.publish.dispatch import CeleryPublisher
+from beat.records import ChangeContext
 from beat.schedule import code as code_schedules
 from beat.schedule.define import first_fire_at
 from beat.store.db import masked_url
@@ -180,7 +183,12 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
         if self._started:
             return
         self.schedule_store.check_schema()
-        self._report.code_synced(self.schedule_store.sync_code_schedules(self._code, first_fire_at))
+        # The audit log names the sync at start the scheduler's, on this machine.
+        change = ChangeContext(
+            actor="system:code-sync", entry=ChangeEntry.CODE, host=socket.gethostname()
+        )
+        synced = self.schedule_store.sync_code_schedules(self._code, first_fire_at, change=change)
+        self._report.code_synced(synced)
         self._started = True
 
     def _start_metrics(self) -> None:

@@ -1,8 +1,8 @@
 """``celery -A proj schedules ...``: operate the scheduler without opening psql.
 
 Commands: add, update, show, list, pause, resume, remove, trigger, runs, leader, sync,
-import, export, migrate, prune, health, incidents, channels, and ui (serves the
-schedules UI, ``beat.ui``).
+import, export, migrate, prune, health, incidents, channels, audit, restore, and ui
+(serves the schedules UI, ``beat.ui``).
 Each but ui takes ``--json`` for scripts (one JSON document on stdout; for commands
 that change something, an object describing the result). Human output is an
 aligned table.
@@ -24,6 +24,7 @@ options the commands share in :mod:`beat.cli.options`; the commands by family in
 sync), :mod:`beat.cli.run_commands` (trigger, backfill, runs, prune),
 :mod:`beat.cli.cluster_commands` (migrate, leader, health, incidents),
 :mod:`beat.cli.channel_commands` (channels add, list, remove),
+:mod:`beat.cli.audit_commands` (audit, restore),
 :mod:`beat.cli.import_commands` (import, export) and
 :mod:`beat.cli.ui_command` (ui). Importing this package registers them all on the
 group.
@@ -37,6 +38,7 @@ from beat import worker  # noqa: F401
 
 # Each command module registers its commands on the group when imported.
 from beat.cli import (  # noqa: F401
+    audit_commands,
     channel_commands,
     cluster_commands,
     import_commands,

@@ -12,6 +12,7 @@ import click
 from celery.bin.base import CeleryCommand
 
 from beat.cli.output import _errors_as_exit_codes
+from beat.models import ChangeEntry
 from beat.ops import terminal
 from beat.ops.schedules import Schedules
 
@@ -94,7 +95,7 @@ def _schedules(ctx: click.Context, *, check_schema: bool = True) -> Schedules:
     The store's connections are closed when the command ends.
     """
     with _errors_as_exit_codes():
-        manager = Schedules.for_app(ctx.obj.app)
+        manager = Schedules.for_app(ctx.obj.app).acting_as(ChangeEntry.CLI)
         ctx.call_on_close(manager.close)
         if check_schema:
             manager.check_schema()

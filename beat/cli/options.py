@@ -167,6 +167,15 @@ def _parse_since(
     return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
 
 
+def _since_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--since``: a duration back from the database's now, or an ISO 8601 time."""
+    return click.option(
+        "--since",
+        callback=_parse_since,
+        help=f"only {what} since: a duration back from now (2h, 30m, 7d) or an ISO 8601 time (UTC)",
+    )
+
+
 def _limit_option(
     default: int, maximum: int, what: str
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

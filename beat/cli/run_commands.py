@@ -13,7 +13,7 @@ from beat.cli.options import (
     _limit_option,
     _parse_aware_time,
     _parse_duration,
-    _parse_since,
+    _since_option,
 )
 from beat.cli.output import _echo_json, _errors_as_exit_codes, _say, _show
 from beat.models import RunState
@@ -67,11 +67,7 @@ def backfill(
 @_command()
 @click.argument("name", required=False)
 @click.option("--state", type=click.Choice([state.value for state in RunState]))
-@click.option(
-    "--since",
-    callback=_parse_since,
-    help="only runs since: a duration back from now (2h, 30m, 7d) or an ISO 8601 time (UTC)",
-)
+@_since_option("runs")
 @_limit_option(20, MAX_LISTED_RUNS, "most runs to list; narrow with --since for more")
 @_json_option
 @click.pass_context

@@ -108,13 +108,14 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 
 @_command()
 @click.argument("name")
+@click.option("--note", help="why: shown while it is paused, and kept in the audit log")
 @_json_option
 @click.pass_context
-def pause(ctx: click.Context, name: str, as_json: bool) -> None:
+def pause(ctx: click.Context, name: str, note: str | None, as_json: bool) -> None:
     """Stop firing schedule NAME (fire times while paused are not made up on resume)."""
     manager = _schedules(ctx)
     with _errors_as_exit_codes():
-        paused = manager.pause(name)
+        paused = manager.pause(name, note=note)
     if as_json:
         _echo_json(rendering.schedule_document(paused))
         return

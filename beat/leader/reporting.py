@@ -366,13 +366,15 @@ class Reporter(MonitorReporting):
         )
 
     def pruned(self, report: PruneReport, days: float) -> None:
-        if report.deleted or report.incidents or report.notifications:
+        if report.deleted or report.incidents or report.notifications or report.changes:
             logger.info(
-                "deleted %d runs finished, %d incidents resolved and %d notifications sent"
-                " or given up before %s (history retention %g days)%s",
+                "deleted %d runs finished, %d incidents resolved, %d notifications sent"
+                " or given up and %d changes of the audit log made before %s (history"
+                " retention %g days)%s",
                 report.deleted,
                 report.incidents,
                 report.notifications,
+                report.changes,
                 report.cutoff.isoformat(),
                 days,
                 "" if report.caught_up else "; more at the next pass",
@@ -380,5 +382,6 @@ class Reporter(MonitorReporting):
                     "deleted": report.deleted,
                     "incidents": report.incidents,
                     "notifications": report.notifications,
+                    "changes": report.changes,
                 },
             )

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 from beat.errors import ConfigError, SourceError
-from beat.models import Schedule, ScheduleDefinition
+from beat.models import ChangeEntry, Schedule, ScheduleDefinition
 from beat.ops.schedules_base import SchedulesBase
 from beat.schedule.code import beat_schedule_entries, definition_hash
 from beat.sources.records import Found, ReadContext, Refusal, ScheduleSource, SourceSchedule
@@ -115,7 +115,8 @@ class ScheduleImports(SchedulesBase):
             )
             return report, ImportWrites() if report.stopped else _writes(lines)
 
-        return self.store.import_schedules(names, plan, write=not dry_run)
+        change = replace(self.change, entry=ChangeEntry.IMPORT, note=f"from {source.describe()}")
+        return self.store.import_schedules(names, plan, write=not dry_run, change=change)
 
     def _code_entries(self) -> dict[str, tuple[ScheduleDefinition, str]]:
         """The app's ``beat_schedule`` entries that are schedules here, as beat's sync

@@ -105,6 +105,7 @@ def schedule_document(schedule: StoredSchedule) -> dict[str, Any]:
         "quarantined_at": iso(schedule.quarantined_at),
         "next_fire_at": iso(schedule.next_fire_at),
         "last_fire_at": iso(schedule.last_fire_at),
+        "version": schedule.version,
         "problem": None,
     }
 
@@ -390,6 +391,7 @@ def prune_document(report: PruneReport) -> dict[str, Any]:
         "batches": report.batches,
         "incidents": report.incidents,
         "notifications": report.notifications,
+        "changes": report.changes,
         "cutoff": iso(report.cutoff),
         "states": [state.value for state in FINISHED_STATES],
     }
@@ -399,7 +401,8 @@ def prune_text(report: PruneReport, batch: int) -> str:
     return (
         f"deleted {report.deleted} finished runs older than {time_text(report.cutoff)} UTC"
         f" ({report.batches} batches of at most {batch}), {report.incidents} incidents"
-        f" resolved and {report.notifications} notifications sent or given up before it"
+        f" resolved, {report.notifications} notifications sent or given up and"
+        f" {report.changes} changes of the audit log made before it"
     )
 
 

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from beat.errors import InvalidSchedule, UnknownTask
-from beat.models import Schedule, ScheduleDefinition
+from beat.models import ChangeEntry, Schedule, ScheduleDefinition
 from beat.ops.schedules_base import SchedulesBase
 from beat.records import RunRecord
 from beat.schedule import timing
@@ -23,6 +23,7 @@ from beat.schedule.define import (
     arguments_problem,
     check_channel_names,
     check_count,
+    check_note,
     check_task_name,
     define,
     first_fire_at,
@@ -58,7 +59,7 @@ class ScheduleCommands(SchedulesBase):
             definition = define(name, task, now=now, **fields)
             return definition, first_fire_at(definition, now)
 
-        return self.store.insert_schedule(build)
+        return self.store.insert_schedule(build, change=self.change)
 
     def update(self, name: str, *, allow_unregistered: bool = False, **changes: Any) -> Schedule:
         """Change some fields of a schedule; a changed timing recomputes the next fire time."""
@@ -76,31 +77,23 @@ class ScheduleCommands(SchedulesBase):
             definition = _redefine(current.definition, changes, now)
             if check_call:
                 self.check_arguments(definition)
-            timing_changed = (definition.trigger, definition.timezone) != (
-                current.definition.trigger,
-                current.definition.timezone,
-            )
-            if not timing_changed:
-                return definition, current.next_fire_at
-            recomputed = first_fire_at(definition, now)
-            if isinstance(definition.trigger, timing.Every):
-                # A new interval counts from the change (or its start_at), as a new
-                # schedule's does: nothing of the old timing is due under it.
-                return definition, recomputed
-            return definition, next_fire_after_retiming(
-                current.next_fire_at, recomputed, definition, now
-            )
+            return definition, next_fire_when_redefined(current, definition, now)
 
-        return self.store.replace_schedule(name, build)
+        return self.store.replace_schedule(name, build, change=self.change)
 
-    def pause(self, name: str) -> Schedule:
-        """Stop firing; fire times while paused are not made up on resume."""
+    def pause(self, name: str, *, note: str | None = None) -> Schedule:
+        """Stop firing; fire times while paused are not made up on resume. ``note``
+        says why: the schedule shows it while paused, and the audit log keeps it."""
+        if note is not None:
+            note = check_note(note)
         return self.store.replace_schedule(
             name,
             lambda current, _now: (
                 replace(current.definition, enabled=False),
                 current.next_fire_at,
             ),
+            change=replace(self.change, note=note),
+            disabled_reason=note,
         )
 
     def resume(self, name: str) -> Schedule:
@@ -112,18 +105,19 @@ class ScheduleCommands(SchedulesBase):
                 return definition, current.next_fire_at
             return definition, _resumed_next_fire(current, now)
 
-        return self.store.replace_schedule(name, build)
+        return self.store.replace_schedule(name, build, change=self.change)
 
     def delete(self, name: str) -> None:
         """Delete a schedule made at runtime; one defined in code is refused (the next
         sync would bring it back)."""
-        self.store.delete_schedule(name)
+        self.store.delete_schedule(name, change=self.change)
 
     def sync_code(self, definitions: Sequence[tuple[ScheduleDefinition, str]]) -> SyncReport:
         """Make the schedules defined in code (``beat.schedule.code.collect``: each
         with the hash of its definition) those of the database, as beat does when it
         starts: see :meth:`beat.store.schedules.ScheduleStore.sync_code_schedules`."""
-        return self.store.sync_code_schedules(definitions, first_fire_at)
+        change = replace(self.change, entry=ChangeEntry.CODE)
+        return self.store.sync_code_schedules(definitions, first_fire_at, change=change)
 
     def _import_tasks(self) -> None:
         if self.app is not None:
@@ -187,7 +181,7 @@ class ScheduleCommands(SchedulesBase):
             self._check_backfill_window(start, end, now)
             return _fire_times_between(schedule, start, end, limit)
 
-        return self.store.backfill(name, fire_times)
+        return self.store.backfill(name, fire_times, change=self.change)
 
     def _check_backfill_window(self, start: datetime, end: datetime, now: datetime) -> None:
         if end > now:
@@ -225,7 +219,7 @@ class ScheduleCommands(SchedulesBase):
         """:meth:`trigger`, returning the run as queued rather than its ID. With
         ``run_id`` it is idempotent: the same ID again returns the run already queued
         (a form posted twice runs once)."""
-        return self.store.trigger(name, run_id=run_id)
+        return self.store.trigger(name, run_id=run_id, change=self.change)
 
 
 def _fire_times_between(
@@ -244,6 +238,25 @@ def _fire_times_between(
             f" of {schedule.definition.name}: backfill a shorter window"
         )
     return times
+
+
+def next_fire_when_redefined(
+    current: Schedule, definition: ScheduleDefinition, now: datetime
+) -> datetime | None:
+    """The next fire time of ``current`` once ``definition`` replaces its own: the same
+    unless the timing changed."""
+    timing_changed = (definition.trigger, definition.timezone) != (
+        current.definition.trigger,
+        current.definition.timezone,
+    )
+    if not timing_changed:
+        return current.next_fire_at
+    recomputed = first_fire_at(definition, now)
+    if isinstance(definition.trigger, timing.Every):
+        # A new interval counts from the change (or its start_at), as a new
+        # schedule's does: nothing of the old timing is due under it.
+        return recomputed
+    return next_fire_after_retiming(current.next_fire_at, recomputed, definition, now)
 
 
 def _redefine(

@@ -17,7 +17,8 @@ arguments leave the database untouched::
 schedules and runs), :mod:`beat.ops.schedule_reads` (what reads them) and
 :mod:`beat.ops.cluster` (who leads, health, the cluster overview) and
 :mod:`beat.ops.importing` (moving in from another scheduler) and
-:mod:`beat.ops.channels` (where incidents are notified); the values they
+:mod:`beat.ops.channels` (where incidents are notified) and :mod:`beat.ops.audit`
+(who changed what, and restores); the values they
 return are in :mod:`beat.ops.read_models`. This module keeps the constructor and the
 database, and re-exports the names callers import from it.
 """
@@ -30,6 +31,8 @@ from typing import Any
 
 from beat.config import BeatConfig
 from beat.lease.presence import BeatProcess as BeatProcess
+from beat.models import ChangeEntry
+from beat.ops.audit import ScheduleAudit
 from beat.ops.channels import ChannelCommands
 from beat.ops.cluster import DEFAULT_QUEUE as DEFAULT_QUEUE
 from beat.ops.cluster import OVERDUE_LIMIT as OVERDUE_LIMIT
@@ -55,6 +58,7 @@ from beat.ops.schedule_reads import SPARK_RUNS as SPARK_RUNS
 from beat.ops.schedule_reads import UPCOMING_FIRES as UPCOMING_FIRES
 from beat.ops.schedule_reads import ScheduleReads
 from beat.ops.schedule_reads import upcoming_fires as upcoming_fires
+from beat.ops.schedules_base import this_machine
 from beat.schedule.payload import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from beat.schedule.payload import MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES
 from beat.store.all_roles import Store
@@ -73,7 +77,9 @@ from beat.store.stored_schedules import StoredSchedule as StoredSchedule
 from beat.store.stored_schedules import UnreadableSchedule as UnreadableSchedule
 
 
-class Schedules(ScheduleCommands, ScheduleReads, ClusterReads, ScheduleImports, ChannelCommands):
+class Schedules(
+    ScheduleAudit, ScheduleCommands, ScheduleReads, ClusterReads, ScheduleImports, ChannelCommands
+):
     """Create and steer schedules in the store, read their runs, and tell the state of
     the cluster: the one entry point of code and of the CLI (a thin layer over this,
     as a web page would be). It returns domain objects and plain values, and raises
@@ -99,6 +105,7 @@ class Schedules(ScheduleCommands, ScheduleReads, ClusterReads, ScheduleImports, 
         #: The settings of the cluster: where its lease is (``cluster_status``, ``health``).
         self.config = config
         #: The run history, on the same connection pool.
+        self.change = this_machine(ChangeEntry.PYTHON)
         self._run_store = RunStore(store.engine, setting=store.setting)
         self._run_stats = RunStatsStore(store.engine, setting=store.setting)
 

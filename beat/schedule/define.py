@@ -411,6 +411,22 @@ def check_task_name(task: str) -> None:
         raise InvalidSchedule(f"task name {task!r:.80} has control characters")
 
 
+#: The longest note a pause (or another change) may carry.
+MAX_NOTE_LENGTH = 500
+
+
+def check_note(note: str) -> str:
+    """A change's note, as people wrote it: one line of printable text, trimmed."""
+    if not isinstance(note, str) or not note.strip():
+        raise InvalidSchedule("note must be some text saying why: leave it out to give none")
+    trimmed = note.strip()
+    if len(trimmed) > MAX_NOTE_LENGTH:
+        raise InvalidSchedule(f"note is over {MAX_NOTE_LENGTH} characters: shorten it")
+    if not trimmed.isprintable():
+        raise InvalidSchedule("note has control characters (a line break?): write it on one line")
+    return trimmed
+
+
 def _check_options(options: Mapping[str, Any] | None, queue: str | None) -> dict[str, Any]:
     """The publish options, with ``queue`` (the CLI's --queue) among them."""
     checked = check_publish_options({} if options is None else options)

@@ -25,9 +25,11 @@ from beat.models import (
     Origin,
     ScheduleDefinition,
 )
+from beat.records import ChangeContext
 from beat.schedule.document import definition_values
 from beat.schedule.timing import Every
 from beat.store.db import StoreConnection
+from beat.store.schedule_changes import acting_as
 from beat.store.stored_schedules import (
     UnreadableSchedule,
     stored_columns,
@@ -57,6 +59,8 @@ class CodeSync(StoreConnection):
         self,
         definitions: Sequence[tuple[ScheduleDefinition, str]],
         first_fire: Callable[[ScheduleDefinition, datetime], datetime | None],
+        *,
+        change: ChangeContext | None = None,
     ) -> SyncReport:
         """Make the code-defined schedules in the database match ``definitions``.
 
@@ -65,13 +69,13 @@ class CodeSync(StoreConnection):
         argument) survive restarts; one whose code changed takes the new
         definition, but keeps its paused/enabled state; code schedules no longer
         in code are removed (like celery beat); runtime-created schedules are
-        never touched.
+        never touched. The audit log records each change as ``change``'s.
         """
         report = SyncReport(created=[], updated=[], unchanged=[], removed=[], conflicts=[])
         names = [definition.name for definition, _ in definitions]
         with self._transaction() as conn:
             conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": SYNC_LOCK_ID})
-            now = conn.execute(select(func.now())).scalar_one()
+            now = acting_as(conn, change)
             existing = {
                 row.name: row
                 for row in conn.execute(

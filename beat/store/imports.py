@@ -15,8 +15,10 @@ from sqlalchemy.exc import IntegrityError
 
 from beat.errors import ScheduleExists
 from beat.models import ScheduleDefinition
+from beat.records import ChangeContext
 from beat.schedule.document import definition_values
 from beat.store.db import StoreConnection, is_unique_violation
+from beat.store.schedule_changes import acting_as
 from beat.store.stored_schedules import (
     StoredSchedule,
     UnreadableSchedule,
@@ -72,10 +74,13 @@ class ImportStore(StoreConnection):
         plan: Callable[[Mapping[str, ImportTarget]], tuple[PlanT, ImportWrites]],
         *,
         write: bool,
+        change: ChangeContext | None = None,
     ) -> PlanT:
         """Lock the schedules called ``names``, give them to ``plan``, and write what it
-        returns (only if ``write``), all in one transaction; what ``plan`` made of them."""
+        returns (only if ``write``), all in one transaction, recorded in the audit log as
+        ``change``'s; what ``plan`` made of them."""
         with self._transaction() as conn:
+            acting_as(conn, change)
             rows = {
                 row.name: row
                 for row in conn.execute(

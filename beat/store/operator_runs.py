@@ -20,14 +20,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.errors import InvalidSchedule
-from beat.models import RunState
-from beat.records import RunRecord
+from beat.models import ChangeAction, RunState
+from beat.records import ChangeContext, RunRecord
 from beat.store.db import StoreConnection
 from beat.store.rows import (
     new_run_values,
     record_from_row,
     run_copy_columns,
 )
+from beat.store.schedule_changes import record_runs_made
 from beat.store.stored_schedules import (
     readable,
     schedule_not_found,
@@ -44,7 +45,9 @@ BACKFILL_REASON = "backfill"
 class OperatorRuns(StoreConnection):
     """Runs queued by an operator (see the module docstring)."""
 
-    def trigger(self, name: str, *, run_id: uuid.UUID | None = None) -> RunRecord:
+    def trigger(
+        self, name: str, *, run_id: uuid.UUID | None = None, change: ChangeContext | None = None
+    ) -> RunRecord:
         """Queue one run of schedule ``name`` now, outside its timing (even if paused).
 
         One ``INSERT ... SELECT`` plus a ``NOTIFY`` that wakes the leader, in one
@@ -76,6 +79,7 @@ class OperatorRuns(StoreConnection):
             row = conn.execute(statement).one_or_none()
             if row is None:
                 return self._triggered_before(conn, name, chosen)
+            record_runs_made(conn, name, ChangeAction.TRIGGER, change, f"run {chosen}")
             conn.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "trigger")))
         return record_from_row(row)
 
@@ -92,7 +96,11 @@ class OperatorRuns(StoreConnection):
         return record_from_row(earlier)
 
     def backfill(
-        self, name: str, fire_times: Callable[[datetime], list[datetime]]
+        self,
+        name: str,
+        fire_times: Callable[[datetime], list[datetime]],
+        *,
+        change: ChangeContext | None = None,
     ) -> list[RunRecord]:
         """Queue one run of schedule ``name`` per fire time, skipping fire times that
         already have a run (unique per schedule and fire time), and wake the leader.
@@ -128,6 +136,12 @@ class OperatorRuns(StoreConnection):
                 if rows
                 else []
             )
+            if inserted:
+                times = sorted(row.fire_at for row in inserted)
+                note = (
+                    f"{len(inserted)} runs from {times[0].isoformat()} to {times[-1].isoformat()}"
+                )
+                record_runs_made(conn, name, ChangeAction.BACKFILL, change, note)
             conn.execute(select(func.pg_notify(SCHEDULES_CHANNEL, "backfill")))
         return sorted((record_from_row(row) for row in inserted), key=lambda r: r.fire_at or 0)
 

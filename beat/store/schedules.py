@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -39,6 +40,7 @@ from beat.models import (
     Schedule,
     ScheduleDefinition,
 )
+from beat.records import ChangeContext
 from beat.schedule.document import definition_values
 from beat.store import schema
 from beat.store.code_sync import CodeSync
@@ -49,6 +51,7 @@ from beat.store.db import (
 )
 from beat.store.imports import ImportStore
 from beat.store.operator_runs import OperatorRuns
+from beat.store.schedule_changes import ScheduleChanges, acting_as
 from beat.store.schedule_outcomes import failing_names
 from beat.store.stored_schedules import (
     StoredSchedule,
@@ -104,7 +107,7 @@ class OverdueSchedules:
     total: int
 
 
-class ScheduleStore(CodeSync, OperatorRuns, ImportStore):
+class ScheduleStore(CodeSync, OperatorRuns, ImportStore, ScheduleChanges):
     """PostgreSQL access to the schedules table (and the schema)."""
 
     @classmethod
@@ -134,13 +137,17 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore):
     # -- schedules ----------------------------------------------------------------
 
     def insert_schedule(
-        self, build: Callable[[datetime], tuple[ScheduleDefinition, datetime | None]]
+        self,
+        build: Callable[[datetime], tuple[ScheduleDefinition, datetime | None]],
+        *,
+        change: ChangeContext | None = None,
     ) -> Schedule:
         """Insert a new schedule: ``build(now)`` gives its definition and next fire time
-        from the database time of the inserting transaction."""
+        from the database time of the inserting transaction; the audit log records it
+        as ``change``'s."""
         try:
             with self._transaction() as conn:
-                now = conn.execute(select(func.now())).scalar_one()
+                now = acting_as(conn, change)
                 definition, next_fire_at = build(now)
                 row = conn.execute(
                     insert(schedules)
@@ -203,11 +210,16 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore):
         self,
         name: str,
         build: Callable[[Schedule, datetime], tuple[ScheduleDefinition, datetime | None]],
+        *,
+        change: ChangeContext | None = None,
+        disabled_reason: str | None = None,
     ) -> Schedule:
         """Update one schedule under a row lock: ``build(current, now)`` gives the new
-        definition and next fire time (so concurrent updates cannot interleave)."""
+        definition and next fire time (so concurrent updates cannot interleave); the
+        audit log records it as ``change``'s. A schedule it pauses keeps
+        ``disabled_reason`` (a pause's note) if one is given."""
         with self._transaction() as conn:
-            now = conn.execute(select(func.now())).scalar_one()
+            now = acting_as(conn, change)
             row = conn.execute(
                 select(*stored_columns()).where(schedules.c.name == name).with_for_update()
             ).one_or_none()
@@ -238,7 +250,7 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore):
                 .values(
                     # A schedule enabled again starts afresh: its old disable reason goes,
                     # and so does its quarantine.
-                    disabled_reason=None if definition.enabled else schedules.c.disabled_reason,
+                    disabled_reason=_disabled_reason(definition.enabled, disabled_reason),
                     quarantined_at=None if definition.enabled else schedules.c.quarantined_at,
                 )
                 .returning(*stored_columns())
@@ -288,11 +300,12 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore):
         ]
         return OverdueSchedules(schedules=found, total=rows[0].total if rows else 0)
 
-    def delete_schedule(self, name: str) -> None:
+    def delete_schedule(self, name: str, *, change: ChangeContext | None = None) -> None:
         """Delete a schedule made at runtime; its run history stays (``schedule_id``
-        becomes NULL). One defined in code is refused: the next sync would create it
-        again, so it is removed from the code, or paused."""
+        becomes NULL), and so does its audit log. One defined in code is refused: the
+        next sync would create it again, so it is removed from the code, or paused."""
         with self._transaction() as conn:
+            acting_as(conn, change)
             row = conn.execute(
                 select(schedules.c.id, schedules.c.origin)
                 .where(schedules.c.name == name)
@@ -309,6 +322,14 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore):
             # First: the runs lose their schedule_id with it (ON DELETE SET NULL).
             cancel_unreleased(conn, row.id, "its schedule was deleted")
             conn.execute(delete(schedules).where(schedules.c.id == row.id))
+
+
+def _disabled_reason(enabled: bool, given: str | None) -> Any:
+    """A schedule enabled has no disable reason; one disabled keeps its own unless a
+    reason is given."""
+    if enabled:
+        return None
+    return schedules.c.disabled_reason if given is None else given
 
 
 def _filter_conditions(

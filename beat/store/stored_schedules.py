@@ -195,6 +195,7 @@ def schedule_from_row(row: Row[Any]) -> Schedule:
         source=row.source,
         source_id=row.source_id,
         description=row.description,
+        version=row.version,
     )
 
 

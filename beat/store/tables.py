@@ -30,6 +30,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 from beat.models import (
     FINISHED_STATES,
+    ChangeAction,
+    ChangeEntry,
     ChannelKind,
     IncidentKind,
     MisfirePolicy,
@@ -124,6 +126,8 @@ schedules = Table(
     Column("channels", ARRAY(Text)),
     Column("created_at", TZ, nullable=False, server_default=text("now()")),
     Column("updated_at", TZ, nullable=False, server_default=text("now()")),
+    #: Raised by each recorded change (``schedule_changes``; set by its triggers).
+    Column("version", Integer, nullable=False, server_default=text("1")),
     CheckConstraint(_in("trigger_kind", TriggerKind), name="ck_beat_schedules_trigger_kind"),
     CheckConstraint(_in("origin", Origin), name="ck_beat_schedules_origin"),
     CheckConstraint(_in("misfire_policy", MisfirePolicy), name="ck_beat_schedules_misfire_policy"),
@@ -477,6 +481,36 @@ monitor_progress = Table(
 
 #: Where the scheduler sends what happens to incidents (``beat.notify``): every channel
 #: gets every incident's notifications.
+#: The audit log: one row per change to a schedule's fields, written by the triggers of
+#: ``beat_schedules`` in the transaction of the change (migration 0019 holds them, and
+#: ``beat.store.schedule_changes`` tells them who makes it). ``before`` and ``after``
+#: are the schedule's recorded columns as JSON (none before a create, after a delete);
+#: an end, a trigger or a backfill is recorded with neither. Kept as long as finished
+#: runs.
+schedule_changes = Table(
+    "beat_schedule_changes",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("schedule_name", Text, nullable=False),
+    #: The schedule's version after the change (a delete's: the version deleted).
+    Column("version", Integer, nullable=False),
+    Column("changed_at", TZ, nullable=False, server_default=text("now()")),
+    Column("action", Text, nullable=False),
+    #: Who: a user, ``token:<name>``, ``system:<reason>`` or ``sql:<database user>``.
+    Column("actor", Text, nullable=False),
+    Column("entry", Text, nullable=False),
+    #: The machine the change was made on, and the client's address over HTTP.
+    Column("host", Text),
+    Column("address", Text),
+    Column("note", Text),
+    Column("before", JSONB),
+    Column("after", JSONB),
+    CheckConstraint(_in("action", ChangeAction), name="ck_beat_schedule_changes_action"),
+    CheckConstraint(_in("entry", ChangeEntry), name="ck_beat_schedule_changes_entry"),
+)
+Index("ix_beat_schedule_changes_schedule", schedule_changes.c.schedule_name, schedule_changes.c.id)
+Index("ix_beat_schedule_changes_changed_at", schedule_changes.c.changed_at)
+
 channels = Table(
     "beat_channels",
     metadata,

@@ -24,6 +24,7 @@ from sqlalchemy import (
 from beat.errors import StaleEpoch
 from beat.models import Quarantine, RunState, RunToPublish
 from beat.store.db import StoreConnection
+from beat.store.schedule_changes import RECORDED_SETTING, record_quarantines
 from beat.store.tables import leader, runs, schedules
 
 
@@ -55,6 +56,8 @@ class FencedStore(StoreConnection):
         ]
         if claiming:
             settings.append(func.set_config("beat.claiming", "on", True))
+            # The claim records the schedules it ends or quarantines itself, set-wise.
+            settings.append(func.set_config(RECORDED_SETTING, "on", True))
         row = conn.execute(
             select(leader.c.epoch, func.now(), *settings)
             .where(leader.c.name == self.leader_name)
@@ -89,8 +92,12 @@ def _run_from_row(row: Row[Any]) -> RunToPublish:
 def _quarantine(conn: Connection, quarantined: Sequence[Quarantine]) -> None:
     """Disable each schedule with its reason and fail its runs waiting in the outbox
     (they would fail the same way). A schedule quarantined already keeps its first
-    reason and time: that is the cause to fix."""
+    reason and time: that is the cause to fix. The audit log records each first
+    quarantine as the scheduler's."""
+    if not quarantined:
+        return
     first_time = schedules.c.quarantined_at.is_(None)
+    record_quarantines(conn, [(entry.schedule_id, entry.reason) for entry in quarantined])
     for entry in quarantined:
         conn.execute(
             update(schedules)
@@ -102,6 +109,7 @@ def _quarantine(conn: Connection, quarantined: Sequence[Quarantine]) -> None:
                     (first_time, literal(entry.reason)), else_=schedules.c.disabled_reason
                 ),
                 updated_at=func.now(),
+                version=schedules.c.version + case((first_time, 1), else_=0),
             )
         )
         conn.execute(

@@ -30,8 +30,10 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     func,
     literal,
+    or_,
     select,
     update,
 )
@@ -68,6 +70,7 @@ from beat.store.pg_arrays import (
     uuid_array,
 )
 from beat.store.rows import new_run_values, run_copy_columns
+from beat.store.schedule_changes import record_ends
 from beat.store.tables import TZ, runs, schedules
 
 logger = logging.getLogger(__name__)
@@ -228,7 +231,16 @@ class ClaimStatements(FencedStore):
 
     @staticmethod
     def _advance(conn: Connection, advances: list[Advance]) -> None:
-        """Advance every claimed schedule in one statement (``UPDATE ... FROM unnest(...)``)."""
+        """Advance every claimed schedule in one statement (``UPDATE ... FROM unnest(...)``),
+        after recording those it ends in the audit log (one statement more, if any)."""
+        record_ends(
+            conn,
+            [
+                (advance.schedule_id, advance.disable_reason)
+                for advance in advances
+                if advance.next_fire_at is None or advance.disable_reason is not None
+            ],
+        )
         conn.execute(
             _ADVANCE,
             {
@@ -290,5 +302,11 @@ _ADVANCE = (
         runs_count=schedules.c.runs_count + _ADVANCED.c.fired,
         enabled=and_(schedules.c.enabled, _ADVANCED.c.reasons.is_(None)),
         disabled_reason=func.coalesce(_ADVANCED.c.reasons, schedules.c.disabled_reason),
+        # A schedule the claim ends is a new version (``schedule_changes.record_ends``).
+        version=schedules.c.version
+        + case(
+            (or_(_ADVANCED.c.reasons.is_not(None), _ADVANCED.c.next_fire_ats.is_(None)), 1),
+            else_=0,
+        ),
     )
 )

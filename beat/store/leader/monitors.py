@@ -24,11 +24,13 @@ from sqlalchemy import Connection, Row, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.limits import MAX_FAILURE_THRESHOLD
-from beat.models import FINISHED_STATES, IncidentKind, NotificationEvent
+from beat.models import FINISHED_STATES, ChangeEntry, IncidentKind, NotificationEvent
 from beat.monitors.failing import Decision, OpenIncident, Outcome, Thresholds, decide
+from beat.records import ChangeContext
 from beat.store.leader.base import FencedStore
 from beat.store.leader.incident_writes import open_incident, resolve_incident
 from beat.store.leader.notifications import notify_incident
+from beat.store.schedule_changes import acting_as
 from beat.store.tables import incidents, monitor_progress, schedules
 from beat.store.unreleased_runs import cancel_unreleased
 
@@ -45,6 +47,9 @@ ERROR_CHARS = 500
 _FAILURES = ("failed", "lost", "expired")
 _FINISHED = ", ".join(repr(state.value) for state in FINISHED_STATES)
 _FAILURE_STATES = ", ".join(repr(state) for state in _FAILURES)
+
+#: Who the audit log names for a pause after failures in a row.
+AUTO_PAUSE = "system:auto-pause"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -201,6 +206,7 @@ class _Pass:
         )
         if decision.last_error:
             note += f"; the last: {decision.last_error[:200]}"
+        acting_as(self.conn, ChangeContext(actor=AUTO_PAUSE, entry=ChangeEntry.SYSTEM, note=note))
         paused = self.conn.execute(
             update(schedules)
             .where(schedules.c.id == row.id, schedules.c.enabled)

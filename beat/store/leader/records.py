@@ -114,6 +114,8 @@ class PruneReport:
     #: included).
     incidents: int
     notifications: int
+    #: Changes of the audit log deleted (made before the cutoff).
+    changes: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

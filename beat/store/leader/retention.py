@@ -1,6 +1,6 @@
 """Retention: old finished runs deleted in batches, and the run statistics' minutes
 summarised before they go; with the same cutoff, the incidents resolved and the
-notifications sent or given up before it."""
+notifications sent or given up before it, and the audit log's changes made before it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from beat.store.leader.records import PruneReport
 from beat.store.rows import finished_age
 from beat.store.schedule_outcomes import delete_runs_keeping_outcomes
 from beat.store.stats import RunStatsStore, SummaryReport
-from beat.store.tables import FINISHED_SQL, incidents, notifications, runs
+from beat.store.tables import FINISHED_SQL, incidents, notifications, runs, schedule_changes
 
 #: At most this many incidents are deleted per transaction, whatever the batch: each
 #: one's notifications are found by ``ix_beat_notifications_incident`` (without it, a
@@ -74,13 +74,17 @@ class RetentionStatements(FencedStore):
         resolved = _in_batches(
             lambda: self._prune_incidents_batch(cutoff, per_batch), per_batch, deadline
         )
+        audited = _in_batches(
+            lambda: (self._prune_changes_batch(cutoff, batch), 0), batch, deadline
+        )
         return PruneReport(
             deleted=finished.rows,
             batches=finished.batches,
             cutoff=cutoff,
-            caught_up=finished.caught_up and settled.caught_up and resolved.caught_up,
+            caught_up=all(part.caught_up for part in (finished, settled, resolved, audited)),
             incidents=resolved.rows,
             notifications=settled.rows + resolved.along,
+            changes=audited.rows,
         )
 
     def summarise(
@@ -129,6 +133,20 @@ class RetentionStatements(FencedStore):
         with self._transaction() as conn:
             return conn.execute(
                 delete(notifications).where(notifications.c.id.in_(doomed))
+            ).rowcount
+
+    def _prune_changes_batch(self, cutoff: datetime, batch: int) -> int:
+        """Delete up to ``batch`` changes of the audit log made before ``cutoff``."""
+        doomed = (
+            select(schedule_changes.c.id)
+            .where(schedule_changes.c.changed_at < cutoff)
+            .order_by(schedule_changes.c.changed_at)
+            .limit(batch)
+            .with_for_update(skip_locked=True)
+        )
+        with self._transaction() as conn:
+            return conn.execute(
+                delete(schedule_changes).where(schedule_changes.c.id.in_(doomed))
             ).rowcount
 
     def _prune_incidents_batch(self, cutoff: datetime, batch: int) -> tuple[int, int]:

@@ -493,7 +493,8 @@ def test_prune_deletes_only_old_finished_runs_in_batches(cli: Cli, store: Store)
     again = cli("prune", "--older-than", "30d")
     assert again.stdout.startswith("deleted 0 finished runs older than ")
     assert again.stdout.rstrip().endswith(
-        "0 incidents resolved and 0 notifications sent or given up before it"
+        "0 incidents resolved, 0 notifications sent or given up and 0 changes of the audit"
+        " log made before it"
     )
 
 
