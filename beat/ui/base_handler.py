@@ -26,6 +26,7 @@ from beat.errors import (
     ScheduleNotFound,
     StoreError,
 )
+from beat.models import ChangeEntry
 from beat.ops import monitor_rendering, rendering
 from beat.ops.schedules import Schedules, preview
 from beat.ui import charts, wording
@@ -58,6 +59,7 @@ DONE = {
     "created": "Created.",
     "saved": "Saved.",
     "deleted": "Deleted.",
+    "restored": "Restored: the version's fields are the schedule's again, as a new version.",
 }
 
 
@@ -101,7 +103,11 @@ class BaseHandler(tornado.web.RequestHandler):
 
     @property
     def schedules(self) -> Schedules:
-        return self.context.schedules
+        """The facade, acting for this request's user from its address (the audit log
+        records them; without a password, the user the UI runs as)."""
+        return self.context.schedules.acting_as(
+            ChangeEntry.UI, actor=self.user or None, address=self.request.remote_ip
+        )
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Security-Policy", CONTENT_SECURITY_POLICY)

@@ -14,6 +14,9 @@
 - ``GET /api/incidents?all=1&schedule=&limit=``: ``{"incidents": [...]}``, the open ones
   newest first (``schedules incidents --json`` documents); ``all=1``: resolved ones too;
   ``schedule``: only those of the schedule of that name
+- ``GET /api/schedules/<name>/changes?limit=``, ``GET /api/changes?limit=``:
+  ``{"changes": [...]}``, the audit log newest first (``schedules audit --json``
+  documents), of one schedule (a removed one's too) or of all
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from typing import Any
 import tornado.web
 
 from beat.ops import rendering
+from beat.ops.audit_rendering import change_document
 from beat.ops.incident_rendering import incident_document
+from beat.store.schedule_changes import MAX_CHANGES
 from beat.ui.base_handler import BaseHandler, UIContext
 from beat.ui.pages import INCIDENTS_LIMIT, WINDOWS, include_resolved, schedule_filter
 
@@ -106,6 +111,15 @@ class RunAPI(JSONHandler):
         self.send(rendering.run_document(run))
 
 
+class ChangesAPI(JSONHandler):
+    """Changes of the audit log, newest first: of one schedule, or of every one."""
+
+    async def get(self, name: str | None = None) -> None:
+        limit = self.bounded_int("limit", 100, 1, MAX_CHANGES)
+        found = await self.call(self.schedules.audit, name, limit=limit)
+        self.send({"changes": [change_document(change) for change in found]})
+
+
 class ClusterAPI(JSONHandler):
     async def get(self) -> None:
         overview = await self.call(self.schedules.cluster_overview)
@@ -169,6 +183,8 @@ def routes(context: UIContext) -> list[tuple[str, type[tornado.web.RequestHandle
         (r"/api/schedules", SchedulesAPI, arguments),
         (r"/api/schedules/([^/]+)", ScheduleAPI, arguments),
         (r"/api/schedules/([^/]+)/runs", RunsAPI, arguments),
+        (r"/api/schedules/([^/]+)/changes", ChangesAPI, arguments),
+        (r"/api/changes", ChangesAPI, arguments),
         (r"/api/runs/([^/]+)", RunAPI, arguments),
         (r"/api/cluster", ClusterAPI, arguments),
         (r"/api/stats", StatsAPI, arguments),

@@ -252,8 +252,9 @@ class ActionHandler(BaseHandler):
     async def post(self, name: str, action: str) -> None:
         if action not in self.ACTIONS:
             raise tornado.web.HTTPError(404)
+        note = self.get_body_argument("note", "").strip() or None
         operation: dict[str, Callable[[str], object]] = {
-            "pause": self.schedules.pause,
+            "pause": functools.partial(self.schedules.pause, note=note),
             "resume": self.schedules.resume,
             "trigger": functools.partial(self.schedules.trigger_run, run_id=self._trigger_id()),
             "delete": self.schedules.delete,

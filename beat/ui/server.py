@@ -24,7 +24,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from beat.ops.schedules import Schedules
-from beat.ui import base_handler, json_api, pages
+from beat.ui import base_handler, history_pages, json_api, pages
 from beat.ui.security import FORM_BODY_LIMIT, check_exposure
 
 #: Where the UI listens unless told otherwise (Flower's default is 5555).
@@ -82,6 +82,7 @@ def make_application(
     )
     routes: list[Any] = [
         *pages.routes(context),
+        *history_pages.routes(context),
         *json_api.routes(context),
     ]
     return tornado.web.Application(

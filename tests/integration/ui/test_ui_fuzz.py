@@ -64,6 +64,8 @@ ROUTES = (
     "/schedules/{}/resume",
     "/schedules/{}/trigger",
     "/schedules/{}/delete",
+    "/schedules/{}/history",
+    "/schedules/{}/restore",
     "/schedules/{}/{}",
     "/cluster",
     "/plots",
@@ -71,6 +73,8 @@ ROUTES = (
     "/api/schedules",
     "/api/schedules/{}",
     "/api/schedules/{}/runs",
+    "/api/schedules/{}/changes",
+    "/api/changes",
     "/api/runs/{}",
     "/api/cluster",
     "/api/stats",
@@ -121,6 +125,8 @@ FIELDS = (
     "revoke_after_max_runtime",
     "enabled",
     "run_id",
+    "note",
+    "version",
 )
 
 # -- values ---------------------------------------------------------------------------------
