@@ -55,6 +55,22 @@ class ScheduleExists(HABeatError):
     """A schedule with this name exists already: pick another name or update it."""
 
 
+class VersionConflict(HABeatError):
+    """The schedule changed since the caller read it (another version): read it again,
+    and make the change again on what it is now."""
+
+    def __init__(self, message: str, *, name: str, current: str, expected: str) -> None:
+        super().__init__(message)
+        self.name = name
+        #: The version tags (``Schedule.tag``) it has now, and the one the caller sent.
+        self.current = current
+        self.expected = expected
+
+
+class IdempotencyKeyReused(HABeatError):
+    """An idempotency key came back with another request: send a new key."""
+
+
 class ScheduleNotFound(HABeatError):
     """No schedule has this name: `celery -A app schedules list` shows them."""
 

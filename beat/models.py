@@ -69,6 +69,21 @@ class ChangeEntry(enum.StrEnum):
     SQL = "sql"
 
 
+class Role(enum.StrEnum):
+    """What a user of the UI or a token of the API may do; each includes the one before."""
+
+    #: Read everything.
+    VIEWER = "viewer"
+    #: And pause, resume, trigger and backfill.
+    OPERATOR = "operator"
+    #: And create, edit, restore and delete.
+    ADMIN = "admin"
+
+    def allows(self, needed: Role) -> bool:
+        order = list(Role)
+        return order.index(self) >= order.index(needed)
+
+
 class MisfirePolicy(enum.StrEnum):
     """What happens to fire times missed for longer than the misfire grace (no leader ran)."""
 
@@ -201,6 +216,16 @@ class Schedule:
     @property
     def name(self) -> str:
         return self.definition.name
+
+    @property
+    def tag(self) -> str:
+        """This version of this schedule (an HTTP ETag): its row's ID and its version,
+        so a schedule removed and made again under the name never matches an old tag."""
+        return version_tag(self.id, self.version)
+
+
+def version_tag(schedule_id: int, version: int) -> str:
+    return f"{schedule_id}.{version}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -135,7 +135,8 @@ def store(test_env: SessionEnv) -> Iterator[Store]:
         tables = (
             "beat_runs, beat_schedules, beat_leader, beat_run_minutes, beat_run_summary,"
             " beat_unrecorded_consumers, beat_workers, beat_incidents, beat_monitor_progress,"
-            " beat_channels, beat_notifications, beat_schedule_changes"
+            " beat_channels, beat_notifications, beat_schedule_changes, beat_api_tokens,"
+            " beat_idempotency_keys"
         )
         conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY"))
     yield store

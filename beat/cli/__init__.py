@@ -1,8 +1,8 @@
 """``celery -A proj schedules ...``: operate the scheduler without opening psql.
 
 Commands: add, update, show, list, pause, resume, remove, trigger, runs, leader, sync,
-import, export, migrate, prune, health, incidents, channels, audit, restore, and ui
-(serves the schedules UI, ``beat.ui``).
+import, export, migrate, prune, health, incidents, channels, audit, restore, tokens,
+and ui (serves the schedules UI and its HTTP API, ``beat.ui``).
 Each but ui takes ``--json`` for scripts (one JSON document on stdout; for commands
 that change something, an object describing the result). Human output is an
 aligned table.
@@ -25,6 +25,7 @@ sync), :mod:`beat.cli.run_commands` (trigger, backfill, runs, prune),
 :mod:`beat.cli.cluster_commands` (migrate, leader, health, incidents),
 :mod:`beat.cli.channel_commands` (channels add, list, remove),
 :mod:`beat.cli.audit_commands` (audit, restore),
+:mod:`beat.cli.token_commands` (tokens create, list, revoke),
 :mod:`beat.cli.import_commands` (import, export) and
 :mod:`beat.cli.ui_command` (ui). Importing this package registers them all on the
 group.
@@ -44,6 +45,7 @@ from beat.cli import (  # noqa: F401
     import_commands,
     run_commands,
     schedule_commands,
+    token_commands,
     ui_command,
 )
 from beat.cli.group import schedules as schedules

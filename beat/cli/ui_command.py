@@ -32,7 +32,8 @@ from beat.store.db import masked_url
 @click.option(
     "--basic-auth",
     envvar="HABEAT_UI_BASIC_AUTH",
-    help="user:password pairs separated by commas, as Flower's (HABEAT_UI_BASIC_AUTH)",
+    help="user:password pairs separated by commas, as Flower's, each may end in :viewer,"
+    " :operator or :admin (the default) (HABEAT_UI_BASIC_AUTH)",
 )
 @click.option(
     "--read-only",
@@ -55,16 +56,22 @@ def ui(
     flower_url: str | None,
 ) -> None:
     """Serve the schedules UI: schedules, runs, the cluster and plots, in a browser."""
-    from beat.ui.security import check_exposure
+    from beat.ui.security import check_exposure, parse_roles
     from beat.ui.server import UISettings, registered_tasks, serve
 
     with _errors_as_exit_codes():
         users = _users(basic_auth)
+        roles = parse_roles(basic_auth)
         check_exposure(address, users)  # before connecting: nothing is served on a bad setup
         _check_flower_url(flower_url)
     manager = _schedules(ctx)
     settings = UISettings(
-        address=address, port=port, users=users, read_only=read_only, flower_url=flower_url
+        address=address,
+        port=port,
+        users=users,
+        roles=roles,
+        read_only=read_only,
+        flower_url=flower_url,
     )
     try:
         serve(

@@ -38,7 +38,14 @@ class ScheduleAudit(ScheduleCommands):
         """The version of schedule ``name`` now (None once it is removed)."""
         return self.store.schedule_version(name)
 
-    def restore(self, name: str, version: int, *, allow_unregistered: bool = False) -> Schedule:
+    def restore(
+        self,
+        name: str,
+        version: int,
+        *,
+        allow_unregistered: bool = False,
+        if_version: str | None = None,
+    ) -> Schedule:
         """Make the fields of ``version`` of schedule ``name`` its own again, as a new
         change (the log records it as a restore). Its task, timing, arguments, options,
         policies and monitors come back; whether it is paused stays as it is now. A
@@ -58,6 +65,6 @@ class ScheduleAudit(ScheduleCommands):
             return restored, first_fire_at(restored, now)
 
         try:
-            return self.store.replace_schedule(name, build, change=change)
+            return self.store.replace_schedule(name, build, change=change, if_version=if_version)
         except ScheduleNotFound:
             return self.store.insert_schedule(create, change=change)

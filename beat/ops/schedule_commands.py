@@ -8,8 +8,10 @@ hands to the ``build`` functions here, never from this machine's clock."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -46,6 +48,31 @@ class ScheduleCommands(SchedulesBase):
         self, name: str, task: str, *, allow_unregistered: bool = False, **fields: Any
     ) -> Schedule:
         """Validate and store a new schedule; see :func:`define` for the fields."""
+        build = self._creation(name, task, allow_unregistered, fields)
+        return self.store.insert_schedule(build, change=self.change)
+
+    def create_once(
+        self,
+        idempotency_key: str,
+        name: str,
+        task: str,
+        *,
+        allow_unregistered: bool = False,
+        **fields: Any,
+    ) -> tuple[Schedule, bool]:
+        """:meth:`create`, once per ``idempotency_key`` (a retried request): the schedule,
+        and whether this call made it. The same key with other fields is refused
+        (IdempotencyKeyReused)."""
+        check_idempotency_key(idempotency_key)
+        build = self._creation(name, task, allow_unregistered, fields)
+        request = json.dumps([name, task, fields], sort_keys=True, default=str)
+        digest = hashlib.sha256(request.encode()).hexdigest()
+        return self.store.insert_schedule_once(idempotency_key, digest, build, change=self.change)
+
+    def _creation(
+        self, name: str, task: str, allow_unregistered: bool, fields: dict[str, Any]
+    ) -> Callable[[datetime], tuple[ScheduleDefinition, datetime | None]]:
+        """The checked fields of a new schedule, as the store's ``build``."""
         fields = {**self.defaults, **fields}
         fields.setdefault("default_tz", self.default_tz)
         # Bad input is refused before the task lookup; the past is the database's, below.
@@ -59,10 +86,19 @@ class ScheduleCommands(SchedulesBase):
             definition = define(name, task, now=now, **fields)
             return definition, first_fire_at(definition, now)
 
-        return self.store.insert_schedule(build, change=self.change)
+        return build
 
-    def update(self, name: str, *, allow_unregistered: bool = False, **changes: Any) -> Schedule:
-        """Change some fields of a schedule; a changed timing recomputes the next fire time."""
+    def update(
+        self,
+        name: str,
+        *,
+        allow_unregistered: bool = False,
+        if_version: str | None = None,
+        **changes: Any,
+    ) -> Schedule:
+        """Change some fields of a schedule; a changed timing recomputes the next fire time.
+        With ``if_version`` (``Schedule.tag``), VersionConflict unless it is still that
+        version: two people editing at once cannot overwrite each other."""
         if changes.get("channels") is not None:
             self.check_channels(check_channel_names(changes["channels"]))
         if "task" in changes:
@@ -79,9 +115,11 @@ class ScheduleCommands(SchedulesBase):
                 self.check_arguments(definition)
             return definition, next_fire_when_redefined(current, definition, now)
 
-        return self.store.replace_schedule(name, build, change=self.change)
+        return self.store.replace_schedule(name, build, change=self.change, if_version=if_version)
 
-    def pause(self, name: str, *, note: str | None = None) -> Schedule:
+    def pause(
+        self, name: str, *, note: str | None = None, if_version: str | None = None
+    ) -> Schedule:
         """Stop firing; fire times while paused are not made up on resume. ``note``
         says why: the schedule shows it while paused, and the audit log keeps it."""
         if note is not None:
@@ -94,9 +132,10 @@ class ScheduleCommands(SchedulesBase):
             ),
             change=replace(self.change, note=note),
             disabled_reason=note,
+            if_version=if_version,
         )
 
-    def resume(self, name: str) -> Schedule:
+    def resume(self, name: str, *, if_version: str | None = None) -> Schedule:
         """Fire again from the next fire time after now."""
 
         def build(current: Schedule, now: datetime) -> tuple[ScheduleDefinition, datetime | None]:
@@ -105,12 +144,12 @@ class ScheduleCommands(SchedulesBase):
                 return definition, current.next_fire_at
             return definition, _resumed_next_fire(current, now)
 
-        return self.store.replace_schedule(name, build, change=self.change)
+        return self.store.replace_schedule(name, build, change=self.change, if_version=if_version)
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, *, if_version: str | None = None) -> None:
         """Delete a schedule made at runtime; one defined in code is refused (the next
         sync would bring it back)."""
-        self.store.delete_schedule(name, change=self.change)
+        self.store.delete_schedule(name, change=self.change, if_version=if_version)
 
     def sync_code(self, definitions: Sequence[tuple[ScheduleDefinition, str]]) -> SyncReport:
         """Make the schedules defined in code (``beat.schedule.code.collect``: each
@@ -238,6 +277,29 @@ def _fire_times_between(
             f" of {schedule.definition.name}: backfill a shorter window"
         )
     return times
+
+
+#: The longest idempotency key taken (Stripe's and the IETF draft's keys are shorter).
+MAX_IDEMPOTENCY_KEY = 255
+
+
+def check_idempotency_key(key: str) -> None:
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY or not key.isascii() or not key.isprintable():
+        raise InvalidSchedule(
+            f"an idempotency key is 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters:"
+            " a UUID is a good one"
+        )
+
+
+def trigger_run_id(name: str, idempotency_key: str) -> uuid.UUID:
+    """The run ID a trigger of schedule ``name`` with ``idempotency_key`` gets: the same
+    for a retried request, so the store's trigger makes one run."""
+    check_idempotency_key(idempotency_key)
+    return uuid.uuid5(TRIGGER_KEYS, f"{name}\x00{idempotency_key}")
+
+
+#: The namespace of the run IDs derived from idempotency keys.
+TRIGGER_KEYS = uuid.UUID("6c1f6e2a-5a0b-4c56-9a3f-1d2f3a4b5c6d")
 
 
 def next_fire_when_redefined(

@@ -18,7 +18,8 @@ schedules and runs), :mod:`beat.ops.schedule_reads` (what reads them) and
 :mod:`beat.ops.cluster` (who leads, health, the cluster overview) and
 :mod:`beat.ops.importing` (moving in from another scheduler) and
 :mod:`beat.ops.channels` (where incidents are notified) and :mod:`beat.ops.audit`
-(who changed what, and restores); the values they
+(who changed what, and restores) and :mod:`beat.ops.api_access` (the API's tokens);
+the values they
 return are in :mod:`beat.ops.read_models`. This module keeps the constructor and the
 database, and re-exports the names callers import from it.
 """
@@ -32,6 +33,7 @@ from typing import Any
 from beat.config import BeatConfig
 from beat.lease.presence import BeatProcess as BeatProcess
 from beat.models import ChangeEntry
+from beat.ops.api_access import ApiAccess
 from beat.ops.audit import ScheduleAudit
 from beat.ops.channels import ChannelCommands
 from beat.ops.cluster import DEFAULT_QUEUE as DEFAULT_QUEUE
@@ -78,7 +80,13 @@ from beat.store.stored_schedules import UnreadableSchedule as UnreadableSchedule
 
 
 class Schedules(
-    ScheduleAudit, ScheduleCommands, ScheduleReads, ClusterReads, ScheduleImports, ChannelCommands
+    ScheduleAudit,
+    ScheduleCommands,
+    ScheduleReads,
+    ClusterReads,
+    ScheduleImports,
+    ChannelCommands,
+    ApiAccess,
 ):
     """Create and steer schedules in the store, read their runs, and tell the state of
     the cluster: the one entry point of code and of the CLI (a thin layer over this,

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
+from beat.store.api_tokens import ApiTokens
 from beat.store.channels import ChannelStatements
 from beat.store.db import create_store_engine
 from beat.store.leader import LeaderStore
 from beat.store.schedules import ScheduleStore
 
 
-class Store(ScheduleStore, LeaderStore, ChannelStatements):
-    """The schedules, the leader's tables and the notification channels, on one engine."""
+class Store(ScheduleStore, LeaderStore, ChannelStatements, ApiTokens):
+    """The schedules, the leader's tables, the notification channels and the API's
+    tokens, on one engine."""
 
     def __init__(
         self, engine: Engine, *, leader_name: str = "habeat", setting: str = "habeat_database_url"

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    Connection,
     any_,
     bindparam,
     delete,
@@ -28,17 +29,22 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, TEXT
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 
 from beat.errors import (
+    IdempotencyKeyReused,
     InvalidSchedule,
     ScheduleExists,
+    ScheduleNotFound,
     StoreError,
+    VersionConflict,
 )
 from beat.models import (
     Origin,
     Schedule,
     ScheduleDefinition,
+    version_tag,
 )
 from beat.records import ChangeContext
 from beat.schedule.document import definition_values
@@ -61,7 +67,7 @@ from beat.store.stored_schedules import (
     stored_columns,
     stored_schedule,
 )
-from beat.store.tables import schedules
+from beat.store.tables import idempotency_keys, schedules
 from beat.store.unreleased_runs import cancel_unreleased, timing, withdraw_unreleased
 
 logger = logging.getLogger(__name__)
@@ -145,25 +151,35 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore, ScheduleChanges):
         """Insert a new schedule: ``build(now)`` gives its definition and next fire time
         from the database time of the inserting transaction; the audit log records it
         as ``change``'s."""
-        try:
-            with self._transaction() as conn:
-                now = acting_as(conn, change)
-                definition, next_fire_at = build(now)
-                row = conn.execute(
-                    insert(schedules)
-                    .values(**definition_values(definition), next_fire_at=next_fire_at)
-                    .returning(*stored_columns())
-                ).one()
-        except IntegrityError as exc:
-            if is_unique_violation(exc, "beat_schedules_name_key"):
-                raise ScheduleExists(
-                    f"a schedule named '{definition.name}' exists already:"
-                    " pick another name, or update or remove it"
-                ) from exc
-            raise StoreError(
-                f"the schedule was refused by PostgreSQL: {first_line(exc.orig)}"
-            ) from exc
-        return schedule_from_row(row)
+        with self._transaction() as conn:
+            now = acting_as(conn, change)
+            return _inserted(conn, *build(now))
+
+    def insert_schedule_once(
+        self,
+        key: str,
+        request_hash: str,
+        build: Callable[[datetime], tuple[ScheduleDefinition, datetime | None]],
+        *,
+        change: ChangeContext | None = None,
+    ) -> tuple[Schedule, bool]:
+        """Insert a new schedule once per idempotency ``key``: the schedule, and whether
+        this call made it. A second call with the key and the same ``request_hash``
+        gets the schedule the first made (it waits for the first to commit);
+        IdempotencyKeyReused if the hash differs, ScheduleNotFound if that schedule was
+        removed since."""
+        with self._transaction() as conn:
+            now = acting_as(conn, change)
+            definition, next_fire_at = build(now)
+            taken = conn.execute(
+                pg_insert(idempotency_keys)
+                .values(key=key, request_hash=request_hash, schedule_name=definition.name)
+                .on_conflict_do_nothing()
+                .returning(idempotency_keys.c.key)
+            ).scalar_one_or_none()
+            if taken is None:
+                return _made_before(conn, key, request_hash), False
+            return _inserted(conn, definition, next_fire_at), True
 
     def get_schedule(self, name: str) -> Schedule:
         """Schedule ``name``; InvalidSchedule if its row cannot be read (see
@@ -213,11 +229,13 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore, ScheduleChanges):
         *,
         change: ChangeContext | None = None,
         disabled_reason: str | None = None,
+        if_version: str | None = None,
     ) -> Schedule:
         """Update one schedule under a row lock: ``build(current, now)`` gives the new
         definition and next fire time (so concurrent updates cannot interleave); the
         audit log records it as ``change``'s. A schedule it pauses keeps
-        ``disabled_reason`` (a pause's note) if one is given."""
+        ``disabled_reason`` (a pause's note) if one is given. With ``if_version``,
+        VersionConflict unless the schedule is still that version (``Schedule.tag``)."""
         with self._transaction() as conn:
             now = acting_as(conn, change)
             row = conn.execute(
@@ -226,6 +244,7 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore, ScheduleChanges):
             if row is None:
                 raise schedule_not_found(name)
             current = readable(stored_schedule(row))
+            check_version(name, current.tag, if_version)
             definition, next_fire_at = build(current, now)
             runs_count = row.runs_count
             if row.enabled and not definition.enabled:
@@ -300,19 +319,22 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore, ScheduleChanges):
         ]
         return OverdueSchedules(schedules=found, total=rows[0].total if rows else 0)
 
-    def delete_schedule(self, name: str, *, change: ChangeContext | None = None) -> None:
+    def delete_schedule(
+        self, name: str, *, change: ChangeContext | None = None, if_version: str | None = None
+    ) -> None:
         """Delete a schedule made at runtime; its run history stays (``schedule_id``
         becomes NULL), and so does its audit log. One defined in code is refused: the
         next sync would create it again, so it is removed from the code, or paused."""
         with self._transaction() as conn:
             acting_as(conn, change)
             row = conn.execute(
-                select(schedules.c.id, schedules.c.origin)
+                select(schedules.c.id, schedules.c.origin, schedules.c.version)
                 .where(schedules.c.name == name)
                 .with_for_update()
             ).one_or_none()
             if row is None:
                 raise schedule_not_found(name)
+            check_version(name, version_tag(row.id, row.version), if_version)
             if row.origin == Origin.CODE.value:
                 raise InvalidSchedule(
                     f"schedule '{name}' is defined in code (beat_schedule or @periodic) and the"
@@ -322,6 +344,60 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore, ScheduleChanges):
             # First: the runs lose their schedule_id with it (ON DELETE SET NULL).
             cancel_unreleased(conn, row.id, "its schedule was deleted")
             conn.execute(delete(schedules).where(schedules.c.id == row.id))
+
+
+def _inserted(
+    conn: Connection, definition: ScheduleDefinition, next_fire_at: datetime | None
+) -> Schedule:
+    """The schedule inserted; ScheduleExists (the transaction then rolls back) if its
+    name is taken, StoreError if PostgreSQL refuses it otherwise."""
+    try:
+        row = conn.execute(
+            insert(schedules)
+            .values(**definition_values(definition), next_fire_at=next_fire_at)
+            .returning(*stored_columns())
+        ).one()
+    except IntegrityError as exc:
+        if is_unique_violation(exc, "beat_schedules_name_key"):
+            raise ScheduleExists(
+                f"a schedule named '{definition.name}' exists already:"
+                " pick another name, or update or remove it"
+            ) from exc
+        raise StoreError(f"the schedule was refused by PostgreSQL: {first_line(exc.orig)}") from exc
+    return schedule_from_row(row)
+
+
+def _made_before(conn: Connection, key: str, request_hash: str) -> Schedule:
+    """The schedule an earlier create with idempotency ``key`` made."""
+    earlier = conn.execute(select(idempotency_keys).where(idempotency_keys.c.key == key)).one()
+    if earlier.request_hash != request_hash:
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key {key!r:.80} was used for another request (schedule"
+            f" {earlier.schedule_name!r:.200}): send a new key with a new request"
+        )
+    row = conn.execute(
+        select(*stored_columns()).where(schedules.c.name == earlier.schedule_name)
+    ).one_or_none()
+    if row is None:
+        raise ScheduleNotFound(
+            f"schedule {earlier.schedule_name!r:.200}, which Idempotency-Key {key!r:.80}"
+            " created, was removed since: send a new key to create it again"
+        )
+    return schedule_from_row(row)
+
+
+def check_version(name: str, current: str, expected: str | None) -> None:
+    """VersionConflict if the caller expects another version of schedule ``name``."""
+    if expected is None or expected == current:
+        return
+    raise VersionConflict(
+        f"schedule {name!r:.200} changed since it was read (version {expected}, now"
+        f" {current}): read it again and make the change on what it is now; what changed:"
+        f" `celery -A app schedules audit {name:.200}`",
+        name=name,
+        current=current,
+        expected=expected,
+    )
 
 
 def _disabled_reason(enabled: bool, given: str | None) -> Any:

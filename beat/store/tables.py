@@ -38,6 +38,7 @@ from beat.models import (
     NotificationEvent,
     Origin,
     OverlapPolicy,
+    Role,
     RunState,
     TriggerKind,
 )
@@ -510,6 +511,33 @@ schedule_changes = Table(
 )
 Index("ix_beat_schedule_changes_schedule", schedule_changes.c.schedule_name, schedule_changes.c.id)
 Index("ix_beat_schedule_changes_changed_at", schedule_changes.c.changed_at)
+
+#: The API tokens of the write API: the SHA-256 of each (the token is shown once), its
+#: role (``beat.models.Role``), who made it; revoked, never deleted.
+api_tokens = Table(
+    "beat_api_tokens",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("role", Text, nullable=False),
+    Column("token_hash", Text, nullable=False, unique=True),
+    Column("created_at", TZ, nullable=False, server_default=text("now()")),
+    Column("created_by", Text, nullable=False),
+    Column("revoked_at", TZ),
+    Column("last_used_at", TZ),
+    CheckConstraint(_in("role", Role), name="ck_beat_api_tokens_role"),
+)
+
+#: The ``Idempotency-Key`` of each create through the API, with the hash of its request
+#: and the schedule it made; pruned with the finished runs.
+idempotency_keys = Table(
+    "beat_idempotency_keys",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("request_hash", Text, nullable=False),
+    Column("schedule_name", Text, nullable=False),
+    Column("created_at", TZ, nullable=False, server_default=text("now()")),
+)
+Index("ix_beat_idempotency_keys_created_at", idempotency_keys.c.created_at)
 
 channels = Table(
     "beat_channels",

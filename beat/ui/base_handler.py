@@ -25,9 +25,10 @@ from beat.errors import (
     ScheduleExists,
     ScheduleNotFound,
     StoreError,
+    VersionConflict,
 )
-from beat.models import ChangeEntry
-from beat.ops import monitor_rendering, rendering
+from beat.models import ChangeEntry, Role
+from beat.ops import audit_rendering, monitor_rendering, rendering
 from beat.ops.schedules import Schedules, preview
 from beat.ui import charts, wording
 from beat.ui.security import (
@@ -73,19 +74,25 @@ class UIContext:
     stylesheet: str
 
 
-def signed_form(
-    method: Callable[Concatenate[Handler, P], Awaitable[None]],
-) -> Callable[Concatenate[Handler, P], Awaitable[None]]:
-    """Marks a write that reads a form: its body is parsed and its token checked first.
-    ``BaseHandler`` refuses any write not so marked."""
+Write = Callable[Concatenate[Handler, P], Awaitable[None]]
 
-    @functools.wraps(method)
-    async def checked(handler: Handler, /, *args: P.args, **kwargs: P.kwargs) -> None:
-        handler.read_form()
-        await method(handler, *args, **kwargs)
 
-    checked.signed_form = True  # type: ignore[attr-defined]
-    return checked
+def signed_form(role: Role) -> Callable[[Write[Handler, P]], Write[Handler, P]]:
+    """Marks a write that reads a form and that ``role`` may make: the user's role is
+    checked, then the body parsed and its token checked. ``BaseHandler`` refuses any
+    write not marked so (or ``json_body``)."""
+
+    def marked(method: Write[Handler, P]) -> Write[Handler, P]:
+        @functools.wraps(method)
+        async def checked(handler: Handler, /, *args: P.args, **kwargs: P.kwargs) -> None:
+            handler.require(role)
+            handler.read_form()
+            await method(handler, *args, **kwargs)
+
+        checked.checks_its_body = True  # type: ignore[attr-defined]
+        return checked
+
+    return marked
 
 
 @tornado.web.stream_request_body  # prepare() runs on the headers, before the body
@@ -94,8 +101,11 @@ class BaseHandler(tornado.web.RequestHandler):
     calls off the loop, and error pages."""
 
     context: UIContext
-    #: Who the credentials prove ("" when the UI has no password).
+    #: Who the credentials prove ("" when the UI has no password; ``token:<name>`` for
+    #: an API token).
     user: str = ""
+    #: What they may do (``Role.ADMIN`` when the UI has no password).
+    role: Role = Role.ADMIN
 
     def initialize(self, context: UIContext) -> None:
         self.context = context
@@ -105,8 +115,9 @@ class BaseHandler(tornado.web.RequestHandler):
     def schedules(self) -> Schedules:
         """The facade, acting for this request's user from its address (the audit log
         records them; without a password, the user the UI runs as)."""
+        entry = ChangeEntry.API if self.request.path.startswith("/api/") else ChangeEntry.UI
         return self.context.schedules.acting_as(
-            ChangeEntry.UI, actor=self.user or None, address=self.request.remote_ip
+            entry, actor=self.user or None, address=self.request.remote_ip
         )
 
     def set_default_headers(self) -> None:
@@ -116,21 +127,54 @@ class BaseHandler(tornado.web.RequestHandler):
         self.set_header("Referrer-Policy", "same-origin")
         self.set_header("Cache-Control", "no-store")
 
-    def prepare(self) -> None:
-        users = self.context.settings.users
-        if not users and not is_local_host_header(self.request.headers.get("Host")):
-            self.send_error(403, reason="not a loopback host")  # see is_local_host_header
+    async def prepare(self) -> None:
+        if not await self.identify():
             return
-        user = authorised(self.request.headers.get("Authorization"), users) if users else ""
-        if user is None:
-            self.send_error(401)  # write_error asks for the password
-            return
-        self.user = user
         writes = self.request.method not in SAFE_METHODS
         if writes and self.context.settings.read_only:
             self.send_error(403, reason="read-only")
             return
         self.check_request(writes=writes)
+
+    async def identify(self) -> bool:
+        """Who sends the request, and their role: an API token (``Bearer``, from the
+        header only, looked up on each request so that a revoked one is refused at
+        once), a user of ``--basic-auth``, or anyone on a loopback name when the UI has
+        no password. False (the error sent) if none of them."""
+        header = self.request.headers.get("Authorization", "")
+        if header.startswith("Bearer "):
+            bearer = await self.call(self.context.schedules.token_bearer, header[7:].strip())
+            if bearer is None:
+                self.send_error(401, reason="unknown or revoked token")
+                return False
+            self.user, self.role = f"token:{bearer[0]}", bearer[1]
+            return True
+        users = self.context.settings.users
+        if not users and not is_local_host_header(self.request.headers.get("Host")):
+            self.send_error(403, reason="not a loopback host")  # see is_local_host_header
+            return False
+        user = authorised(header, users) if users else ""
+        if user is None:
+            self.send_error(401)  # write_error asks for the password
+            return False
+        self.user, self.role = user, self.context.settings.roles.get(user, Role.ADMIN)
+        return True
+
+    def may(self, role: str) -> bool:
+        """Whether this user may make the writes of ``role`` here (a page shows only
+        the buttons of those; the handlers refuse the others anyway)."""
+        return not self.context.settings.read_only and self.role.allows(Role(role))
+
+    def require(self, role: Role) -> None:
+        """403 unless this request's role includes ``role``."""
+        if not self.role.allows(role):
+            raise tornado.web.HTTPError(
+                403,
+                "%s is a %s, and this needs a %s: ask an admin",
+                self.user or "this user",
+                self.role.value,
+                role.value,
+            )
 
     def check_request(self, *, writes: bool) -> None:
         """What the headers and the path alone refuse, before any body is read."""
@@ -152,12 +196,13 @@ class BaseHandler(tornado.web.RequestHandler):
             raise tornado.web.HTTPError(404, "no such page: a path with a NUL byte names nothing")
 
     def writes_unchecked(self) -> bool:
-        """Whether this write would reach a method that does not check its form's token
-        (not marked ``signed_form``): refused, so a new write cannot forget it."""
+        """Whether this write would reach a method that checks neither its role nor its
+        body (not marked ``signed_form`` or ``json_body``): refused, so a new write
+        cannot forget them."""
         name = self.request.method.lower() if self.request.method else ""
         own = getattr(type(self), name, None)
         inherited = getattr(tornado.web.RequestHandler, name, None)  # Tornado's 405
-        return own is not inherited and not getattr(own, "signed_form", False)
+        return own is not inherited and not getattr(own, "checks_its_body", False)
 
     def data_received(self, chunk: bytes) -> None:
         # the server reads at most FORM_BODY_LIMIT; only a write keeps what it reads
@@ -214,8 +259,8 @@ class BaseHandler(tornado.web.RequestHandler):
         loop = tornado.ioloop.IOLoop.current()
         try:
             return await loop.run_in_executor(None, functools.partial(function, *args, **kwargs))
-        except INPUT_ERRORS:
-            raise
+        except (*INPUT_ERRORS, VersionConflict):
+            raise  # the caller shows them beside the form
         except ScheduleNotFound as exc:
             raise tornado.web.HTTPError(404, "%s", exc) from exc
         except StoreError as exc:
@@ -241,6 +286,7 @@ class BaseHandler(tornado.web.RequestHandler):
         namespace.update(
             stylesheet=self.context.stylesheet,
             read_only=self.context.settings.read_only,
+            may=self.may,
             flower_url=self.context.settings.flower_link,
             time_text=_time_text,
             seconds_text=charts.seconds_text,
@@ -250,6 +296,7 @@ class BaseHandler(tornado.web.RequestHandler):
             enabled_text=rendering.enabled_text,
             monitor_settings=monitor_rendering.monitor_settings,
             preview=preview,
+            value_text=audit_rendering.value_text,
             open_incident_count=None,  # render_page reads it; an error page goes without
             state_colours=charts.STATE_COLOURS,
             done=DONE.get(self.get_argument("done", "")),

@@ -17,6 +17,7 @@ from typing import Any
 from beat.errors import InvalidSchedule
 from beat.models import MisfirePolicy, OverlapPolicy, Schedule
 from beat.ops.user_input import duration_seconds, parse_time, with_wall_times_read
+from beat.records import ScheduleChange
 from beat.schedule.timing import Cron, Every, Once
 
 #: The timing kinds, in the order the form offers them.
@@ -102,6 +103,11 @@ class ScheduleForm:
 
     values: dict[str, str]
     errors: dict[str, str] = field(default_factory=dict)
+    #: The version of the schedule the form was opened on (``Schedule.tag``): a save
+    #: is refused if it changed since, rather than overwrite what another person did.
+    version: str = ""
+    #: The changes made since then, when a save was refused for them.
+    changed_since: list[ScheduleChange] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -130,6 +136,13 @@ def blank_form(defaults: Mapping[str, Any]) -> ScheduleForm:
 
 
 def form_of(schedule: Schedule) -> ScheduleForm:
+    """The form of a stored schedule, as the edit page shows it, at its version."""
+    form = _form_of(schedule)
+    form.version = schedule.tag
+    return form
+
+
+def _form_of(schedule: Schedule) -> ScheduleForm:
     """The form of a stored schedule, as the edit page shows it."""
     definition = schedule.definition
     trigger = definition.trigger

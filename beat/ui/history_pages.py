@@ -9,7 +9,7 @@ from typing import Any
 
 import tornado.web
 
-from beat.ops.audit_rendering import value_text
+from beat.models import Role
 from beat.records import ScheduleChange
 from beat.ui.base_handler import BaseHandler, UIContext, schedule_url, signed_form
 
@@ -29,7 +29,6 @@ class HistoryPage(BaseHandler):
             changes=changes,
             current=current,
             restorable=lambda change: restorable(change, current),
-            value_text=value_text,
             section="schedules",
         )
 
@@ -43,7 +42,7 @@ def restorable(change: ScheduleChange, current: int | None) -> bool:
 class RestoreHandler(BaseHandler):
     """POST /schedules/<name>/restore with the version: back to the history tab."""
 
-    @signed_form
+    @signed_form(Role.ADMIN)
     async def post(self, name: str) -> None:
         given = self.get_body_argument("version", "")
         if not (given.isascii() and given.isdigit()) or int(given) < 1:

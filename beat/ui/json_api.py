@@ -27,10 +27,12 @@ from typing import Any
 
 import tornado.web
 
+from beat.models import Schedule
 from beat.ops import rendering
 from beat.ops.audit_rendering import change_document
 from beat.ops.incident_rendering import incident_document
 from beat.store.schedule_changes import MAX_CHANGES
+from beat.ui import problems
 from beat.ui.base_handler import BaseHandler, UIContext
 from beat.ui.pages import INCIDENTS_LIMIT, WINDOWS, include_resolved, schedule_filter
 
@@ -44,10 +46,15 @@ class JSONHandler(BaseHandler):
         self.finish(json.dumps(document, indent=2))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        message = self.error_message(kwargs.get("exc_info"))
-        self.set_header("Content-Type", "application/json; charset=UTF-8")
+        """A problem document (``beat.ui.problems``)."""
+        exc_info = kwargs.get("exc_info")
+        exc = None if exc_info is None else exc_info[1]
+        message = self.error_message(exc_info)
+        self.set_header("Content-Type", problems.CONTENT_TYPE)
         self.challenge(status_code)
-        self.finish(json.dumps({"error": message, "status": status_code}))
+        field, extra = (exc.field, exc.extra) if isinstance(exc, problems.Problem) else ("", {})
+        found = problems.document(status_code, self._reason, message, field=field, **extra)
+        self.finish(json.dumps(found))
 
     def bounded_int(self, name: str, default: int, low: int, high: int) -> int:
         text = self.get_argument(name, str(default))
@@ -87,6 +94,8 @@ class SchedulesAPI(JSONHandler):
 class ScheduleAPI(JSONHandler):
     async def get(self, name: str) -> None:
         details = await self.call(self.schedules.details, name, upcoming=10)
+        if isinstance(details.schedule, Schedule):
+            self.set_header("ETag", f'"{details.schedule.tag}"')
         self.send(rendering.details_document(details))
 
 
@@ -180,8 +189,6 @@ def stats_document(stats: Any) -> dict[str, Any]:
 def routes(context: UIContext) -> list[tuple[str, type[tornado.web.RequestHandler], Any]]:
     arguments = {"context": context}
     return [
-        (r"/api/schedules", SchedulesAPI, arguments),
-        (r"/api/schedules/([^/]+)", ScheduleAPI, arguments),
         (r"/api/schedules/([^/]+)/runs", RunsAPI, arguments),
         (r"/api/schedules/([^/]+)/changes", ChangesAPI, arguments),
         (r"/api/changes", ChangesAPI, arguments),

@@ -23,8 +23,16 @@ from urllib.parse import urlencode
 import tornado.web
 from sqlalchemy.exc import SQLAlchemyError
 
-from beat.errors import HABeatError, InvalidSchedule
-from beat.models import FINISHED_STATES, MisfirePolicy, Origin, OverlapPolicy, RunState, Schedule
+from beat.errors import HABeatError, InvalidSchedule, VersionConflict
+from beat.models import (
+    FINISHED_STATES,
+    MisfirePolicy,
+    Origin,
+    OverlapPolicy,
+    Role,
+    RunState,
+    Schedule,
+)
 from beat.ops.incident_rendering import channel_state_text, shown_target
 from beat.ops.schedules import ScheduleFilter, Schedules, UnreadableSchedule, preview
 from beat.schedule import timing
@@ -156,10 +164,14 @@ def shown_json(value: object) -> str:
 class FormPage(BaseHandler):
     """Shared by the new-schedule and edit pages (none in read-only mode)."""
 
-    def prepare(self) -> None:
-        super().prepare()
-        if not self._finished and self.context.settings.read_only:
+    async def prepare(self) -> None:
+        await super().prepare()
+        if self._finished:
+            return
+        if self.context.settings.read_only:
             self.send_error(403, reason="read-only")
+            return
+        self.require(Role.ADMIN)
 
     async def render_form(
         self, form: forms.ScheduleForm, *, editing: str | None, status: int
@@ -203,7 +215,7 @@ class NewSchedulePage(FormPage):
         defaults = {"default_tz": self.schedules.default_tz, **self.schedules.defaults}
         await self.render_form(forms.blank_form(defaults), editing=None, status=200)
 
-    @signed_form
+    @signed_form(Role.ADMIN)
     async def post(self) -> None:
         form = forms.submitted(_form_arguments(self))
         fields = forms.creation_arguments(form, self.schedules.default_tz)
@@ -217,14 +229,38 @@ class EditSchedulePage(FormPage):
         current = await self.current(name)
         await self.render_form(forms.form_of(current), editing=name, status=200)
 
-    @signed_form
+    @signed_form(Role.ADMIN)
     async def post(self, name: str) -> None:
         current = await self.current(name)
         form = forms.submitted(_form_arguments(self))
         form.values["name"] = name
+        # The version the form was opened on: a save over another person's is refused.
+        form.version = self.get_body_argument("version", "") or current.tag
         changes = forms.update_arguments(form, current)
-        write = functools.partial(self.schedules.update, name, **changes) if changes else None
-        await self.save(form, write, name=name, editing=name, done="saved")
+        write = (
+            functools.partial(self.schedules.update, name, if_version=form.version, **changes)
+            if changes
+            else None
+        )
+        try:
+            await self.save(form, write, name=name, editing=name, done="saved")
+        except VersionConflict as conflict:
+            await self.refuse_stale(form, name, conflict)
+
+    async def refuse_stale(
+        self, form: forms.ScheduleForm, name: str, conflict: VersionConflict
+    ) -> None:
+        """Show the form again as typed, with what changed since it was opened; a save
+        from here is over the version now, as the person has seen what changed."""
+        since = int(conflict.expected.rpartition(".")[2] or 0)
+        changes = await self.call(self.schedules.audit, name, limit=50)
+        form.changed_since = [change for change in changes if change.version > since]
+        form.version = conflict.current
+        form.errors[""] = (
+            "someone changed this schedule since you opened it; what they changed is"
+            " listed below. Your entries are kept: check them against it, and save again"
+        )
+        await self.render_form(form, editing=name, status=409)
 
     async def current(self, name: str) -> Schedule:
         """Schedule ``name`` to edit; 400 if its row cannot be read (the form cannot
@@ -248,10 +284,12 @@ class ActionHandler(BaseHandler):
 
     ACTIONS = {"pause": "paused", "resume": "resumed", "trigger": "triggered", "delete": "deleted"}
 
-    @signed_form
+    @signed_form(Role.OPERATOR)
     async def post(self, name: str, action: str) -> None:
         if action not in self.ACTIONS:
             raise tornado.web.HTTPError(404)
+        if action == "delete":
+            self.require(Role.ADMIN)
         note = self.get_body_argument("note", "").strip() or None
         operation: dict[str, Callable[[str], object]] = {
             "pause": functools.partial(self.schedules.pause, note=note),
@@ -374,8 +412,8 @@ class IncidentsPage(BaseHandler):
 
 
 class NotFoundHandler(BaseHandler):
-    def prepare(self) -> None:
-        super().prepare()
+    async def prepare(self) -> None:
+        await super().prepare()
         if not self._finished:
             raise tornado.web.HTTPError(404, "no such page")
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 from beat.errors import ConfigError
+from beat.models import Role
 
 #: How a token writes the time it was issued.
 _HEX = re.compile(r"[0-9a-f]{1,16}")
@@ -36,8 +37,20 @@ FORM_BODY_LIMIT = 256 * 1024
 
 def parse_users(text: str | None) -> dict[str, str]:
     """``user:password`` pairs separated by commas (as Flower's ``--basic-auth``), as
-    {user: password}; ConfigError naming the fix for a malformed one."""
-    users: dict[str, str] = {}
+    {user: password}; ConfigError naming the fix for a malformed one. A pair may end
+    in ``:viewer``, ``:operator`` or ``:admin`` (``parse_roles``), which is no part of
+    the password."""
+    return {user: password for user, (password, _) in _parse(text).items()}
+
+
+def parse_roles(text: str | None) -> dict[str, Role]:
+    """The role of each user of ``--basic-auth`` given one (``user:password:role``); a
+    user without one is an admin, as every user was before roles."""
+    return {user: role for user, (_, role) in _parse(text).items() if role is not None}
+
+
+def _parse(text: str | None) -> dict[str, tuple[str, Role | None]]:
+    users: dict[str, tuple[str, Role | None]] = {}
     for position, pair in enumerate((text or "").split(","), start=1):
         if not pair.strip():
             continue
@@ -49,8 +62,13 @@ def parse_users(text: str | None) -> dict[str, str]:
                 f" commas, and pair {position} has no user, no colon or no password:"
                 " give e.g. admin:s3cret"
             )
-        users[user] = password
+        head, colon, last = password.rpartition(":")
+        role = Role(last) if colon and head and last in ROLE_NAMES else None
+        users[user] = (head if role is not None else password, role)
     return users
+
+
+ROLE_NAMES = frozenset(role.value for role in Role)
 
 
 def is_loopback(address: str) -> bool:

@@ -23,8 +23,9 @@ import tornado.web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from beat.models import Role
 from beat.ops.schedules import Schedules
-from beat.ui import base_handler, history_pages, json_api, pages
+from beat.ui import base_handler, history_pages, json_api, pages, rest_api
 from beat.ui.security import FORM_BODY_LIMIT, check_exposure
 
 #: Where the UI listens unless told otherwise (Flower's default is 5555).
@@ -41,6 +42,8 @@ class UISettings:
     port: int = DEFAULT_PORT
     #: user → password for HTTP basic auth; empty: no password (loopback only).
     users: dict[str, str] = field(default_factory=dict)
+    #: user → role (``--basic-auth user:password:role``); a user not here is an admin.
+    roles: dict[str, Role] = field(default_factory=dict)
     #: Show everything, change nothing: every write is refused with 403.
     read_only: bool = False
     #: Flower's address (``http://localhost:5555``): each run links to its task page.
@@ -83,6 +86,7 @@ def make_application(
     routes: list[Any] = [
         *pages.routes(context),
         *history_pages.routes(context),
+        *rest_api.routes(context),  # /api/schedules and /api/schedules/<name>, read and written
         *json_api.routes(context),
     ]
     return tornado.web.Application(

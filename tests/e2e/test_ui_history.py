@@ -66,7 +66,44 @@ def test_an_operator_s_changes_are_in_the_history_tab_and_an_earlier_version_com
         ChangeAction.PAUSE,
         ChangeAction.RESTORE,
     ]
-    assert {(c.actor, c.entry, c.address) for c in log[1:]} == {
-        (USER, ChangeEntry.UI, "127.0.0.1")
-    }
+    assert {(c.actor, c.entry, c.address) for c in log[1:]} == {(USER, ChangeEntry.UI, "127.0.0.1")}
     assert log[2].note == "waiting for the new warehouse"
+
+
+def test_of_two_people_editing_at_once_the_second_save_is_refused_with_what_changed(
+    cluster: Cluster, store: Store
+) -> None:
+    schedules = Schedules(store)
+    schedules.create("reports/nightly", "e2e.record", cron="30 2 * * *", args=["v1"])
+    _, base = start_ui(cluster)
+    edit_page = base + "/schedules/reports%2Fnightly/edit"
+
+    with browser() as chromium:
+        credentials = {"username": USER, "password": PASSWORD}
+        first = chromium.new_context(http_credentials=credentials).new_page()
+        second = chromium.new_context(http_credentials=credentials).new_page()
+        first.goto(edit_page)
+        second.goto(edit_page)
+
+        first.locator("#timing").fill("45 3 * * *")
+        first.get_by_role("button", name="Save").click()
+        expect(first.get_by_role("status")).to_contain_text("Saved")
+
+        second.locator("#args").fill('["from the second"]')
+        second.get_by_role("button", name="Save").click()
+        expect(second.locator("#form-problem")).to_contain_text("someone changed this schedule")
+        changed = second.locator("#changed-since [data-field=cron]")
+        expect(changed.locator(".before")).to_have_text('"30 2 * * *"')
+        expect(changed.locator(".after")).to_have_text('"45 3 * * *"')
+        expect(second.locator("#args")).to_have_value('["from the second"]')
+        screenshot(second, "edit-conflict")
+
+        kept = schedules.get("reports/nightly").definition
+        assert kept.trigger.expression == "45 3 * * *"  # type: ignore[union-attr]
+        assert kept.args == ("v1",), "the second save overwrote nothing"
+
+        second.locator("#timing").fill("45 3 * * *")  # seen what changed: keep it
+        second.get_by_role("button", name="Save").click()
+        expect(second.get_by_role("status")).to_contain_text("Saved")
+    saved = schedules.get("reports/nightly").definition
+    assert (saved.trigger.expression, saved.args) == ("45 3 * * *", ("from the second",))  # type: ignore[union-attr]

@@ -16,7 +16,14 @@ from beat.store.leader.records import PruneReport
 from beat.store.rows import finished_age
 from beat.store.schedule_outcomes import delete_runs_keeping_outcomes
 from beat.store.stats import RunStatsStore, SummaryReport
-from beat.store.tables import FINISHED_SQL, incidents, notifications, runs, schedule_changes
+from beat.store.tables import (
+    FINISHED_SQL,
+    idempotency_keys,
+    incidents,
+    notifications,
+    runs,
+    schedule_changes,
+)
 
 #: At most this many incidents are deleted per transaction, whatever the batch: each
 #: one's notifications are found by ``ix_beat_notifications_incident`` (without it, a
@@ -77,11 +84,12 @@ class RetentionStatements(FencedStore):
         audited = _in_batches(
             lambda: (self._prune_changes_batch(cutoff, batch), 0), batch, deadline
         )
+        keys = _in_batches(lambda: (self._prune_keys_batch(cutoff, batch), 0), batch, deadline)
         return PruneReport(
             deleted=finished.rows,
             batches=finished.batches,
             cutoff=cutoff,
-            caught_up=all(part.caught_up for part in (finished, settled, resolved, audited)),
+            caught_up=all(part.caught_up for part in (finished, settled, resolved, audited, keys)),
             incidents=resolved.rows,
             notifications=settled.rows + resolved.along,
             changes=audited.rows,
@@ -147,6 +155,19 @@ class RetentionStatements(FencedStore):
         with self._transaction() as conn:
             return conn.execute(
                 delete(schedule_changes).where(schedule_changes.c.id.in_(doomed))
+            ).rowcount
+
+    def _prune_keys_batch(self, cutoff: datetime, batch: int) -> int:
+        """Delete up to ``batch`` idempotency keys of creates made before ``cutoff``."""
+        doomed = (
+            select(idempotency_keys.c.key)
+            .where(idempotency_keys.c.created_at < cutoff)
+            .limit(batch)
+            .with_for_update(skip_locked=True)
+        )
+        with self._transaction() as conn:
+            return conn.execute(
+                delete(idempotency_keys).where(idempotency_keys.c.key.in_(doomed))
             ).rowcount
 
     def _prune_incidents_batch(self, cutoff: datetime, batch: int) -> tuple[int, int]:

@@ -89,4 +89,5 @@ def test_the_audit_command_is_registered_for_the_real_celery_command(
     done = celery_cli(test_env, "audit", "--since", "1h")
 
     assert done.returncode == 0, done.stderr
-    assert "report" in done.stdout and "create" in done.stdout
+    assert "report" in done.stdout
+    assert "create" in done.stdout

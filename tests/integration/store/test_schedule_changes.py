@@ -62,8 +62,10 @@ def test_each_change_from_the_python_api_is_recorded_with_who_where_and_what(
         (getpass.getuser(), ChangeEntry.PYTHON, socket.gethostname())
     }
     created, updated, paused, resumed, deleted = log
-    assert created.before is None and created.after is not None
-    assert created.after["cron"] == "0 2 * * *" and created.after["kwargs"] == {"fmt": "pdf"}
+    assert created.before is None
+    assert created.after is not None
+    assert created.after["cron"] == "0 2 * * *"
+    assert created.after["kwargs"] == {"fmt": "pdf"}
     assert updated.differences == {"cron": ("0 2 * * *", "30 2 * * *")}
     assert paused.note == "migrating the reports table"
     assert paused.differences == {
@@ -74,11 +76,10 @@ def test_each_change_from_the_python_api_is_recorded_with_who_where_and_what(
         "enabled": (False, True),
         "disabled_reason": ("migrating the reports table", None),
     }
-    assert deleted.after is None and deleted.before == resumed.after
+    assert deleted.after is None
+    assert deleted.before == resumed.after
     # What a claim writes, and what only the database sets, is no part of a change.
-    assert not {"next_fire_at", "runs_count", "updated_at", "version", "id"} & set(
-        created.after
-    )
+    assert not {"next_fire_at", "runs_count", "updated_at", "version", "id"} & set(created.after)
 
 
 def test_a_schedule_s_version_rises_with_each_change_and_only_then(api: Schedules) -> None:
@@ -119,8 +120,10 @@ def test_a_claim_records_nothing_but_a_schedule_that_ends_is_the_scheduler_s(
             "system:end",
             ChangeEntry.SYSTEM,
         )
-        assert ended.version == 2 and api.get(name).version == 2
-        assert ended.before is None and ended.after is None
+        assert ended.version == 2
+        assert api.get(name).version == 2
+        assert ended.before is None
+        assert ended.after is None
     assert changes_of(api, "once")[-1].note == ONE_OFF_FIRED
     assert changes_of(api, "bounded")[-1].note == api.get("bounded").disabled_reason
     assert not api.get("bounded").definition.enabled
@@ -179,7 +182,8 @@ def test_a_pause_after_failures_in_a_row_is_the_scheduler_s_with_its_reason(
         "system:auto-pause",
         ChangeEntry.SYSTEM,
     )
-    assert paused.note is not None and "2 failures in a row" in paused.note
+    assert paused.note is not None
+    assert "2 failures in a row" in paused.note
 
 
 def test_a_refused_change_records_nothing(store: Store, api: Schedules) -> None:
@@ -209,9 +213,11 @@ def test_triggers_and_backfills_are_recorded_at_the_schedule_s_version(
         1,
         f"run {run.id}",
     )
-    assert triggered.before is None and triggered.after is None
+    assert triggered.before is None
+    assert triggered.after is None
     assert backfilled.action is ChangeAction.BACKFILL
-    assert backfilled.note is not None and backfilled.note.startswith(f"{len(made)} runs from ")
+    assert backfilled.note is not None
+    assert backfilled.note.startswith(f"{len(made)} runs from ")
 
 
 def test_an_earlier_version_is_restored_as_a_new_change(store: Store, api: Schedules) -> None:
@@ -236,7 +242,8 @@ def test_a_deleted_schedule_is_restored_as_it_was(store: Store, api: Schedules) 
 
     restored = api.restore("gone", 1, allow_unregistered=True)
 
-    assert restored.definition.args == (1, 2) and restored.definition.enabled
+    assert restored.definition.args == (1, 2)
+    assert restored.definition.enabled
     assert restored.next_fire_at is not None
     with pytest.raises(ScheduleNotFound, match="schedules audit gone"):
         api.restore("gone", 9, allow_unregistered=True)
@@ -280,9 +287,9 @@ def test_the_log_is_read_newest_first_since_a_time_and_across_schedules(
 def _recorded_columns(store: Store) -> Any:
     with store.engine.connect() as conn:
         return conn.execute(
-            select(text("pg_get_triggerdef(oid)")).select_from(text("pg_trigger")).where(
-                text("tgname = 'beat_schedules_recorded_update'")
-            )
+            select(text("pg_get_triggerdef(oid)"))
+            .select_from(text("pg_trigger"))
+            .where(text("tgname = 'beat_schedules_recorded_update'"))
         ).scalar_one()
 
 
@@ -342,7 +349,8 @@ def test_a_quarantine_by_the_claim_is_the_scheduler_s_with_its_reason(
         "system:quarantine",
         2,
     )
-    assert quarantined.note is not None and "jitter" in quarantined.note
+    assert quarantined.note is not None
+    assert "jitter" in quarantined.note
     assert set(quarantined.differences) == {"enabled", "quarantined_at", "disabled_reason"}
     with store.engine.connect() as conn:
         assert conn.execute(select(schedules.c.version)).scalar_one() == 2

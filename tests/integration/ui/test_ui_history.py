@@ -52,8 +52,10 @@ def test_the_history_tab_and_the_json_api_list_the_changes(
     every = ui.request("/api/changes?limit=1").json()
 
     assert page.status == 200
-    assert 'id="v2"' in page.body and 'data-field="every_seconds"' in page.body
-    assert "Restore version 1" in page.body and "Restore version 2" not in page.body
+    assert 'id="v2"' in page.body
+    assert 'data-field="every_seconds"' in page.body
+    assert "Restore version 1" in page.body
+    assert "Restore version 2" not in page.body
     assert [(c["version"], c["action"]) for c in one["changes"]] == [(2, "update"), (1, "create")]
     # A new interval counts from the change: its anchor moved too.
     assert set(one["changes"][0]["changes"]) == {"every_seconds", "anchor_at"}
@@ -73,7 +75,8 @@ def test_a_removed_schedule_s_history_stays_and_restoring_brings_it_back(
     page = ui.request("/schedules/gone/history")
     restored = ui.post_form("/schedules/gone/restore", {"version": "1"})
 
-    assert page.status == 200 and 'id="removed"' in page.body
+    assert page.status == 200
+    assert 'id="removed"' in page.body
     assert restored.status == 303
     assert restored.headers["location"] == "/schedules/gone/history?done=restored#v1"
     assert schedules.get("gone").definition.trigger.seconds == 60  # type: ignore[union-attr]

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from beat.errors import ConfigError
-from beat.models import MisfirePolicy, Origin, OverlapPolicy, Schedule, ScheduleDefinition
+from beat.models import MisfirePolicy, Origin, OverlapPolicy, Role, Schedule, ScheduleDefinition
 from beat.schedule import timing
 from beat.ui import charts, forms, wording
 from beat.ui.security import (
@@ -20,6 +20,7 @@ from beat.ui.security import (
     check_exposure,
     is_local_host_header,
     is_loopback,
+    parse_roles,
     parse_users,
 )
 from beat.ui.server import UISettings
@@ -61,6 +62,19 @@ def test_users_are_read_like_flowers_basic_auth() -> None:
     for bad in ("admin", "admin:", ":pw"):
         with pytest.raises(ConfigError, match="user:password"):
             parse_users(bad)
+
+
+def test_a_user_s_role_ends_its_pair_and_is_no_part_of_its_password() -> None:
+    text = "ops:pw:operator, eve:pw:viewer, root:a:b:admin, old:pw, odd:pw:chef"
+    assert parse_users(text) == {
+        "ops": "pw",
+        "eve": "pw",
+        "root": "a:b",
+        "old": "pw",
+        "odd": "pw:chef",
+    }
+    assert parse_roles(text) == {"ops": Role.OPERATOR, "eve": Role.VIEWER, "root": Role.ADMIN}
+    assert parse_users("only:admin") == {"only": "admin"}, "a password alone is never a role"
 
 
 def test_a_malformed_pair_is_refused_without_repeating_it() -> None:

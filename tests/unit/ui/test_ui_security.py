@@ -11,6 +11,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from beat.models import Role
 from beat.ui.base_handler import BaseHandler, UIContext, signed_form
 from beat.ui.security import FormTokens, foreign_origin
 from beat.ui.server import UISettings
@@ -87,7 +88,7 @@ class Unmarked(BaseHandler):
 
 
 class Marked(BaseHandler):
-    @signed_form
+    @signed_form(Role.OPERATOR)
     async def post(self) -> None:
         self.finish("written")
 
