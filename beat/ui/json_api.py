@@ -32,9 +32,15 @@ from beat.ops import rendering
 from beat.ops.audit_rendering import change_document
 from beat.ops.incident_rendering import incident_document
 from beat.store.schedule_changes import MAX_CHANGES
-from beat.ui import problems
+from beat.ui import openapi, problems
 from beat.ui.base_handler import BaseHandler, UIContext
+from beat.ui.openapi import Operation, Query, documented
 from beat.ui.pages import INCIDENTS_LIMIT, WINDOWS, include_resolved, schedule_filter
+
+OFFSET = {"type": "integer", "minimum": 0, "maximum": 10**9}
+LIMIT_500 = {"type": "integer", "minimum": 1, "maximum": 500}
+BAD_QUERY = ("a query parameter is refused", openapi.PROBLEM)
+NOT_FOUND = ("no such schedule or run", openapi.PROBLEM)
 
 
 class JSONHandler(BaseHandler):
@@ -68,6 +74,20 @@ class JSONHandler(BaseHandler):
 
 
 class SchedulesAPI(JSONHandler):
+    @documented(
+        Operation(
+            summary="List schedules, 50 a page, by name",
+            query=[
+                Query(name="q", schema={"type": "string"}, description="in the name or task"),
+                Query(name="paused", schema={"enum": ["yes", "no"]}, description="paused or not"),
+                Query(name="failing", schema={"enum": ["yes"]}, description="newest run failed"),
+                Query(name="origin", schema={"enum": ["code", "api"]}, description="where made"),
+                Query(name="offset", schema=OFFSET, description="rows to skip"),
+                Query(name="limit", schema=LIMIT_500, description="rows at most"),
+            ],
+            answers={200: ("a page of schedules", openapi.SCHEDULE_PAGE), 400: BAD_QUERY},
+        )
+    )
     async def get(self) -> None:
         offset = self.bounded_int("offset", 0, 0, 10**9)
         limit = self.bounded_int("limit", 50, 1, 500)
@@ -92,6 +112,13 @@ class SchedulesAPI(JSONHandler):
 
 
 class ScheduleAPI(JSONHandler):
+    @documented(
+        Operation(
+            summary="A schedule, its next 10 fire times and its last runs; its version as ETag",
+            path=["name"],
+            answers={200: ("the schedule", openapi.SCHEDULE), 404: NOT_FOUND},
+        )
+    )
     async def get(self, name: str) -> None:
         details = await self.call(self.schedules.details, name, upcoming=10)
         if isinstance(details.schedule, Schedule):
@@ -100,6 +127,17 @@ class ScheduleAPI(JSONHandler):
 
 
 class RunsAPI(JSONHandler):
+    @documented(
+        Operation(
+            summary="A schedule's runs, newest first",
+            path=["name"],
+            query=[
+                Query(name="before", schema={"type": "string"}, description="next_before"),
+                Query(name="limit", schema=LIMIT_500, description="runs at most"),
+            ],
+            answers={200: ("a page of runs", openapi.RUN_PAGE), 400: BAD_QUERY, 404: NOT_FOUND},
+        )
+    )
     async def get(self, name: str) -> None:
         limit = self.bounded_int("limit", 50, 1, 500)
         found = await self.call(
@@ -109,6 +147,13 @@ class RunsAPI(JSONHandler):
 
 
 class RunAPI(JSONHandler):
+    @documented(
+        Operation(
+            summary="One run",
+            path=["run_id"],
+            answers={200: ("the run", openapi.RUN), 400: BAD_QUERY, 404: NOT_FOUND},
+        )
+    )
     async def get(self, run_id: str) -> None:
         try:
             parsed = uuid.UUID(run_id)
@@ -123,6 +168,20 @@ class RunAPI(JSONHandler):
 class ChangesAPI(JSONHandler):
     """Changes of the audit log, newest first: of one schedule, or of every one."""
 
+    @documented(
+        Operation(
+            summary="The audit log, newest first: of one schedule (a removed one's too), or all",
+            path=["name"],
+            query=[
+                Query(
+                    name="limit",
+                    schema={"type": "integer", "minimum": 1, "maximum": MAX_CHANGES},
+                    description="changes at most",
+                )
+            ],
+            answers={200: ("changes", openapi.CHANGES), 400: BAD_QUERY},
+        )
+    )
     async def get(self, name: str | None = None) -> None:
         limit = self.bounded_int("limit", 100, 1, MAX_CHANGES)
         found = await self.call(self.schedules.audit, name, limit=limit)
@@ -130,6 +189,12 @@ class ChangesAPI(JSONHandler):
 
 
 class ClusterAPI(JSONHandler):
+    @documented(
+        Operation(
+            summary="The leader, its lease, beats, workers, overdue schedules and health",
+            answers={200: ("the cluster", openapi.ANY_OBJECT)},
+        )
+    )
     async def get(self) -> None:
         overview = await self.call(self.schedules.cluster_overview)
         health = await self.call(self.schedules.health)
@@ -139,6 +204,16 @@ class ClusterAPI(JSONHandler):
 
 
 class StatsAPI(JSONHandler):
+    @documented(
+        Operation(
+            summary="Runs by state and lateness percentiles, per bucket",
+            query=[
+                Query(name="window", schema={"enum": list(WINDOWS)}, description="how far back"),
+                Query(name="schedule", schema={"type": "string"}, description="one schedule"),
+            ],
+            answers={200: ("statistics", openapi.ANY_OBJECT), 400: BAD_QUERY, 404: NOT_FOUND},
+        )
+    )
     async def get(self) -> None:
         window = self.get_argument("window", "1h")
         if window not in WINDOWS:
@@ -149,6 +224,17 @@ class StatsAPI(JSONHandler):
 
 
 class IncidentsAPI(JSONHandler):
+    @documented(
+        Operation(
+            summary="The open incidents, newest first (all=1: resolved ones too)",
+            query=[
+                Query(name="all", schema={"enum": ["1"]}, description="resolved ones too"),
+                Query(name="schedule", schema={"type": "string"}, description="one schedule's"),
+                Query(name="limit", schema=LIMIT_500, description="incidents at most"),
+            ],
+            answers={200: ("incidents", openapi.INCIDENTS), 400: BAD_QUERY},
+        )
+    )
     async def get(self) -> None:
         limit = self.bounded_int("limit", INCIDENTS_LIMIT, 1, 500)
         schedule = self.get_argument("schedule", "", strip=False) or None  # a name, exactly
@@ -186,6 +272,15 @@ def stats_document(stats: Any) -> dict[str, Any]:
     }
 
 
+class NoSuchEndpoint(JSONHandler):
+    """Any other path under ``/api/``: a problem document, as every answer of the API."""
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        if not self._finished:
+            raise tornado.web.HTTPError(404, "no such endpoint: /api/openapi.json lists them")
+
+
 def routes(context: UIContext) -> list[tuple[str, type[tornado.web.RequestHandler], Any]]:
     arguments = {"context": context}
     return [
@@ -196,4 +291,5 @@ def routes(context: UIContext) -> list[tuple[str, type[tornado.web.RequestHandle
         (r"/api/cluster", ClusterAPI, arguments),
         (r"/api/stats", StatsAPI, arguments),
         (r"/api/incidents", IncidentsAPI, arguments),
+        (r"/api/.*", NoSuchEndpoint, arguments),
     ]

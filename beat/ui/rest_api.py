@@ -35,10 +35,16 @@ from beat.models import Role, Schedule
 from beat.ops import rendering
 from beat.ops.schedule_commands import trigger_run_id
 from beat.ops.user_input import parse_time
-from beat.ui import rest_input
+from beat.ui import openapi, rest_input
 from beat.ui.base_handler import UIContext, schedule_url
 from beat.ui.json_api import JSONHandler, ScheduleAPI, SchedulesAPI
+from beat.ui.openapi import PROBLEM, Operation, documented
 from beat.ui.problems import Problem, problem_of
+
+#: What every write may answer besides its own.
+WRITE_ANSWERS = openapi.WRITE
+#: And a write of one schedule, which may name a version (If-Match).
+STALE_ANSWERS = {**openapi.WRITE, **openapi.PRECONDITION, 409: ("conflict", PROBLEM)}
 
 T = TypeVar("T")
 Handler = TypeVar("Handler", bound="RestHandler")
@@ -132,6 +138,19 @@ class SchedulesResource(SchedulesAPI, RestHandler):
     """``GET`` lists (``SchedulesAPI``); ``POST`` creates."""
 
     @json_body(Role.ADMIN)
+    @documented(
+        Operation(
+            summary="Create a schedule (Idempotency-Key: a retried create makes one)",
+            body=openapi.SCHEDULE_BODY,
+            headers=["Idempotency-Key"],
+            answers={
+                201: ("created; its version is the ETag", openapi.SCHEDULE),
+                200: ("the schedule this Idempotency-Key created before", openapi.SCHEDULE),
+                409: ("the name is taken, or the key was used for another request", PROBLEM),
+                **WRITE_ANSWERS,
+            },
+        )
+    )
     async def post(self) -> None:
         schedules = self.schedules
         name, task, fields = await self.write_call(
@@ -150,6 +169,15 @@ class ScheduleResource(ScheduleAPI, RestHandler):
     """``GET`` reads (``ScheduleAPI``, with its ``ETag``); ``PUT``, ``PATCH``, ``DELETE``."""
 
     @json_body(Role.ADMIN)
+    @documented(
+        Operation(
+            summary="Replace a schedule's definition: the fields left out go back to defaults",
+            path=["name"],
+            body=openapi.SCHEDULE_BODY,
+            headers=["If-Match"],
+            answers={200: ("the schedule, its new ETag", openapi.SCHEDULE), **STALE_ANSWERS},
+        )
+    )
     async def put(self, name: str) -> None:
         schedules = self.schedules
         current = await self.write_call(schedules.get, name)
@@ -163,6 +191,15 @@ class ScheduleResource(ScheduleAPI, RestHandler):
         await self._update(name, changes)
 
     @json_body(Role.ADMIN)
+    @documented(
+        Operation(
+            summary="Change the fields given of a schedule",
+            path=["name"],
+            body=openapi.SCHEDULE_BODY,
+            headers=["If-Match"],
+            answers={200: ("the schedule, its new ETag", openapi.SCHEDULE), **STALE_ANSWERS},
+        )
+    )
     async def patch(self, name: str) -> None:
         schedules = self.schedules
         current = await self.write_call(schedules.get, name)
@@ -178,6 +215,15 @@ class ScheduleResource(ScheduleAPI, RestHandler):
         self.send_schedule(updated)
 
     @json_body(Role.ADMIN)
+    @documented(
+        Operation(
+            summary="Remove a schedule made at runtime (its runs and audit log stay)",
+            path=["name"],
+            body=openapi.EMPTY_BODY,
+            headers=["If-Match"],
+            answers={204: ("removed", None), **STALE_ANSWERS},
+        )
+    )
     async def delete(self, name: str) -> None:
         await self.write_call(self.schedules.delete, name, if_version=self.if_match)
         self.set_status(204)
@@ -196,6 +242,29 @@ class ScheduleActionResource(RestHandler):
     }
 
     @json_body(Role.OPERATOR)
+    @documented(
+        Operation(
+            summary=(
+                "pause ({note}), resume, trigger (Idempotency-Key: one run per key),"
+                " backfill ({from, to, limit}) (operator); restore ({version}) (admin)"
+            ),
+            path=["name", "action"],
+            body={
+                "anyOf": [
+                    openapi.NOTE_BODY,
+                    openapi.RESTORE_BODY,
+                    openapi.BACKFILL_BODY,
+                    openapi.EMPTY_BODY,
+                ]
+            },
+            headers=["If-Match", "Idempotency-Key"],
+            answers={
+                200: ("paused, resumed or restored: the schedule", openapi.SCHEDULE),
+                202: ("triggered (the run) or backfilled ({runs})", openapi.ANY_OBJECT),
+                **STALE_ANSWERS,
+            },
+        )
+    )
     async def post(self, name: str, action: str) -> None:
         self.require(self.ROLES[action])
         schedules = self.schedules
@@ -265,9 +334,20 @@ def _time(body: dict[str, Any], key: str) -> Any:
     return moment
 
 
+class OpenAPIDocument(JSONHandler):
+    """``GET /api/openapi.json``: the document of this API, made from its handlers."""
+
+    @documented(
+        Operation(summary="This document", answers={200: ("OpenAPI 3.1", openapi.ANY_OBJECT)})
+    )
+    async def get(self) -> None:
+        self.send(openapi.document(self.application))
+
+
 def routes(context: UIContext) -> list[tuple[str, type[tornado.web.RequestHandler], Any]]:
     arguments = {"context": context}
     return [
+        (r"/api/openapi.json", OpenAPIDocument, arguments),
         (r"/api/schedules", SchedulesResource, arguments),
         (r"/api/schedules/([^/]+)", ScheduleResource, arguments),
         (
