@@ -131,7 +131,13 @@ class ChangeContext:
             "note": self.note,
             "action": None if self.action is None else self.action.value,
         }
-        return {key: value for key, value in fields.items() if value is not None}
+        # A lone surrogate (a user name not in UTF-8) would make PostgreSQL refuse the
+        # JSON, and with it the change: it is written as "?" instead.
+        return {
+            key: value.encode("utf-8", "replace").decode("utf-8")
+            for key, value in fields.items()
+            if value is not None
+        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -6,17 +6,21 @@ so a name is never given to another token."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DBAPIError
 
-from beat.errors import InvalidSchedule
+from beat.errors import InvalidSchedule, StoreError
 from beat.models import Role
 from beat.store.db import StoreConnection
 from beat.store.tables import api_tokens
+
+logger = logging.getLogger(__name__)
 
 #: What every token starts with: a secret scanner, or a person, can tell it for one.
 TOKEN_PREFIX = "habeat_"
@@ -115,19 +119,28 @@ class ApiTokens(StoreConnection):
         digest = token_hash(token)
         with self._transaction() as conn:
             row = conn.execute(
-                select(api_tokens.c.name, api_tokens.c.role, api_tokens.c.last_used_at).where(
+                select(api_tokens.c.name, api_tokens.c.role).where(
                     api_tokens.c.token_hash == digest, api_tokens.c.revoked_at.is_(None)
                 )
             ).one_or_none()
-            if row is None:
-                return None
-            stale = func.now() - USE_RECORDED_EVERY
-            conn.execute(
-                update(api_tokens)
-                .where(
-                    api_tokens.c.name == row.name,
-                    (api_tokens.c.last_used_at.is_(None)) | (api_tokens.c.last_used_at < stale),
-                )
-                .values(last_used_at=func.now())
-            )
+        if row is None:
+            return None
+        self._record_use(row.name)
         return row.name, Role(row.role)
+
+    def _record_use(self, name: str) -> None:
+        """Note that token ``name`` was used, at most once a ``USE_RECORDED_EVERY``; a
+        database that takes no writes (a standby) only goes without the note."""
+        stale = func.now() - USE_RECORDED_EVERY
+        try:
+            with self._transaction() as conn:
+                conn.execute(
+                    update(api_tokens)
+                    .where(
+                        api_tokens.c.name == name,
+                        api_tokens.c.last_used_at.is_(None) | (api_tokens.c.last_used_at < stale),
+                    )
+                    .values(last_used_at=func.now())
+                )
+        except (StoreError, DBAPIError) as exc:
+            logger.warning("could not note that API token %s was used: %s", name, exc)

@@ -21,6 +21,7 @@ from beat.errors import ScheduleNotFound
 from beat.models import ChangeAction, ChangeEntry, ScheduleDefinition
 from beat.records import ChangeContext, ScheduleChange
 from beat.store.db import StoreConnection
+from beat.store.pg_arrays import bigint_array, text_array
 from beat.store.stored_schedules import schedule_from_row, stored_columns
 from beat.store.tables import schedule_changes, schedules
 
@@ -80,8 +81,9 @@ def record_runs_made(
 #: The schedule's recorded fields, as the triggers write them (``s``: its row).
 _FIELDS = "to_jsonb(s) - CAST(:unrecorded AS text[])"
 
-#: What an end's note says of a one-off (a window's end gives its own reason).
-ONE_OFF_FIRED = "a one-off fired: it has no fire time left"
+#: What an end's note says of a schedule left with no fire time (a one-off that fired);
+#: a window's end gives its own reason.
+ONE_OFF_FIRED = "it has no fire time left (a one-off that fired)"
 #: An end records its reason, not the fields: a one-off's are the same before and after
 #: (its next fire time is no field of a change), a window's differ only in being
 #: disabled; and writing two documents a row would cost a claim of 100,000 one-offs
@@ -115,8 +117,8 @@ def record_ends(conn: Connection, ends: Sequence[tuple[int, str | None]]) -> Non
     conn.execute(
         _RECORD_ENDS,
         {
-            "ids": [schedule_id for schedule_id, _ in ends],
-            "reasons": [reason for _, reason in ends],
+            "ids": bigint_array(schedule_id for schedule_id, _ in ends),
+            "reasons": text_array(reason for _, reason in ends),
             "fired": ONE_OFF_FIRED,
         },
     )
@@ -125,8 +127,17 @@ def record_ends(conn: Connection, ends: Sequence[tuple[int, str | None]]) -> Non
 def record_quarantines(conn: Connection, quarantines: Sequence[tuple[int, str]]) -> None:
     """Record each first quarantine (schedule id, reason) as the scheduler's, before the
     caller writes it and raises its version; from here on the transaction records its
-    changes itself (``RECORDED_SETTING``)."""
+    changes itself (``RECORDED_SETTING``). The rows are locked first (in the order of
+    their IDs, as a claim locks them), so that the version recorded is the one the
+    caller's update raises: no change of another transaction commits in between."""
     conn.execute(select(func.set_config(RECORDED_SETTING, "on", True)))
+    ids = sorted({schedule_id for schedule_id, _ in quarantines})
+    conn.execute(
+        select(schedules.c.id)
+        .where(schedules.c.id.in_(ids))
+        .order_by(schedules.c.id)
+        .with_for_update()
+    )
     for schedule_id, reason in quarantines:
         conn.execute(
             _RECORD_QUARANTINE,

@@ -170,6 +170,13 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore, ScheduleChanges):
         removed since."""
         with self._transaction() as conn:
             now = acting_as(conn, change)
+            known = conn.execute(
+                select(idempotency_keys.c.key).where(idempotency_keys.c.key == key)
+            ).scalar_one_or_none()
+            if known is not None:
+                # A retry: what it made, not built again (a one-off's time may have
+                # passed since, a channel may be gone: the retry still gets the schedule).
+                return _made_before(conn, key, request_hash), False
             definition, next_fire_at = build(now)
             taken = conn.execute(
                 pg_insert(idempotency_keys)
@@ -269,7 +276,11 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore, ScheduleChanges):
                 .values(
                     # A schedule enabled again starts afresh: its old disable reason goes,
                     # and so does its quarantine.
-                    disabled_reason=_disabled_reason(definition.enabled, disabled_reason),
+                    # A pause's note is the reason of a pause only: a schedule already
+                    # disabled (quarantined, its window ended) keeps its first cause.
+                    disabled_reason=_disabled_reason(
+                        definition.enabled, disabled_reason if row.enabled else None
+                    ),
                     quarantined_at=None if definition.enabled else schedules.c.quarantined_at,
                 )
                 .returning(*stored_columns())
@@ -369,7 +380,13 @@ def _inserted(
 
 def _made_before(conn: Connection, key: str, request_hash: str) -> Schedule:
     """The schedule an earlier create with idempotency ``key`` made."""
-    earlier = conn.execute(select(idempotency_keys).where(idempotency_keys.c.key == key)).one()
+    earlier = conn.execute(
+        select(idempotency_keys).where(idempotency_keys.c.key == key)
+    ).one_or_none()
+    if earlier is None:  # pruned by retention between the two statements
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key {key!r:.80} expired as it was looked at: send the request again"
+        )
     if earlier.request_hash != request_hash:
         raise IdempotencyKeyReused(
             f"Idempotency-Key {key!r:.80} was used for another request (schedule"

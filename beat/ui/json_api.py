@@ -291,5 +291,5 @@ def routes(context: UIContext) -> list[tuple[str, type[tornado.web.RequestHandle
         (r"/api/cluster", ClusterAPI, arguments),
         (r"/api/stats", StatsAPI, arguments),
         (r"/api/incidents", IncidentsAPI, arguments),
-        (r"/api/.*", NoSuchEndpoint, arguments),
+        (r"/api(?:/.*)?", NoSuchEndpoint, arguments),
     ]

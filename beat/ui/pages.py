@@ -252,7 +252,8 @@ class EditSchedulePage(FormPage):
     ) -> None:
         """Show the form again as typed, with what changed since it was opened; a save
         from here is over the version now, as the person has seen what changed."""
-        since = int(conflict.expected.rpartition(".")[2] or 0)
+        seen = conflict.expected.rpartition(".")[2]
+        since = int(seen) if seen.isascii() and seen.isdigit() else 0
         changes = await self.call(self.schedules.audit, name, limit=50)
         form.changed_since = [change for change in changes if change.version > since]
         form.version = conflict.current

@@ -35,6 +35,7 @@ from beat.models import Role, Schedule
 from beat.ops import rendering
 from beat.ops.schedule_commands import trigger_run_id
 from beat.ops.user_input import parse_time
+from beat.store.schedules import check_version
 from beat.ui import openapi, rest_input
 from beat.ui.base_handler import UIContext, schedule_url
 from beat.ui.json_api import JSONHandler, ScheduleAPI, SchedulesAPI
@@ -103,12 +104,17 @@ class RestHandler(JSONHandler):
     @property
     def if_match(self) -> str | None:
         """The version an ``If-Match`` header names (``Schedule.tag``); None without one
-        or with ``*`` (any version)."""
+        or with ``*`` (any version). A weak tag never matches (RFC 9110 compares If-Match
+        strongly); a list of tags is refused (one version is read, one sent back)."""
         given = self.request.headers.get("If-Match")
         if given is None or given.strip() == "*":
             return None
-        tag = given.strip().removeprefix("W/").strip('"')
-        return tag
+        if "," in given:
+            raise Problem(400, "If-Match takes one ETag: the one of the version you read")
+        tag = given.strip()
+        if tag.startswith("W/"):
+            return "weak " + tag  # matches no version: every write with it is 412
+        return tag.strip('"')
 
     def idempotency_key(self) -> str | None:
         return self.request.headers.get("Idempotency-Key")
@@ -282,10 +288,15 @@ class ScheduleActionResource(RestHandler):
             self.send_schedule(
                 await self.write_call(schedules.restore, name, version, if_version=self.if_match)
             )
-        elif action == "trigger":
-            await self._trigger(name)
         else:
-            await self._backfill(name)
+            # These change no field: If-Match says the schedule is still what was read.
+            if self.if_match is not None:
+                current = await self.write_call(schedules.get, name)
+                await self.write_call(check_version, name, current.tag, self.if_match)
+            if action == "trigger":
+                await self._trigger(name)
+            else:
+                await self._backfill(name)
 
     async def _trigger(self, name: str) -> None:
         key = self.idempotency_key()

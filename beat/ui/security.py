@@ -68,6 +68,8 @@ def _parse(text: str | None) -> dict[str, tuple[str, Role | None]]:
     return users
 
 
+#: A user's name has no colon (basic auth splits at the first), so no user is named as
+#: the audit log names others (``token:NAME``, ``system:REASON``, ``sql:USER``).
 ROLE_NAMES = frozenset(role.value for role in Role)
 
 

@@ -115,7 +115,11 @@ DECLARE
     after_fields jsonb;
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        NEW.version := 1;
+        -- A name made again goes on from its last version in the log: a version
+        -- names one change of that name, whichever schedule had it.
+        NEW.version := coalesce(
+            (SELECT max(version) FROM beat_schedule_changes WHERE schedule_name = NEW.name), 0
+        ) + 1;
         what := 'create';
     ELSIF TG_OP = 'DELETE' THEN
         what := 'delete';

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import func, select, text, update
 
 from beat.claim.policies import plan_fires
 from beat.errors import InvalidSchedule, ScheduleExists, ScheduleNotFound
@@ -354,3 +354,55 @@ def test_a_quarantine_by_the_claim_is_the_scheduler_s_with_its_reason(
     assert set(quarantined.differences) == {"enabled", "quarantined_at", "disabled_reason"}
     with store.engine.connect() as conn:
         assert conn.execute(select(schedules.c.version)).scalar_one() == 2
+
+
+def test_a_restore_never_runs_a_one_off_whose_time_has_passed(store: Store, api: Schedules) -> None:
+    """A review's finding: restoring a removed one-off inserted it due in the past, so it
+    ran again at once (its old runs hold no schedule ID for the unique check)."""
+    api.create("once", TASK, at=store.now() - timedelta(seconds=5), allow_unregistered=True)
+    api.delete("once")
+    restored = api.restore("once", 1, allow_unregistered=True)
+    assert restored.next_fire_at is None
+
+    api.create("moved", TASK, at=store.now() - timedelta(seconds=5), allow_unregistered=True)
+    api.update("moved", at=store.now() + timedelta(hours=1), allow_unregistered=True)
+    assert api.restore("moved", 1, allow_unregistered=True).next_fire_at is None
+
+
+def test_a_name_made_again_goes_on_from_its_last_version(api: Schedules) -> None:
+    """A review's finding: versions began at 1 again, so two changes had one version."""
+    api.create("again", TASK, every=60, allow_unregistered=True)
+    api.update("again", every=90, allow_unregistered=True)
+    api.delete("again")
+    made = api.create("again", TASK, every=30, allow_unregistered=True)
+    assert made.version == 3
+    assert [c.version for c in changes_of(api, "again")] == [1, 2, 2, 3]
+    assert api.restore("again", 2, allow_unregistered=True).definition.trigger.seconds == 90  # type: ignore[union-attr]
+
+
+def test_a_pause_note_never_replaces_the_reason_of_a_quarantine(
+    store: Store, api: Schedules
+) -> None:
+    api.create("sick", TASK, every=60, allow_unregistered=True)
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(schedules)
+            .where(schedules.c.name == "sick")
+            .values(enabled=False, disabled_reason="cannot be planned", quarantined_at=func.now())
+        )
+    assert api.pause("sick", note="looking into it").disabled_reason == "cannot be planned"
+
+
+def test_a_retried_create_is_not_built_again(store: Store, api: Schedules) -> None:
+    """A review's finding: a retried create was validated again first, so a one-off
+    whose time had passed since was refused instead of returned."""
+    first, made = api.create_once("key-1", "once", TASK, every=60, allow_unregistered=True)
+
+    def never(now: datetime) -> Any:
+        raise AssertionError("a retry is not built again")
+
+    with store.engine.connect() as conn:
+        stored = conn.execute(text("SELECT request_hash FROM beat_idempotency_keys")).scalar_one()
+    again, made_again = store.insert_schedule_once("key-1", stored, never)
+    assert (made, made_again) == (True, False)
+    assert again.id == first.id

@@ -78,6 +78,7 @@ def test_every_operation_answers_as_its_document_says_and_never_with_a_5xx(
             "20261207",
             "--generation-deterministic",
         ],
+        cwd=tmp_path,  # its cache of examples stays out of the checkout
         capture_output=True,
         text=True,
         timeout=540,

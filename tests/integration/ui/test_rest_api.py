@@ -287,3 +287,68 @@ def test_a_ui_user_s_role_limits_the_pages_forms_too(
     assert ui.request("/new").status == 403
     assert call(ui, "PATCH", "/api/schedules/target", {"every": 30}).status == 403
     assert schedules.get("target").definition.enabled
+
+
+def test_if_match_is_strong_single_and_checked_by_every_write_that_takes_it(
+    api: UI, schedules: Schedules
+) -> None:
+    """A review's findings: a weak tag matched, a list never did, trigger and backfill
+    ignored If-Match, and a restore that created a removed schedule passed it by."""
+    tag = call(api, "POST", "/api/schedules", NIGHTLY).headers["etag"]
+    current = call(api, "PATCH", "/api/schedules/nightly", {"max_attempts": 4}).headers["etag"]
+    stale = {"If-Match": tag}
+
+    assert (
+        call(
+            api,
+            "PATCH",
+            "/api/schedules/nightly",
+            {"max_attempts": 6},
+            headers={"If-Match": "W/" + current},
+        ).status
+        == 412
+    )
+    assert (
+        call(
+            api,
+            "PATCH",
+            "/api/schedules/nightly",
+            {"max_attempts": 5},
+            headers={"If-Match": f"{tag}, {tag}"},
+        ).status
+        == 400
+    )
+    assert call(api, "POST", "/api/schedules/nightly/trigger", {}, headers=stale).status == 412
+    assert schedules.runs("nightly") == []
+    call(api, "DELETE", "/api/schedules/nightly", {})
+    assert (
+        call(api, "POST", "/api/schedules/nightly/restore", {"version": 1}, headers=stale).status
+        == 412
+    )
+    assert call(api, "POST", "/api/schedules/nightly/restore", {"version": 1}).status == 200
+
+
+def test_every_answer_under_api_is_a_problem_document(api: UI) -> None:
+    for path in ("/api", "/api/", "/api/nothing/here", "/api/schedules/x/y/z"):
+        answer = call(api, "GET", path)
+        assert answer.status == 404, path
+        assert answer.headers["content-type"].startswith("application/problem+json"), path
+
+
+def test_a_tampered_version_in_the_edit_form_is_no_server_error(
+    serve: Callable[..., UI], schedules: Schedules
+) -> None:
+    schedules.create("target", "ui.job", every=60)
+    ui = serve(users={USER: PASSWORD})
+    form = {
+        "kind": "every",
+        "timing": "90",
+        "task": "ui.job",
+        "tz": "",
+        "args": "[]",
+        "kwargs": "{}",
+    }
+    for version in ("x.y", "1.notanumber", "../.."):
+        answer = ui.post_form("/schedules/target/edit", form | {"version": version})
+        assert answer.status == 409, version
+    assert schedules.get("target").definition.trigger.seconds == 60  # type: ignore[union-attr]

@@ -78,7 +78,7 @@ def test_a_removed_schedule_s_history_stays_and_restoring_brings_it_back(
     assert page.status == 200
     assert 'id="removed"' in page.body
     assert restored.status == 303
-    assert restored.headers["location"] == "/schedules/gone/history?done=restored#v1"
+    assert restored.headers["location"] == "/schedules/gone/history?done=restored#v2"
     assert schedules.get("gone").definition.trigger.seconds == 60  # type: ignore[union-attr]
 
 
