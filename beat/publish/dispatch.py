@@ -59,8 +59,10 @@ from beat.models import RunToPublish, UnpublishableRun
 from beat.publish import messages
 from beat.publish.confirms import confirm_publishes
 from beat.publish.messages import ATTEMPT_HEADER, FIRE_AT_HEADER, SCHEDULE_HEADER
+from beat.publish.messages import published_by_beat as published_by_beat
 from beat.publish.redis_envelopes import Envelopes
 from beat.publish.redis_pushes import fold_pushes
+from beat.publish.returns import Returns, watched
 from beat.schedule.options import check_publish_options
 
 if TYPE_CHECKING:
@@ -187,6 +189,7 @@ class _Sending:
     envelopes: Envelopes | None = None
     #: Routing options whose queues were declared (once per publish is enough).
     declared: set[tuple[Any, ...]] = field(default_factory=set)
+    returns: Returns | None = None  # unroutable messages (``beat.publish.returns``)
 
     def database_now(self) -> datetime | None:
         """The database's time at which the message being built is sent, if known."""
@@ -210,8 +213,8 @@ def publish_runs(
     if not runs:
         return PublishResult(published=[])
     try:
-        with app.producer_or_acquire() as producer:
-            sending = _Sending(app, producer, rejected, _templates(app), database)
+        with app.producer_or_acquire() as producer, watched(app, producer) as returns:
+            sending = _Sending(app, producer, rejected, _templates(app), database, returns=returns)
             if batches(producer):
                 for chunk in _chunks(runs, CHUNK):
                     _send_batch(sending, chunk, into=published)
@@ -274,8 +277,10 @@ def publish_at(
     if not runs:
         return PublishResult(published=[])
     try:
-        with app.producer_or_acquire() as producer:
-            sending = _Sending(app, producer, rejected, _templates(app), database, deadline)
+        with app.producer_or_acquire() as producer, watched(app, producer) as returns:
+            sending = _Sending(
+                app, producer, rejected, _templates(app), database, deadline, returns=returns
+            )
             if batches(producer):
                 built_in = _build_then_send(
                     sending, runs, deadline, before_send, while_waiting, into=published
@@ -344,7 +349,10 @@ def _sent(sending: _Sending, run: RunToPublish) -> bool:
             raise
         sending.rejected.append(UnpublishableRun(run=run, error=error_text(exc)))
         return False
-    return True
+    unroutable = sending.returns and sending.returns.returned(run.celery_task_id)
+    if unroutable:
+        sending.rejected.append(UnpublishableRun(run=run, error=unroutable))
+    return not unroutable
 
 
 def is_run_fault(exc: Exception, connection: Any) -> bool:
@@ -398,6 +406,7 @@ def _send(sending: _Sending, run: RunToPublish) -> None:
             kwargsrepr=_short_repr(run.kwargs),
             declare=routing not in sending.declared,
             envelopes=sending.envelopes,
+            mandatory=sending.returns is not None,
         )
         sending.declared.add(routing)
         return
@@ -409,6 +418,8 @@ def _send(sending: _Sending, run: RunToPublish) -> None:
             options["expires"], ttl = own, time_to_live(own, database_now)
     if routing in sending.declared:
         options["declare"] = []
+    if sending.returns is not None:
+        options["mandatory"] = True  # an unroutable message comes back (``returns``)
     send_plain(app, producer, run, options, ttl=ttl)
     sending.declared.add(routing)  # only once a message went through the declaration
 
@@ -569,13 +580,6 @@ def expiry_of(run: RunToPublish) -> datetime | None:
             return None
         return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
     return None
-
-
-def published_by_beat(request: Any) -> bool:
-    """Was this delivery published by beat (a claimed, triggered or reclaimed run)?
-
-    Celery keeps custom headers on a task's request, and copies them into its retries."""
-    return getattr(request, ATTEMPT_HEADER, None) is not None
 
 
 def _short_repr(value: Any) -> str:

@@ -122,6 +122,13 @@ def usable(app: Any) -> bool:
     )
 
 
+def published_by_beat(request: Any) -> bool:
+    """Was this delivery published by beat (a claimed, triggered or reclaimed run)?
+
+    Celery keeps custom headers on a task's request, and copies them into its retries."""
+    return getattr(request, ATTEMPT_HEADER, None) is not None
+
+
 #: The ``dispatch_uid`` of the receiver that carries a retry's instants
 #: (``beat.delivery.tracking``).
 RETRY_INSTANTS_RECEIVER = "habeat.due_on_the_database_clock"
@@ -252,6 +259,7 @@ def publish(
     kwargsrepr: str,
     declare: bool,
     envelopes: Envelopes | None = None,
+    mandatory: bool = False,
 ) -> None:
     """Publish ``run``'s message from its template through ``producer`` (in its batch, if
     one is open). ``expires``: when the run expires (``beat.publish.dispatch.expiry_of``);
@@ -290,6 +298,8 @@ def publish(
     if "kwargsrepr" in kwargs:
         kwargs["kwargsrepr"] = kwargsrepr
     kwargs["reply_to"] = app.thread_oid
+    if mandatory:  # on RabbitMQ: an unroutable message is returned (``beat.publish.returns``)
+        kwargs["mandatory"] = True
     if expires is not None:
         headers["expires"] = expires.isoformat()
         if ttl is not None:

@@ -126,3 +126,39 @@ def test_a_beat_whose_clock_is_ahead_sends_runs_with_a_short_expiry_on_rabbitmq(
     runs = [row for name in names for row in run_rows(store, schedule_name=name)]
     assert [row.state for row in runs] == [RunState.SUCCEEDED.value] * 3, runs
     assert sorted(cluster.effects().values()) == [1, 1, 1, 1]
+
+
+def test_a_message_routed_to_no_queue_is_noticed_and_its_schedule_quarantined(
+    rabbitmq: str, cluster: Cluster, store: Store
+) -> None:
+    """Issue 28: RabbitMQ drops a message its exchange routes to no queue, and confirms
+    it: the run counted as sent, and no worker could ever get it. Beat publishes with
+    ``mandatory``: the broker returns it, and the schedule is quarantined with the
+    exchange, the routing key and what to do; the other schedules go on."""
+    beat = start_on_rabbitmq(cluster, rabbitmq)
+    schedules = Schedules(store)
+    schedules.create("control", "e2e.plain_record", every=1, args=["c"], allow_unregistered=True)
+    schedules.create(
+        "unbound",
+        "e2e.record",
+        every=1,
+        args=["u"],
+        options={"exchange": "amq.direct", "routing_key": "nobody-listens"},
+        allow_unregistered=True,
+    )
+
+    wait_until(lambda: schedules.get("unbound").quarantined_at is not None, timeout=30)
+
+    reason = schedules.get("unbound").disabled_reason or ""
+    assert "routed its message to no queue" in reason
+    assert "'amq.direct'" in reason
+    assert "'nobody-listens'" in reason
+    runs = run_rows(store, schedule_name="unbound")
+    assert runs, "its first fire time was claimed"
+    assert {row.state for row in runs} <= {RunState.FAILED.value, RunState.CANCELLED.value}
+    assert all(row.published_at is None for row in runs), "never counted as sent"
+    assert any("routed its message to no queue" in (row.error or "") for row in runs)
+    control = len(run_rows(store, schedule_name="control"))
+    time.sleep(3)
+    assert len(run_rows(store, schedule_name="control")) >= control + 2, "the others go on"
+    assert publish_errors(beat) == []
