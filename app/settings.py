@@ -12,6 +12,7 @@ fields below pick which of them this app reads itself and puts in ``app.conf``
 | REDIS_URL | ``BeatConfig().redis_url`` | leader lease |
 | CELERY_BROKER_URL | REDIS_URL | Celery broker (``sentinel://...?master_name=NAME`` too) |
 | HABEAT_BROKER_KEY_PREFIX | (none) | the Redis broker's ``global_keyprefix`` |
+| CELERY_RESULT_BACKEND | (none) | Celery's result backend (a workflow's chord needs one) |
 | HABEAT_IMPORTS | (none) | extra comma-separated task modules to import |
 | PROMETHEUS_MULTIPROC_DIR | (none) | prefork workers: empty dir where pool children keep metrics |
 """
@@ -67,6 +68,7 @@ class Settings:
     max_attempts: int = _scheduler("max_attempts")
     dead_letter_max_length: int = _scheduler("dead_letter_max_length")
     broker_key_prefix: str = ""
+    result_backend: str | None = None
     imports: tuple[str, ...] = ()
     metrics_port: int | None = _scheduler("metrics_port")
     worker_metrics_port: int | None = _scheduler("worker_metrics_port")
@@ -85,6 +87,7 @@ class Settings:
             redis_url=redis_url,
             broker_url=env.get("CELERY_BROKER_URL", redis_url),
             broker_key_prefix=env.get("HABEAT_BROKER_KEY_PREFIX", ""),
+            result_backend=env.get("CELERY_RESULT_BACKEND") or None,
             imports=tuple(
                 name.strip() for name in env.get("HABEAT_IMPORTS", "").split(",") if name.strip()
             ),
@@ -115,9 +118,16 @@ class Settings:
             # hand kombu the URL with its ``?master_name=``: the read and write URLs come
             # first for every connection Celery opens.
             sentinel_urls = {"broker_read_url": broker_url, "broker_write_url": broker_url}
+        backend: dict[str, Any] = {}
+        if self.result_backend is not None:
+            backend["result_backend"] = self.result_backend
+            if self.broker_key_prefix:  # the broker's prefix keeps the results beside it
+                options = {"global_keyprefix": self.broker_key_prefix}
+                backend["result_backend_transport_options"] = options
         return {
             "broker_url": broker_url,
             **sentinel_urls,
+            **backend,
             "broker_transport_options": transport_options,
             "broker_connection_retry_on_startup": True,
             "task_serializer": "json",

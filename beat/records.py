@@ -96,6 +96,9 @@ class RunRecord:
     error: str | None
     args: list[Any]
     kwargs: dict[str, Any]
+    #: A step of a workflow run: that run, and the step's path in its canvas.
+    workflow_run_id: uuid.UUID | None = None
+    step: str | None = None
 
     @property
     def lateness(self) -> timedelta | None:

@@ -24,6 +24,7 @@ from celery.beat import Scheduler
 
 from beat import metrics
 from beat.config import BeatConfig
+from beat.delivery.workflow_steps import install_step_recording
 from beat.errors import ConfigError, StaleEpoch
 from beat.leader.armed import ArmedRuns
 from beat.leader.leadership import Leadership
@@ -219,6 +220,7 @@ class HAScheduler(Scheduler):  # type: ignore[misc]  # celery is untyped
     @property
     def loop(self) -> LeaderLoop:
         if self._loop is None:
+            install_step_recording()  # the first steps of workflows, as beat sends them
             self._loop = LeaderLoop(
                 config=self.config,
                 store=self.store,

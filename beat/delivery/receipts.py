@@ -24,6 +24,7 @@ from beat.delivery.app_config import delivery_config
 from beat.delivery.heartbeat import _leases_of
 from beat.delivery.message_times import retry_due, run_expiry, seconds_until
 from beat.delivery.plain_runs import RECEIPT_KEY, PlainStart, _start_only_while_held, is_guarded
+from beat.delivery.workflow_steps import is_step, record_received_step
 from beat.errors import HABeatError
 from beat.models import RunState
 from beat.publish.dispatch import published_by_beat
@@ -86,6 +87,8 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
 def _take_on_receipt(request: Any, context: dict[str, Any], run_id: uuid.UUID) -> None:
     config = delivery_config(request.task.app.conf)
     leases = _leases_of(config, request.hostname or "worker")
+    if is_step(context):  # a workflow's step: its run, should its send not have made it
+        record_received_step(leases.store, request, context)
     expires = run_expiry(context)
     due = retry_due(context)
     if is_guarded(request.task):

@@ -56,6 +56,7 @@ from beat.delivery.plain_runs import _running_plain as _running_plain
 from beat.delivery.receipts import REQUEUE_DELAY, _hold_received_run
 from beat.delivery.unsent_retries import _unsent_retries as _unsent_retries
 from beat.delivery.unsent_retries import note_unsent_retries
+from beat.delivery.workflow_steps import install_step_recording
 from beat.publish.messages import RETRY_INSTANTS_RECEIVER
 
 __all__ = [
@@ -88,6 +89,7 @@ def install() -> None:
     before_task_publish.connect(
         _due_on_the_database_clock, weak=False, dispatch_uid=RETRY_INSTANTS_RECEIVER
     )
+    install_step_recording()
 
 
 install()

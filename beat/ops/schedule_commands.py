@@ -29,7 +29,9 @@ from beat.schedule.define import (
     check_task_name,
     define,
     first_fire_at,
+    steps_problem,
 )
+from beat.schedule.workflow import WORKFLOW_TASK
 from beat.store.code_sync import SyncReport, next_fire_after_retiming
 from beat.store.leader import PruneReport
 
@@ -45,9 +47,11 @@ class ScheduleCommands(SchedulesBase):
     """Create and steer schedules, and make runs besides their timing."""
 
     def create(
-        self, name: str, task: str, *, allow_unregistered: bool = False, **fields: Any
+        self, name: str, task: str = "", *, allow_unregistered: bool = False, **fields: Any
     ) -> Schedule:
-        """Validate and store a new schedule; see :func:`define` for the fields."""
+        """Validate and store a new schedule; see :func:`define` for the fields. With
+        ``workflow=`` (a Celery canvas) the schedule fires the canvas and ``task`` is left
+        out (``beat.schedule.workflow``)."""
         build = self._creation(name, task, allow_unregistered, fields)
         return self.store.insert_schedule(build, change=self.change)
 
@@ -55,7 +59,7 @@ class ScheduleCommands(SchedulesBase):
         self,
         idempotency_key: str,
         name: str,
-        task: str,
+        task: str = "",
         *,
         allow_unregistered: bool = False,
         **fields: Any,
@@ -77,6 +81,7 @@ class ScheduleCommands(SchedulesBase):
         fields.setdefault("default_tz", self.default_tz)
         # Bad input is refused before the task lookup; the past is the database's, below.
         checked = define(name, task, **(fields | {"allow_past": True}))
+        task = checked.task
         self.check_channels(checked.channels)
         if not allow_unregistered:
             self.check_task_registered(task)
@@ -105,7 +110,9 @@ class ScheduleCommands(SchedulesBase):
             check_task_name(changes["task"])  # before it is looked up
             if not allow_unregistered:
                 self.check_task_registered(changes["task"])
-        check_call = not allow_unregistered and bool({"task", "args", "kwargs"} & set(changes))
+        check_call = not allow_unregistered and bool(
+            {"task", "args", "kwargs", "workflow"} & set(changes)
+        )
         if check_call:
             self._import_tasks()
 
@@ -163,7 +170,7 @@ class ScheduleCommands(SchedulesBase):
             self.app.loader.import_default_modules()
 
     def check_task_registered(self, task: str) -> None:
-        if self.app is None:
+        if self.app is None or task == WORKFLOW_TASK:  # a workflow's steps: check_arguments
             return
         self._import_tasks()
         if task not in self.app.tasks:
@@ -190,8 +197,18 @@ class ScheduleCommands(SchedulesBase):
     def check_arguments(self, definition: ScheduleDefinition) -> None:
         """Refuse args and kwargs that the task, if this app knows it, cannot be called
         with: every run would fail the same way."""
-        registered = None if self.app is None else self.app.tasks.get(definition.task)
-        problem = arguments_problem(registered, definition)
+        if self.app is not None and definition.task == WORKFLOW_TASK:
+            self._import_tasks()
+            problem = steps_problem(self.app.tasks, definition)
+            if problem is not None:
+                raise InvalidSchedule(
+                    f"{problem}: fix the step, or --allow-unregistered if only the workers"
+                    " know its task"
+                )
+            return
+        else:
+            registered = None if self.app is None else self.app.tasks.get(definition.task)
+            problem = arguments_problem(registered, definition)
         if problem is not None:
             raise InvalidSchedule(
                 f"{problem}: give matching --args/--kwargs, or --allow-unregistered if the"
@@ -352,10 +369,14 @@ def _redefine(
         fields |= _trigger_fields(current)
     elif _window_start_stays(current, changes, now):
         fields["start_at"] = current.start_at
+    if "workflow" in changes or (current.task == WORKFLOW_TASK and "task" in changes):
+        # A canvas given anew replaces the stored one; a task given anew replaces the canvas.
+        fields["args"], fields["kwargs"] = (), None
     fields |= dict(changes)
     if "at" not in changes:
         fields["allow_past"] = True  # a one-off's own time is not checked again
-    task = fields.pop("task", current.task)
+    task = WORKFLOW_TASK if "workflow" in changes else fields.pop("task", current.task)
+    fields.pop("task", None)
     # The zone stays unless changed; only a zone given anew is checked against the timing.
     return define(current.name, task, default_tz=current.timezone, now=now, **fields)
 

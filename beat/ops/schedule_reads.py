@@ -166,6 +166,11 @@ class ScheduleReads(SchedulesBase):
         """The run ``run_id`` (the Celery task ID of a scheduled run); None if unknown."""
         return self._run_store.run(run_id)
 
+    def steps(self, run_id: uuid.UUID) -> builtins.list[RunRecord]:
+        """The steps of workflow run ``run_id`` recorded so far, in the order of their
+        paths (``beat.schedule.workflow``); empty for a run that is not a workflow."""
+        return self._run_store.steps(run_id)
+
     def last_runs(self) -> dict[str, LastRun]:
         """The newest run (by fire time) of every schedule that has one, by name."""
         return self._run_store.last_runs()

@@ -63,6 +63,7 @@ from beat.publish.messages import published_by_beat as published_by_beat
 from beat.publish.redis_envelopes import Envelopes
 from beat.publish.redis_pushes import fold_pushes
 from beat.publish.returns import Returns, watched
+from beat.publish.workflows import WORKFLOW_TASK, send_workflow
 from beat.schedule.options import check_publish_options
 
 if TYPE_CHECKING:
@@ -228,8 +229,8 @@ def publish_runs(
             exc,
             extra={"published": len(published), "due": len(runs)},
         )
-        return PublishResult(published=_ids(published), error=exc, rejected=rejected)
-    return PublishResult(published=_ids(published), rejected=rejected)
+        return PublishResult(published=[run.id for run in published], error=exc, rejected=rejected)
+    return PublishResult(published=[run.id for run in published], rejected=rejected)
 
 
 def _send_batch(
@@ -300,8 +301,9 @@ def publish_at(
             exc,
             extra={"published": len(published), "due": len(runs)},
         )
-        return PublishResult(published=_ids(published), error=exc, rejected=rejected)
-    return PublishResult(published=_ids(published), rejected=rejected, built_in=built_in)
+        return PublishResult(published=[run.id for run in published], error=exc, rejected=rejected)
+    done = [run.id for run in published]
+    return PublishResult(published=done, rejected=rejected, built_in=built_in)
 
 
 def _build_then_send(
@@ -389,6 +391,8 @@ def _send_all(
 
 def _send(sending: _Sending, run: RunToPublish) -> None:
     app, producer = sending.app, sending.producer
+    if run.task == WORKFLOW_TASK:  # its canvas, not a message of its own
+        return send_workflow(app, producer, run, mandatory=sending.returns is not None)
     # kombu would re-check the queue declaration on every message; once a batch is enough.
     routing = tuple(repr(run.options.get(key)) for key in ROUTING_OPTIONS)
     template, options = _template(producer, run, sending.templates)
@@ -586,10 +590,6 @@ def _short_repr(value: Any) -> str:
     """A stand-in for Celery's ``saferepr`` of JSON arguments, some 20 times cheaper."""
     text = repr(value)
     return text if len(text) <= REPR_LIMIT else text[: REPR_LIMIT - 3] + "..."
-
-
-def _ids(runs: Sequence[RunToPublish]) -> list[uuid.UUID]:
-    return [run.id for run in runs]
 
 
 def _chunks(runs: Sequence[RunToPublish], size: int) -> Iterator[Sequence[RunToPublish]]:

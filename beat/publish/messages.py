@@ -132,9 +132,13 @@ def published_by_beat(request: Any) -> bool:
 #: The ``dispatch_uid`` of the receiver that carries a retry's instants
 #: (``beat.delivery.tracking``).
 RETRY_INSTANTS_RECEIVER = "habeat.due_on_the_database_clock"
+#: The ``dispatch_uid`` of the receiver that records a workflow's step as it is sent
+#: (``beat.delivery.workflow_steps``).
+STEP_RECORDER = "habeat.record_sent_step"
 #: Signal receivers of this package that act only on a task's own publishes (a retry
-#: sent from a worker), never on beat's: they do not keep beat from its templates.
-OWN_RECEIVERS = frozenset({RETRY_INSTANTS_RECEIVER})
+#: sent from a worker) or on a workflow's steps, never on the messages beat stamps from
+#: templates: they do not keep beat from its templates.
+OWN_RECEIVERS = frozenset({RETRY_INSTANTS_RECEIVER, STEP_RECORDER})
 
 
 def routes_by_name(app: Any) -> bool:

@@ -28,6 +28,7 @@ from beat.schedule import timing
 from beat.schedule.options import check_publish_options
 from beat.schedule.payload import check_payload
 from beat.schedule.timing import Trigger
+from beat.schedule.workflow import WORKFLOW_TASK, canvas_of, plan, stored_canvas, workflow_kwargs
 
 #: Longest schedule name.
 MAX_NAME_LENGTH = 200
@@ -75,6 +76,7 @@ def define(
     allow_past: bool = False,
     default_tz: str = "UTC",
     now: datetime | None = None,
+    workflow: Any = None,
 ) -> ScheduleDefinition:
     """Validate a schedule; raise :class:`InvalidSchedule` naming the first problem.
 
@@ -91,6 +93,9 @@ def define(
     ``max_runtime`` (revoked past it with ``revoke_after_max_runtime``), ``late_after``
     and ``missed_after`` its run monitors (seconds or a timedelta; None: none);
     ``channels`` the notification channels its incidents go to (None: every channel).
+    ``workflow`` (a Celery canvas, its dict or JSON) makes the schedule fire that canvas
+    instead of one task: ``task`` is then :data:`WORKFLOW_TASK` (or empty) and the steps
+    carry their own arguments and options (``beat.schedule.workflow``).
 
     Relative times (``in_seconds``, an ``every`` without ``start_at``) count from
     ``now``: :class:`Schedules` passes the database's ``now()`` of the transaction
@@ -99,6 +104,10 @@ def define(
     """
     now = now or datetime.now(UTC)
     _check_name(name)
+    if workflow is not None:
+        if task not in ("", WORKFLOW_TASK):
+            raise InvalidSchedule(f"give a task or a workflow, not both (task {task!r:.80})")
+        task = WORKFLOW_TASK
     check_task_name(task)
     zone_name = default_tz if tz is None else tz  # an empty name is refused, not defaulted
     timing.parse_zone(zone_name)
@@ -118,6 +127,8 @@ def define(
         )
     _check_window(start_at, end_at, max_runs)
     _check_jitter(jitter, trigger)
+    if task == WORKFLOW_TASK:
+        kwargs = _workflow_payload(workflow, args, kwargs, options, queue)
     payload_args, payload_kwargs = check_payload(args, kwargs)
     publish_options = _check_options(options, queue)
     policy = _misfire_policy(misfire_policy)
@@ -402,6 +413,29 @@ def _check_name(name: str) -> None:
         raise InvalidSchedule(f"schedule name {name!r} has control characters: use printable text")
 
 
+def _workflow_payload(
+    workflow: Any,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    options: Mapping[str, Any] | None,
+    queue: str | None,
+) -> dict[str, Any]:
+    """The kwargs of a workflow schedule: from ``workflow``, or (a stored one defined
+    again) from its stored kwargs."""
+    if options or queue:
+        raise InvalidSchedule(
+            "a workflow's steps carry their own options (sig.set(queue=...)): leave the"
+            " schedule's options and queue out"
+        )
+    if args:
+        raise InvalidSchedule("a workflow's steps carry their own arguments: leave args out")
+    if workflow is None:
+        return workflow_kwargs(stored_canvas(canvas_of(kwargs or {})))
+    if kwargs:
+        raise InvalidSchedule("a workflow's steps carry their own arguments: leave kwargs out")
+    return workflow_kwargs(stored_canvas(workflow))
+
+
 def check_task_name(task: str) -> None:
     if not isinstance(task, str) or not task.strip() or task != task.strip():
         raise InvalidSchedule(f"task must be a registered Celery task name, got {task!r:.80}")
@@ -450,6 +484,32 @@ def arguments_problem(task: Any, definition: ScheduleDefinition) -> str | None:
     except TypeError as exc:
         shown = f"{definition.task}{_parameters_only(signature)}"
         return f"task {shown:.200} cannot take these arguments ({exc})"
+    return None
+
+
+def steps_problem(tasks: Mapping[str, Any], definition: ScheduleDefinition) -> str | None:
+    """Why the workflow of ``definition`` cannot run on an app whose tasks are ``tasks``:
+    a step's task is not registered, or cannot take its arguments (with the result of
+    the step before it, where it takes one); None if every step can."""
+    for step in plan(canvas_of(definition.kwargs)).steps:
+        task = tasks.get(step.task)
+        if task is None:
+            return f"step {step.path} names {step.task!r:.200}, which is not a registered task"
+        received = (None,) if step.takes_result else ()
+        problem = arguments_problem(
+            task,
+            ScheduleDefinition(
+                name=definition.name,
+                task=step.task,
+                trigger=definition.trigger,
+                timezone=definition.timezone,
+                args=(*received, *step.args),
+                kwargs=dict(step.kwargs),
+            ),
+        )
+        if problem is not None:
+            taking = " (with the result of the step before it)" if step.takes_result else ""
+            return f"step {step.path}: {problem}{taking}"
     return None
 
 

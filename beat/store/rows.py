@@ -157,6 +157,8 @@ def record_from_row(row: Row[Any]) -> RunRecord:
         error=row.error,
         args=list(row.args),
         kwargs=dict(row.kwargs),
+        workflow_run_id=row.workflow_run_id,
+        step=row.step,
     )
 
 

@@ -56,6 +56,7 @@ from beat.store.run_guard import (
 )
 from beat.store.run_links import RunLinks
 from beat.store.tables import runs, workers
+from beat.store.workflow_steps import WorkflowSteps
 
 #: Namespace of the run IDs derived from task IDs that are not UUIDs (caller-chosen keys).
 TASK_ID_NAMESPACE = uuid.UUID("6c1b1f0e-8a43-4c59-9a0e-686162656174")
@@ -83,7 +84,7 @@ def run_store_for(url: str) -> RunStore:
     return store
 
 
-class RunStore(PlainRuns, RunHistory, RunLinks):
+class RunStore(PlainRuns, RunHistory, RunLinks, WorkflowSteps):
     """Run transitions made by workers (see the module docstring), and the run history."""
 
     @classmethod

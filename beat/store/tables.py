@@ -230,6 +230,10 @@ runs = Table(
     #: Times lost-message recovery sent the run again because no worker recorded it
     #: and its message was not found (``beat.leader.lost_messages``): bounded.
     Column("recovery_sends", Integer, nullable=False, server_default=text("0")),
+    #: A step of a workflow run (``beat.schedule.workflow``): that run, the step's path in
+    #: its canvas (NULL: not a step). The run follows its steps (migration 0021's trigger).
+    Column("workflow_run_id", UUID(as_uuid=True)),
+    Column("step", Text),
     UniqueConstraint("schedule_id", "fire_at", name="uq_beat_runs_schedule_fire_at"),
     CheckConstraint(_in("state", RunState), name="ck_beat_runs_state"),
 )
@@ -261,6 +265,13 @@ Index(
 # their newest run only, not every schedule's. Partial, so a claim's insert (a pending
 # run) adds no entry to it.
 Index("ix_beat_runs_failed_by_schedule", runs.c.schedule_name, postgresql_where=text(FAILED_SQL))
+# The steps of a workflow run (its run page; the trigger that moves it with them).
+Index(
+    "ix_beat_runs_workflow_steps",
+    runs.c.workflow_run_id,
+    runs.c.step,
+    postgresql_where=text("workflow_run_id IS NOT NULL"),
+)
 # Runs stuck in the broker.
 Index(
     "ix_beat_runs_queued_published_at",

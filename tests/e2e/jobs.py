@@ -101,6 +101,20 @@ def e2e_lose_eta_timers(state: Any) -> dict[str, int]:
     return {"cancelled": cancelled}
 
 
+@celery_app.task(name="e2e.gather", bind=True, base=IdempotentTask)
+def gather(self: IdempotentTask, results: list[Any], label: str) -> int:
+    """A chord's body: records its effect, returns how many results it gathered."""
+    _record_effect(self, label)
+    return len(results)
+
+
+@celery_app.task(name="e2e.fail", bind=True, base=IdempotentTask)
+def fail(self: IdempotentTask, label: str) -> None:
+    """An idempotent task that fails every time, after recording that it started."""
+    _record_plain_effect(self.request.id, f"{label}:start")
+    raise RuntimeError(f"{label}: fails every time")
+
+
 # -- plain tasks: no idempotent base, as most existing projects write them ---------------
 
 

@@ -16,6 +16,7 @@ from beat.models import RunState
 from beat.store.leader.base import FencedStore, _run_from_row
 from beat.store.leader.records import LostRun, Reclaim, Unconfirmed, UnrecordedConsumer
 from beat.store.tables import runs, unrecorded_consumers
+from beat.store.workflow_steps import has_no_recorded_step
 
 #: A run's message is sent at most this many times while no worker records it (its
 #: publication, and the copies sent because the broker seemed to have lost it: by
@@ -41,6 +42,8 @@ class LostMessageStatements(FencedStore):
                 ),
                 # A worker holds it (receipt lease): if that worker dies, the reaper acts.
                 runs.c.lease_owner.is_(None),
+                # A workflow whose steps are recorded: its steps are looked for, not it.
+                has_no_recorded_step(),
             )
             .order_by(runs.c.published_at)
             .limit(limit)

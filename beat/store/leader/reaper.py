@@ -28,6 +28,7 @@ from beat.store.leader.lost_messages import MAX_SENDS, _sent_again_or_lost
 from beat.store.leader.records import InQueue, LostRun, Reclaim
 from beat.store.rows import due_again
 from beat.store.tables import runs, workers
+from beat.store.workflow_steps import has_no_recorded_step
 
 #: Attempts ended by their worker's death that a run may have before it is given up
 #: (a job that kills the whole worker process every time must not loop for ever).
@@ -230,6 +231,8 @@ def _send_stale_again(
                 # A worker holds it (receipt lease): if that worker dies, held_by_dead acts.
                 runs.c.lease_owner.is_(None),
                 runs.c.published_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than),
+                # A workflow whose steps are recorded: its steps are sent again, not it.
+                has_no_recorded_step(),
             )
             .order_by(runs.c.published_at)
             .limit(limit)

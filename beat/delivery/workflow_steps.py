@@ -1,0 +1,145 @@
+"""Each step of a workflow run recorded as a run of its own, before its message leaves.
+
+A workflow's first steps are sent by beat, the others by the workers, as Celery sends
+a chain's next element or a chord's body once what comes before it succeeded. Whoever
+sends a step's message (its headers name the workflow run and the step's path:
+``beat.schedule.workflow``), ``before_task_publish`` records the step's run first,
+with what publishing it again takes (its task, arguments, and its place in the canvas:
+chain, chord, group, callbacks): from then on the leader looks for that message and
+sends it again if it is lost, and the reaper reclaims the step if its worker dies, as
+for any run beat published. A step is recorded once: a message sent again finds its
+run made.
+
+That write may fail (PostgreSQL unreachable at that moment): Celery logs what a
+``before_task_publish`` receiver raises and sends the message anyway, and the worker
+that receives it records the step then (``record_received_step``), before its receipt.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from celery import current_app
+from celery.signals import before_task_publish
+
+from beat.config import uses_this_scheduler
+from beat.delivery.app_config import delivery_config
+from beat.publish.messages import STEP_RECORDER
+from beat.schedule.workflow import STEP_HEADER, WORKFLOW_HEADER
+from beat.store.runs import run_store_for
+from beat.store.workflow_steps import StepMessage, step_options
+
+logger = logging.getLogger(__name__)
+
+#: What a step's message carries in its headers, as ``send_task`` options.
+_HEADER_OPTIONS = {
+    "group": "group_id",
+    "group_index": "group_index",
+    "root_id": "root_id",
+    "parent_id": "parent_id",
+}
+#: What it carries in the body's embed, as ``send_task`` options.
+_EMBED_OPTIONS = {
+    "callbacks": "link",
+    "errbacks": "link_error",
+    "chain": "chain",
+    "chord": "chord",
+}
+
+
+def install_step_recording() -> None:
+    """Record the steps this process sends (a worker's, and beat's: its first steps)."""
+    before_task_publish.connect(record_sent_step, weak=False, dispatch_uid=STEP_RECORDER)
+
+
+def is_step(headers: Mapping[str, Any]) -> bool:
+    return bool(headers.get(WORKFLOW_HEADER)) and headers.get(STEP_HEADER) is not None
+
+
+def record_sent_step(
+    body: Any = None,
+    routing_key: str | None = None,
+    headers: dict[str, Any] | None = None,
+    properties: Mapping[str, Any] | None = None,
+    **_: Any,
+) -> None:
+    """``before_task_publish``: record a step's run before its message leaves (any
+    process: beat, a pool process, a worker's main process)."""
+    if not isinstance(headers, dict) or not is_step(headers):
+        return
+    app = current_app._get_current_object()
+    if not uses_this_scheduler(app.conf):
+        return
+    args, kwargs, embed = (
+        body if isinstance(body, tuple | list) and len(body) == 3 else ([], {}, {})
+    )
+    message = step_message(
+        headers,
+        task=str(headers.get("task")),
+        args=list(args),
+        kwargs=dict(kwargs),
+        embed=embed or {},
+        queue=routing_key,
+        priority=(properties or {}).get("priority"),
+    )
+    try:
+        run_store_for(delivery_config(app.conf).database_url).record_step(message)
+    except Exception as exc:  # the receiving worker records it (``record_received_step``)
+        logger.warning(
+            "could not record step %s of workflow run %s as sent: %s",
+            message.step,
+            message.workflow_run_id,
+            exc,
+        )
+
+
+def record_received_step(store: Any, request: Any, context: Mapping[str, Any]) -> None:
+    """Record the step a worker received, unless it was recorded when sent."""
+    delivery = getattr(request, "delivery_info", None) or {}
+    store.record_step(
+        step_message(
+            context,
+            task=request.name,
+            args=list(request.args or ()),
+            kwargs=dict(request.kwargs or {}),
+            embed=context,
+            queue=delivery.get("routing_key"),
+            priority=delivery.get("priority"),
+        )
+    )
+
+
+def step_message(
+    headers: Mapping[str, Any],
+    *,
+    task: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    embed: Mapping[str, Any],
+    queue: str | None,
+    priority: int | None,
+) -> StepMessage:
+    """A step's run as its message shows it: the ``send_task`` options that send it again
+    in the same place (its chain, chord, group and callbacks; its queue)."""
+    options = {option: headers.get(key) for key, option in _HEADER_OPTIONS.items()}
+    options |= {option: embed.get(key) for key, option in _EMBED_OPTIONS.items()}
+    options["headers"] = {
+        WORKFLOW_HEADER: headers[WORKFLOW_HEADER],
+        STEP_HEADER: headers[STEP_HEADER],
+    }
+    if queue:
+        options["queue"] = queue
+    if priority is not None:
+        options["priority"] = priority
+    return StepMessage(
+        task_id=str(headers["id"]),
+        workflow_run_id=uuid.UUID(str(headers[WORKFLOW_HEADER])),
+        step=str(headers[STEP_HEADER]),
+        task=task,
+        args=args,
+        kwargs=kwargs,
+        options=step_options(options),
+    )

@@ -1,0 +1,51 @@
+"""Publishing a workflow run: its canvas, sent by Celery's own canvas code, each step
+with the task ID derived from the run ID and its path (``beat.schedule.workflow``).
+
+Celery sends the first steps (a chain's first element, a group's members, a chord's
+header, setting up the chord's counter in the result backend); the workers send the
+rest as the steps before them succeed, as Celery always does. Each step's message
+carries beat's headers (so a worker records it as a run of beat's: receipt,
+idempotency guard, outcome, reclaim) and its workflow run and path. Every step message,
+whoever sends it, is recorded as a run of its own before it leaves
+(``beat.delivery.workflow_steps``): a step whose message is lost is looked for and sent
+again alone, as any run is.
+
+A workflow run published twice (a flush that failed after some messages left, a leader
+that died before marking it published) sends the same task IDs and group IDs again: a
+step taken already is refused by the receipt or the guard, and a chord counts its
+header's parts under one ID.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import signature
+
+from beat.errors import InvalidSchedule
+from beat.models import RunToPublish
+from beat.publish.messages import ATTEMPT_HEADER, FIRE_AT_HEADER, SCHEDULE_HEADER
+from beat.schedule.workflow import WORKFLOW_TASK, canvas_of, stamped
+
+__all__ = ["WORKFLOW_TASK", "send_workflow"]
+
+
+def send_workflow(app: Any, producer: Any, run: RunToPublish, *, mandatory: bool) -> None:
+    """Send the first steps of workflow ``run`` through ``producer`` (inside its batch,
+    where it has one)."""
+    headers = {
+        SCHEDULE_HEADER: run.schedule_name,
+        FIRE_AT_HEADER: run.fire_at.isoformat() if run.fire_at else None,
+        ATTEMPT_HEADER: 1,
+    }
+    try:
+        canvas = signature(stamped(canvas_of(run.kwargs), run.id, headers), app=app)
+    except InvalidSchedule as exc:  # a row written with psql: the run's fault, not the broker's
+        raise ValueError(str(exc)) from None
+    options: dict[str, Any] = {"producer": producer, "retry": False}
+    if mandatory:
+        options["mandatory"] = True  # an unroutable step comes back (``beat.publish.returns``)
+    try:
+        canvas.apply_async(**options)
+    except NotImplementedError as exc:  # Celery's "a chord needs a result backend"
+        raise ValueError(f"cannot send this workflow: {exc}") from None

@@ -1,0 +1,109 @@
+"""The steps of workflow runs (``beat.schedule.workflow``): each step is a run of its
+own in ``beat_runs``, with ``workflow_run_id`` and ``step`` naming the workflow run and
+its path. A step's row is made when its message is sent (``record_step``, from
+whichever process sends it: beat for the first steps, a worker for the next ones),
+and, should that write have failed, when a worker receives it: from then on it is a
+run like any beat published, received, guarded, reclaimed and ended by the same
+statements. The workflow run follows its steps (migration 0021's trigger).
+
+What the leader's recovery must not do to a workflow run itself: it has no message of
+its own, so once any of its steps is recorded, its steps are what is looked for and
+sent again (``has_no_recorded_step``)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import ColumnElement, exists, func, or_, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from beat.models import RunState
+from beat.records import RunRecord
+from beat.schedule.workflow import WORKFLOW_TASK
+from beat.store.db import StoreConnection
+from beat.store.rows import record_from_row
+from beat.store.tables import runs
+
+#: Attempts a step has when its workflow run cannot be read (pruned).
+DEFAULT_STEP_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepMessage:
+    """A step's message as it is sent (or received): what its run row keeps, so that the
+    step can be published again alone, with its place in the canvas (its chain, chord and
+    group options)."""
+
+    task_id: str
+    workflow_run_id: uuid.UUID
+    step: str
+    task: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class WorkflowSteps(StoreConnection):
+    """Steps recorded as they are sent, and read as their workflow's tree."""
+
+    def record_step(self, message: StepMessage) -> bool:
+        """Make the step's run, ``queued``, unless it exists (a message sent again, a
+        receipt after the send recorded it); True if this call made it."""
+        workflow = runs.alias("workflow")
+        attempts = (
+            select(workflow.c.max_attempts)
+            .where(workflow.c.id == message.workflow_run_id)
+            .scalar_subquery()
+        )
+        statement = (
+            pg_insert(runs)
+            .values(
+                id=uuid.UUID(message.task_id),
+                task=message.task,
+                args=message.args,
+                kwargs=message.kwargs,
+                options=message.options,
+                state=RunState.QUEUED.value,
+                workflow_run_id=message.workflow_run_id,
+                step=message.step,
+                max_attempts=func.coalesce(attempts, DEFAULT_STEP_ATTEMPTS),
+                published_at=func.now(),
+                first_published_at=func.now(),
+            )
+            .on_conflict_do_nothing(index_elements=[runs.c.id])
+        )
+        with self._each_statement_commits() as conn:
+            return bool(conn.execute(statement).rowcount == 1)
+
+    def steps(self, workflow_run_id: uuid.UUID) -> list[RunRecord]:
+        """The recorded steps of a workflow run, in the order of their paths."""
+        query = select(runs).where(runs.c.workflow_run_id == workflow_run_id)
+        with self._transaction() as conn:
+            found = [record_from_row(row) for row in conn.execute(query)]
+        return sorted(found, key=lambda record: path_order(record.step or ""))
+
+
+def path_order(path: str) -> tuple[tuple[int, int | str], ...]:
+    """A step path as a sort key: ``2.h.10`` after ``2.h.9``, a chord's header before
+    its body."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"\.", path))
+
+
+def has_no_recorded_step() -> ColumnElement[bool]:
+    """A run that is not a workflow run, or one none of whose steps is recorded yet: what
+    the leader may send again when its message seems lost. A workflow with a recorded
+    step is left to its steps, which are looked for and sent again themselves."""
+    step = runs.alias("recorded_step")
+    return or_(
+        runs.c.task != WORKFLOW_TASK,
+        ~exists().where(step.c.workflow_run_id == runs.c.id),
+    )
+
+
+def step_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Plain JSON of a step's options (what a JSONB column keeps)."""
+    return {key: value for key, value in options.items() if value not in (None, [], {})}

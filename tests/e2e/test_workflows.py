@@ -1,0 +1,236 @@
+"""Scheduled workflows end to end: a schedule fires a Celery canvas, real beat and
+worker processes run it, and the run is the whole workflow: ``succeeded`` once every
+step did, each step once, ``failed`` naming the step that failed; the overlap policy
+``skip`` looks at the whole workflow, not at its first step."""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import chain, chord, group
+
+from beat.models import RunState
+from beat.ops.schedules import Schedules
+from beat.records import RunRecord
+from beat.schedule.workflow import plan, stored_canvas
+from beat.store.all_roles import Store
+from tests.conftest import SessionEnv
+from tests.e2e import jobs
+from tests.e2e.cluster import Cluster, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def record(app: Any, label: str) -> Any:
+    return app.signature("e2e.record", args=[label], immutable=True)
+
+
+def plain(app: Any, label: str) -> Any:
+    return app.signature("e2e.plain_record", args=[label], immutable=True)
+
+
+def with_results_backend(cluster: Cluster, test_env: SessionEnv) -> None:
+    cluster.settings = {
+        "CELERY_RESULT_BACKEND": test_env.redis_url,
+        "HABEAT_LEASE_TIMEOUT": "4",
+        "HABEAT_MAX_WAIT": "1",
+    }
+
+
+def finished_runs(store: Store, name: str) -> list[RunRecord]:
+    found = Schedules(store).runs(name, limit=50)
+    done = [run for run in found if run.finished_at and run.state is not RunState.SKIPPED]
+    return sorted(done, key=lambda run: run.fire_at or run.claimed_at)
+
+
+def steps_of(store: Store, run: RunRecord) -> list[RunRecord]:
+    return Schedules(store).steps(run.id)
+
+
+def workflows(app: Any) -> dict[str, Any]:
+    return {
+        "chain": chain(record(app, "c0"), plain(app, "c1"), record(app, "c2")),
+        "group": group(record(app, f"g{index}") for index in range(5)),
+        "chord": chord(
+            [record(app, f"h{index}") for index in range(5)],
+            app.signature("e2e.gather", args=["body"]),
+        ),
+        "nested": chain(
+            record(app, "n0"),
+            group(record(app, "n1a"), plain(app, "n1b")),
+            app.signature("e2e.gather", args=["n2"]),
+        ),
+    }
+
+
+def test_each_scheduled_workflow_succeeds_with_every_step_run_once(
+    cluster: Cluster, store: Store, test_env: SessionEnv
+) -> None:
+    with_results_backend(cluster, test_env)
+    app = cluster.app()
+    schedules = Schedules(store, app=jobs.celery_app)
+    shapes = workflows(app)
+    for name, canvas in shapes.items():
+        schedules.create(f"wf-{name}", workflow=canvas, every=3, max_runs=2)
+    cluster.worker("worker1", concurrency=4, pool="threads")
+    cluster.beat("beat0")
+
+    def all_done() -> bool:
+        return all(len(finished_runs(store, f"wf-{name}")) == 2 for name in shapes)
+
+    wait_until(all_done, timeout=90, interval=0.5)
+    for name, canvas in shapes.items():
+        expected = {step.path for step in plan(stored_canvas(canvas)).steps}
+        for run in finished_runs(store, f"wf-{name}"):
+            assert run.state is RunState.SUCCEEDED, (name, run.error)
+            steps = steps_of(store, run)
+            assert {step.step for step in steps} == expected, name
+            assert all(step.state is RunState.SUCCEEDED for step in steps), name
+            assert all(step.attempt == 1 for step in steps), name
+            assert run.started_at is not None
+            assert run.finished_at is not None
+            last_step_end = max(step.finished_at for step in steps if step.finished_at)
+            assert run.finished_at >= last_step_end, "the run ended before its last step"
+    labels = cluster.labels()
+    for label in ("c0", "c1", "c2", "body", "n0", "n1a", "n1b", "n2"):
+        assert labels[label] == 2, (label, labels)
+    for index in range(5):
+        assert labels[f"g{index}"] == 2
+        assert labels[f"h{index}"] == 2
+
+
+def test_a_step_that_fails_fails_its_workflow_naming_the_step(
+    cluster: Cluster, store: Store, test_env: SessionEnv
+) -> None:
+    with_results_backend(cluster, test_env)
+    app = cluster.app()
+    canvas = chain(
+        record(app, "before"),
+        app.signature("e2e.fail", args=["broken"], immutable=True),
+        record(app, "never"),
+    )
+    Schedules(store, app=jobs.celery_app).create("wf-failing", workflow=canvas, every=3, max_runs=1)
+    cluster.worker("worker1", concurrency=2, pool="threads")
+    cluster.beat("beat0")
+
+    wait_until(lambda: finished_runs(store, "wf-failing"), timeout=60, interval=0.5)
+    (run,) = finished_runs(store, "wf-failing")
+    assert run.state is RunState.FAILED
+    assert run.error is not None
+    assert "step 1 (e2e.fail)" in run.error
+    assert "fails every time" in run.error
+    time.sleep(2)
+    assert "never" not in cluster.labels()
+    states = {step.step: step.state for step in steps_of(store, run)}
+    assert states == {"0": RunState.SUCCEEDED, "1": RunState.FAILED}
+
+
+def test_skip_overlap_skips_a_fire_time_while_the_whole_workflow_runs(
+    cluster: Cluster, store: Store, test_env: SessionEnv
+) -> None:
+    """The workflow's first step ends at once, its second takes 6 s: fire times every
+    2 s meanwhile are skipped until the second step ends, not after the first."""
+    with_results_backend(cluster, test_env)
+    app = cluster.app()
+    canvas = chain(
+        record(app, "quick"),
+        app.signature("e2e.slow", args=["slow", 6], immutable=True),
+    )
+    schedules = Schedules(store, app=jobs.celery_app)
+    schedules.create("wf-overlap", workflow=canvas, every=2, overlap_policy="skip")
+    cluster.worker("worker1", concurrency=2, pool="threads")
+    cluster.beat("beat0")
+
+    def succeeded() -> list[RunRecord]:
+        ran = [run for run in schedules.runs("wf-overlap", limit=50)]
+        return sorted(
+            (run for run in ran if run.state is RunState.SUCCEEDED), key=lambda run: run.fire_at
+        )
+
+    wait_until(lambda: len(succeeded()) >= 2, timeout=60, interval=0.5)
+    schedules.pause("wf-overlap")
+    first, second = succeeded()[:2]
+    assert first.finished_at is not None
+    assert second.fire_at is not None
+    assert second.fire_at >= first.finished_at - timedelta(seconds=2.5), "fired while it ran"
+    between = [
+        run
+        for run in schedules.runs("wf-overlap", limit=50)
+        if run.fire_at is not None
+        and first.fire_at is not None
+        and first.fire_at < run.fire_at < second.fire_at
+    ]
+    assert len(between) >= 2, "no fire time skipped while the workflow's slow step ran"
+    assert all(run.state is RunState.SKIPPED for run in between), between
+
+
+def _kill_the_worker_running(cluster: Cluster, schedules: Schedules, path: str) -> None:
+    """Wait for the step at ``path`` of the schedule's first run to run, a second in,
+    then SIGKILL the worker process running it."""
+
+    def running_step() -> RunRecord | None:
+        runs = schedules.runs("wf-killed", limit=5)
+        for run in runs:
+            for step in schedules.steps(run.id):
+                if step.step == path and step.state is RunState.RUNNING:
+                    return step
+        return None
+
+    wait_until(lambda: running_step() is not None, timeout=60, interval=0.1)
+    step = running_step()
+    assert step is not None
+    assert step.worker is not None
+    time.sleep(1)
+    cluster.process_for_worker(step.worker).signal(signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("shape", "killed", "ends"),
+    [
+        ("chain", "1", ("k0", "k1", "k2")),
+        ("chord", "h.0", ("k0", "k1", "k2", "body")),
+    ],
+    ids=["middle-of-a-chain", "in-a-chords-header"],
+)
+def test_a_step_whose_worker_is_killed_is_sent_again_alone_and_runs_once(
+    cluster: Cluster,
+    store: Store,
+    test_env: SessionEnv,
+    shape: str,
+    killed: str,
+    ends: tuple[str, ...],
+) -> None:
+    with_results_backend(cluster, test_env)
+    app = cluster.app()
+    slow = app.signature("e2e.long", args=["k1" if shape == "chain" else "k0", 4], immutable=True)
+    if shape == "chain":
+        canvas = chain(record(app, "k0"), slow, record(app, "k2"))
+    else:
+        canvas = chord(
+            [slow, record(app, "k1"), record(app, "k2")], app.signature("e2e.gather", args=["body"])
+        )
+    schedules = Schedules(store, app=jobs.celery_app)
+    schedules.create("wf-killed", workflow=canvas, in_seconds=0)
+    for index in range(2):
+        cluster.worker(f"worker{index}", concurrency=1)
+    cluster.beat("beat0")
+
+    _kill_the_worker_running(cluster, schedules, killed)
+    cluster.worker("worker2", concurrency=1)
+    wait_until(lambda: finished_runs(store, "wf-killed"), timeout=90, interval=0.5)
+    (run,) = finished_runs(store, "wf-killed")
+    assert run.state is RunState.SUCCEEDED, run.error
+    labels = cluster.labels()
+    for label in ends:
+        assert labels[label] == 1, (label, labels)
+    slow_label = "k1" if shape == "chain" else "k0"
+    assert labels[f"{slow_label}:start"] == 2, "the killed step was not started again"
+    steps = {step.step: step for step in schedules.steps(run.id)}
+    assert steps[killed].attempt - steps[killed].retries >= 2
+    assert all(step.attempt == 1 for path, step in steps.items() if path != killed), {
+        path: step.attempt for path, step in steps.items()
+    }
