@@ -19,6 +19,7 @@ from beat.cli.output import _echo_json, _errors_as_exit_codes, _say, _show
 from beat.models import RunState
 from beat.ops import rendering
 from beat.ops.schedules import MAX_BACKFILL_RUNS
+from beat.ops.workflow_rendering import is_workflow, steps_document, steps_table, workflow_label
 
 #: Most runs ``runs`` lists at once: what one call reads and prints stays small.
 MAX_LISTED_RUNS = 10_000
@@ -69,6 +70,7 @@ def backfill(
 @click.option("--state", type=click.Choice([state.value for state in RunState]))
 @_since_option("runs")
 @_limit_option(20, MAX_LISTED_RUNS, "most runs to list; narrow with --since for more")
+@click.option("--steps", is_flag=True, help="with each workflow run, its steps as a tree")
 @_json_option
 @click.pass_context
 def runs(
@@ -77,6 +79,7 @@ def runs(
     state: str | None,
     since: datetime | timedelta | None,
     limit: int,
+    steps: bool,
     as_json: bool,
 ) -> None:
     """Run history, newest first: of schedule NAME, or of all (also of removed schedules)."""
@@ -85,13 +88,22 @@ def runs(
         found = manager.runs(
             name, state=None if state is None else RunState(state), since=since, limit=limit
         )
+        workflows = [run for run in found if steps and is_workflow(run)]
+        tree = {run.id: manager.steps(run.id) for run in workflows}
     if as_json:
-        _echo_json(rendering.runs_document(found))
+        documents = rendering.runs_document(found)
+        for document, run in zip(documents, found, strict=True):
+            if run.id in tree:
+                document["steps"] = steps_document(run, tree[run.id])
+        _echo_json(documents)
         return
     if not found:
         _say("no runs match")
         return
     _show(rendering.runs_table(found))
+    for run in workflows:
+        _say(f"\nrun {run.id} ({run.state.value}): {workflow_label(run)}")
+        _show(steps_table(run, tree[run.id]))
 
 
 @_command()

@@ -24,7 +24,12 @@ from beat.schedule import code as code_schedules
 
 @_command()
 @click.argument("name")
-@click.argument("task")
+@click.argument("task", required=False)
+@click.option(
+    "--workflow",
+    help="fire this Celery canvas instead of TASK: a signature as JSON, e.g. the output of"
+    " json.dumps(chain(a.s(), b.s()))",
+)
 @_definition_options
 @click.option(
     "--misfire-policy",
@@ -35,15 +40,18 @@ from beat.schedule import code as code_schedules
 @click.option("--paused", is_flag=True, help="create it paused")
 @_json_option
 @click.pass_context
-def add(ctx: click.Context, /, name: str, task: str, as_json: bool, **options: Any) -> None:
-    """Add schedule NAME that runs TASK (give one of --cron, --every, --at)."""
+def add(ctx: click.Context, /, name: str, task: str | None, as_json: bool, **options: Any) -> None:
+    """Add schedule NAME that runs TASK, or a workflow (--workflow); give one of --cron,
+    --every, --at."""
+    if (task is None) == (options.get("workflow") is None):
+        _fail("give TASK or --workflow JSON, one of them", 2)
     manager = _schedules(ctx)
     fields = monitors_given({key: value for key, value in options.items() if value is not None})
     fields["enabled"] = not fields.pop("paused", False)
     allow = fields.pop("allow_unregistered", False)
     with _errors_as_exit_codes():
         fields = with_wall_times_read(fields, lambda: fields.get("tz") or manager.default_tz)
-        created = manager.create(name, task, allow_unregistered=allow, **fields)
+        created = manager.create(name, task or "", allow_unregistered=allow, **fields)
     if as_json:
         _echo_json(rendering.schedule_document(created))
         return
@@ -53,6 +61,7 @@ def add(ctx: click.Context, /, name: str, task: str, as_json: bool, **options: A
 @_command()
 @click.argument("name")
 @click.option("--task", help="run this task instead")
+@click.option("--workflow", help="fire this Celery canvas (a signature as JSON) instead")
 @_definition_options
 @click.option("--misfire-policy", type=click.Choice(_MISFIRE_POLICIES))
 @click.option("--max-attempts", type=click.IntRange(min=1))

@@ -9,6 +9,10 @@ both day fields included); ``solar`` and ``relative=True`` are refused, each in
 one line saying what to use instead. An entry may also carry this scheduler's
 rules (``SCHEDULE_ENTRY_EXTRAS``: ``misfire_policy``, ``overlap_policy``,
 ``jitter``, windows...).
+
+A schedule may fire a workflow (``beat.schedule.workflow``): a ``beat_schedule`` entry
+with a ``workflow`` key (a Celery canvas) instead of ``task``, or ``@periodic`` on a
+plain function that returns the canvas (called once per sync, at beat start).
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import types
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from beat.errors import ConfigError, InvalidSchedule
 from beat.models import Origin, ScheduleDefinition
-from beat.schedule.define import arguments_problem, define
+from beat.schedule.define import arguments_problem, define, steps_problem
 from beat.schedule.document import definition_values
 from beat.schedule.timing import Cron, parse_zone
+from beat.schedule.workflow import WORKFLOW_TASK
 
 #: Keys a ``beat_schedule`` entry may carry beyond Celery's own (our scheduling rules).
 SCHEDULE_ENTRY_EXTRAS = frozenset(
@@ -52,6 +58,10 @@ SCHEDULE_ENTRY_EXTRAS = frozenset(
 #: Attribute of a task object that holds the schedules given by :func:`periodic`.
 TASK_SCHEDULES_ATTRIBUTE = "habeat_schedules"
 
+#: Plain functions decorated with :func:`periodic`: each returns the canvas its schedules
+#: fire (a workflow), in the order they were decorated.
+_WORKFLOW_FUNCTIONS: list[Callable[[], Any]] = []
+
 TaskT = TypeVar("TaskT")
 
 
@@ -73,9 +83,19 @@ def periodic(
 
     Put it above ``@app.task``. The schedule is named after the task unless
     ``name`` is given; stacking several ``@periodic`` needs distinct names.
+
+    On a plain function (not a task) that returns a Celery canvas, the schedule fires
+    that workflow, named after the function's dotted path unless ``name`` is given::
+
+        @periodic(cron="0 2 * * *")
+        def nightly_etl():
+            return chain(extract.s(), transform.s(), load.s())
     """
 
     def attach(task: TaskT) -> TaskT:
+        # type(), not isinstance(): a task not yet made (Celery's promise) must stay lazy.
+        if type(task) is types.FunctionType and not getattr(task, TASK_SCHEDULES_ATTRIBUTE, None):
+            _WORKFLOW_FUNCTIONS.append(cast(Callable[[], Any], task))
         entries: list[dict[str, Any]] = list(getattr(task, TASK_SCHEDULES_ATTRIBUTE, []))
         entries.append(
             dict(
@@ -141,13 +161,32 @@ def collect(
         _add(found, definition, f"beat_schedule[{name!r}]")
     for task_name, task in sorted(app.tasks.items()):
         for entry in getattr(task, TASK_SCHEDULES_ATTRIBUTE, []):
+            fields = _periodic_fields(entry, app_tz, base)
             schedule_name = entry.get("name") or task_name
-            fields = {
-                key: value for key, value in entry.items() if key != "name" and value is not None
-            }
-            fields = {"default_tz": app_tz, **base, **fields}
             _add(found, _define(schedule_name, task_name, fields), f"@periodic on {task_name}")
+    for function in _WORKFLOW_FUNCTIONS:
+        path = f"{function.__module__}.{function.__qualname__}"
+        for entry in getattr(function, TASK_SCHEDULES_ATTRIBUTE, []):
+            where = f"@periodic on {path}"
+            fields = _periodic_fields(entry, app_tz, base) | {"workflow": _canvas(function, where)}
+            _add(found, _define(entry.get("name") or path, "", fields, where), where)
     return [(definition, definition_hash(definition)) for definition in found.values()]
+
+
+def _canvas(function: Callable[[], Any], where: str) -> Any:
+    """What a workflow function returns; ConfigError naming it if it raises."""
+    try:
+        return function()
+    except Exception as exc:
+        raise ConfigError(f"{where}: building its workflow raised {exc!r:.200}") from exc
+
+
+def _periodic_fields(
+    entry: Mapping[str, Any], app_tz: str, base: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The fields of one ``@periodic`` entry, over the defaults."""
+    given = {key: value for key, value in entry.items() if key != "name" and value is not None}
+    return {"default_tz": app_tz, **base, **given}
 
 
 def beat_schedule_entries(
@@ -216,6 +255,11 @@ def task_warnings(app: Any, definitions: Iterable[tuple[ScheduleDefinition, str]
     refusing would stop beat, and every schedule, at a deploy)."""
     warnings = []
     for definition, _ in definitions:
+        if definition.task == WORKFLOW_TASK:
+            problem = steps_problem(app.tasks, definition)
+            if problem is not None:
+                warnings.append(f"code schedule {definition.name}: {problem}: its runs fail")
+            continue
         task = app.tasks.get(definition.task)
         if task is None:
             warnings.append(
@@ -276,8 +320,8 @@ def _from_beat_schedule(
     name: str, entry: Mapping[str, Any], app_tz: str, defaults: Mapping[str, Any]
 ) -> ScheduleDefinition:
     where = f"beat_schedule[{name!r}]"
-    if "task" not in entry or "schedule" not in entry:
-        raise ConfigError(f"{where} needs 'task' and 'schedule'")
+    if "schedule" not in entry or ("task" in entry) == ("workflow" in entry):
+        raise ConfigError(f"{where} needs 'schedule' and one of 'task' or 'workflow'")
     fields: dict[str, Any] = {
         **defaults,
         # As given: define refuses a string for args ("12" is not [1, 2]) or pairs for kwargs.
@@ -288,15 +332,17 @@ def _from_beat_schedule(
     }
     fields |= timing_of(entry["schedule"], bool(entry.get("relative")), where)
     fields |= {key: entry[key] for key in SCHEDULE_ENTRY_EXTRAS if entry.get(key) is not None}
+    if "workflow" in entry:
+        fields["workflow"] = entry["workflow"]
     unknown = sorted(
         set(entry)
-        - {"task", "schedule", "args", "kwargs", "options", "relative"}
+        - {"task", "workflow", "schedule", "args", "kwargs", "options", "relative"}
         - SCHEDULE_ENTRY_EXTRAS,
         key=str,  # keys of any type: an int key must not make sorting raise
     )
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(map(str, unknown)):.200}")
-    return _define(name, entry["task"], fields, where)
+    return _define(name, entry.get("task", ""), fields, where)
 
 
 def timing_of(schedule: Any, relative: bool, where: str) -> dict[str, Any]:

@@ -164,6 +164,41 @@ def stamped(
     return copy
 
 
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One line of a workflow's outline: a container (``chain``, ``group``, ``chord``,
+    a chord's ``header``) or a step (``task``, with its task's name)."""
+
+    path: str
+    depth: int
+    kind: str
+    task: str | None = None
+
+
+def outline(canvas: Mapping[str, Any]) -> list[Node]:
+    """The canvas as a tree, top down, each step under what holds it (a run's page)."""
+    nodes: list[Node] = []
+    _outline(canvas, "", 0, nodes)
+    return nodes
+
+
+def _outline(node: Mapping[str, Any], path: str, depth: int, into: list[Node]) -> None:
+    kind = node.get("subtask_type")
+    if kind in ("chain", "group"):
+        into.append(Node(path=path, depth=depth, kind=str(kind)))
+        for index, member in enumerate(_members(node)):
+            _outline(member, _join(path, str(index)), depth + 1, into)
+    elif kind == "chord":
+        into.append(Node(path=path, depth=depth, kind="chord"))
+        header = _join(path, "h")
+        into.append(Node(path=header, depth=depth + 1, kind="header"))
+        for index, member in enumerate(_header(node)):
+            _outline(member, _join(header, str(index)), depth + 2, into)
+        _outline(_body(node), _join(path, "b"), depth + 1, into)
+    else:
+        into.append(Node(path=path or "0", depth=depth, kind="task", task=str(node.get("task"))))
+
+
 def label(canvas: Mapping[str, Any]) -> str:
     """The canvas in one line, as people write it: ``chain(a | group(b, c) | d)``."""
     kind = canvas.get("subtask_type")
