@@ -25,7 +25,7 @@ from tornado.netutil import bind_sockets
 
 from beat.models import Role
 from beat.ops.schedules import Schedules
-from beat.ui import base_handler, history_pages, json_api, pages, rest_api
+from beat.ui import base_handler, history_pages, json_api, pages, rest_api, run_pages
 from beat.ui.security import FORM_BODY_LIMIT, check_exposure
 
 #: Where the UI listens unless told otherwise (Flower's default is 5555).
@@ -86,6 +86,7 @@ def make_application(
     routes: list[Any] = [
         *pages.routes(context),
         *history_pages.routes(context),
+        *run_pages.routes(context),  # /runs/<run ID>: a run, a workflow run's steps
         *rest_api.routes(context),  # /api/schedules and /api/schedules/<name>, read and written
         *json_api.routes(context),
     ]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from celery import chain, chord, group
+from playwright.sync_api import expect
 
 from beat.models import RunState
 from beat.ops.schedules import Schedules
@@ -21,6 +22,7 @@ from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.e2e import jobs
 from tests.e2e.cluster import Cluster, wait_until
+from tests.e2e.ui_browser import PASSWORD, USER, browser, screenshot, start_ui
 
 pytestmark = pytest.mark.e2e
 
@@ -234,3 +236,66 @@ def test_a_step_whose_worker_is_killed_is_sent_again_alone_and_runs_once(
     assert all(step.attempt == 1 for path, step in steps.items() if path != killed), {
         path: step.attempt for path, step in steps.items()
     }
+
+
+def test_a_workflow_runs_page_shows_its_steps_as_a_tree_in_a_browser(
+    cluster: Cluster, store: Store, test_env: SessionEnv
+) -> None:
+    """From the schedule's page to the run's page: the canvas as a tree, each step with
+    its state and worker, the failed step's error; a step's link leads to its own page,
+    which names its workflow run. (Celery itself makes ``chord | task`` a chord whose
+    body is a chain: the paths are those of the canvas as stored.)"""
+    with_results_backend(cluster, test_env)
+    app = cluster.app()
+    canvas = chain(
+        record(app, "extract"),
+        chord(
+            [record(app, f"transform-{index}") for index in range(3)],
+            app.signature("e2e.gather", args=["load"]),
+        ),
+        app.signature("e2e.fail", args=["publish"], immutable=True),
+    )
+    schedules = Schedules(store, app=jobs.celery_app)
+    schedules.create("nightly-etl", workflow=canvas, in_seconds=0)
+    cluster.worker("worker1", concurrency=2)
+    cluster.beat("beat0")
+    wait_until(lambda: finished_runs(store, "nightly-etl"), timeout=60, interval=0.5)
+    (run,) = finished_runs(store, "nightly-etl")
+    _, base = start_ui(cluster)
+
+    with browser() as chromium:
+        context = chromium.new_context(
+            http_credentials={"username": USER, "password": PASSWORD},
+            viewport={"width": 1400, "height": 900},
+        )
+        page = context.new_page()
+        page.goto(base + "/schedules/nightly-etl")
+        page.locator(f'#runs tr[data-run="{run.id}"] a.run-link').click()
+        expect(page.locator("#run-state")).to_have_text("failed")
+        expect(page.locator("#run-error")).to_contain_text("step 1.b.1 (e2e.fail) failed")
+        expect(page.locator("#run-target")).to_have_text(
+            "chain(e2e.record | chord([e2e.record, e2e.record, e2e.record],"
+            " chain(e2e.gather | e2e.fail)))"
+        )
+        rows = page.locator("#steps tr.step")
+        expect(rows).to_have_count(6)
+        states = {
+            rows.nth(index).get_attribute("data-step"): rows.nth(index).get_attribute("data-state")
+            for index in range(6)
+        }
+        assert states == {
+            "0": "succeeded",
+            "1.h.0": "succeeded",
+            "1.h.1": "succeeded",
+            "1.h.2": "succeeded",
+            "1.b.0": "succeeded",
+            "1.b.1": "failed",
+        }
+        containers = page.locator("#steps tr.container")
+        expect(containers).to_have_count(4)  # the chain, the chord, its header, its body
+        expect(page.locator('#steps tr[data-step="1.b.1"]')).to_contain_text("fails every time")
+        screenshot(page, "workflow-run")
+        page.locator('#steps tr[data-step="1.b.0"] a').click()
+        expect(page.locator("body")).to_contain_text(f"step 1.b.0 of workflow run {run.id}")
+        expect(page.locator("#run-state")).to_have_text("succeeded")
+        context.close()
