@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, exists, func, or_, select
+from sqlalchemy import ColumnElement, Connection, any_, bindparam, exists, func, or_, select, update
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from beat.models import RunState
+from beat.models import ACTIVE_STATES, RunState
 from beat.records import RunRecord
 from beat.schedule.workflow import WORKFLOW_TASK
 from beat.store.db import StoreConnection
@@ -91,6 +92,32 @@ def path_order(path: str) -> tuple[tuple[int, int | str], ...]:
     """A step path as a sort key: ``2.h.10`` after ``2.h.9``, a chord's header before
     its body."""
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"\.", path))
+
+
+def cancel_steps_of(conn: Connection, workflow_run_ids: Sequence[uuid.UUID], why: str) -> list[str]:
+    """Cancel the steps not yet ended of workflow runs that were ended from outside their
+    steps (a newer run cancelled them, they ran past their ``max_runtime``), in the
+    caller's transaction; their task IDs, to revoke. A step's worker then finds its run
+    cancelled: a step not started never starts, a running one's completion is refused."""
+    if not workflow_run_ids:
+        return []
+    ended = conn.execute(
+        update(runs)
+        .where(
+            runs.c.workflow_run_id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))),
+            runs.c.state.in_([state.value for state in ACTIVE_STATES]),
+        )
+        .values(
+            state=RunState.CANCELLED.value,
+            reason=why,
+            finished_at=func.now(),
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+        .returning(runs.c.id),
+        {"ids": list(workflow_run_ids)},
+    )
+    return [str(step_id) for step_id in ended.scalars()]
 
 
 def has_no_recorded_step() -> ColumnElement[bool]:

@@ -22,6 +22,7 @@ from beat.store.all_roles import Store
 from tests.conftest import SessionEnv
 from tests.e2e import jobs
 from tests.e2e.cluster import Cluster, wait_until
+from tests.e2e.test_incidents import FAST
 from tests.e2e.ui_browser import PASSWORD, USER, browser, screenshot, start_ui
 
 pytestmark = pytest.mark.e2e
@@ -299,3 +300,73 @@ def test_a_workflow_runs_page_shows_its_steps_as_a_tree_in_a_browser(
         expect(page.locator("body")).to_contain_text(f"step 1.b.0 of workflow run {run.id}")
         expect(page.locator("#run-state")).to_have_text("succeeded")
         context.close()
+
+
+def test_a_workflow_revoked_past_its_max_runtime_ends_failed_and_its_running_step_is_terminated(
+    cluster: Cluster, store: Store, test_env: SessionEnv
+) -> None:
+    """``max_runtime`` is the whole workflow's: past it, the run ends ``failed``, its
+    running step is cancelled and its process terminated (its effect never written), and
+    the steps after it are never sent."""
+    with_results_backend(cluster, test_env)
+    cluster.settings |= FAST
+    app = cluster.app()
+    canvas = chain(
+        record(app, "first"),
+        app.signature("e2e.slow", args=["hung", 12], immutable=True),
+        record(app, "after"),
+    )
+    schedules = Schedules(store, app=jobs.celery_app)
+    schedules.create(
+        "wf-hung", workflow=canvas, in_seconds=0, max_runtime=3, revoke_after_max_runtime=True
+    )
+    cluster.worker("worker0", concurrency=2, pool="prefork")
+    cluster.beat("beat0")
+
+    wait_until(lambda: finished_runs(store, "wf-hung"), timeout=45, interval=0.5)
+    (run,) = finished_runs(store, "wf-hung")
+    assert run.state is RunState.FAILED
+    assert run.error == "revoked: it ran past its max_runtime of 3s"
+    steps = {step.step: step for step in schedules.steps(run.id)}
+    assert steps["0"].state is RunState.SUCCEEDED
+    assert steps["1"].state is RunState.CANCELLED
+    assert "its workflow run was revoked" in (steps["1"].reason or "")
+    time.sleep(12)  # past the hung step's own 12 s, had it gone on
+    assert "hung" not in cluster.labels()
+    assert "after" not in cluster.labels()
+    assert {step.step for step in schedules.steps(run.id)} == {"0", "1"}
+
+
+def test_cancel_previous_cancels_the_running_workflow_and_its_steps(
+    cluster: Cluster, store: Store, test_env: SessionEnv
+) -> None:
+    """A newer fire time cancels the workflow still running, its running step with it:
+    that step's completion is refused (its effect never written), and its next step is
+    never sent."""
+    with_results_backend(cluster, test_env)
+    app = cluster.app()
+    canvas = chain(
+        record(app, "first"),
+        app.signature("e2e.slow", args=["slow", 5], immutable=True),
+        record(app, "after"),
+    )
+    schedules = Schedules(store, app=jobs.celery_app)
+    schedules.create(
+        "wf-cancelled", workflow=canvas, every=3, overlap_policy="cancel_previous", max_runs=2
+    )
+    cluster.worker("worker0", concurrency=2)
+    cluster.beat("beat0")
+
+    def runs() -> list[RunRecord]:
+        return sorted(schedules.runs("wf-cancelled", limit=10), key=lambda run: run.fire_at)
+
+    wait_until(lambda: len(runs()) == 2 and runs()[1].finished_at, timeout=60, interval=0.5)
+    first, second = runs()
+    assert first.state is RunState.CANCELLED
+    assert second.state is RunState.SUCCEEDED, second.error
+    steps = {step.step: step for step in schedules.steps(first.id)}
+    assert steps["1"].state is RunState.CANCELLED
+    assert "its workflow run was cancelled" in (steps["1"].reason or "")
+    assert "2" not in steps, "the cancelled workflow's next step was sent"
+    assert cluster.labels()["slow"] == 1, "only the second workflow's slow step completed"
+    assert cluster.labels()["after"] == 1

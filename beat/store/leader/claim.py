@@ -72,6 +72,7 @@ from beat.store.pg_arrays import (
 from beat.store.rows import new_run_values, run_copy_columns
 from beat.store.schedule_changes import record_ends
 from beat.store.tables import TZ, runs, schedules
+from beat.store.workflow_steps import cancel_steps_of
 
 logger = logging.getLogger(__name__)
 
@@ -158,20 +159,24 @@ class ClaimStatements(FencedStore):
         """Cancel the active runs of schedules ``ids`` (overlap policy cancel_previous)."""
         if not ids:
             return []
-        return list(
+        reason = "overlap (cancel_previous): a newer run of the schedule started"
+        cancelled = list(
             conn.scalars(
                 update(runs)
                 .where(runs.c.schedule_id.in_(ids), runs.c.state.in_(ACTIVE_STATES))
                 .values(
                     state=RunState.CANCELLED.value,
                     finished_at=func.now(),
-                    reason="overlap (cancel_previous): a newer run of the schedule started",
+                    reason=reason,
                     lease_owner=None,
                     lease_expires_at=None,
                 )
                 .returning(runs.c.id)
             )
         )
+        # A workflow run's steps are runs of their own: cancelled with it, revoked too.
+        steps = cancel_steps_of(conn, cancelled, f"its workflow run was cancelled: {reason}")
+        return [*cancelled, *map(uuid.UUID, steps)]
 
     @staticmethod
     def _insert_runs(conn: Connection, epoch: int, fires: list[NewRun]) -> list[RunToPublish]:

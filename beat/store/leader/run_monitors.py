@@ -31,6 +31,7 @@ from beat.store.leader.base import FencedStore
 from beat.store.leader.incident_writes import open_incident, resolve_incident
 from beat.store.leader.notifications import notify_incident
 from beat.store.tables import incidents, runs
+from beat.store.workflow_steps import cancel_steps_of
 
 #: Most runs, and most schedules, one pass looks at.
 BATCH = 500
@@ -133,12 +134,14 @@ def _end_revoked(conn: Connection, rows: list[Row[Any]], report: RunMonitorRepor
             lease_expires_at=None,
             duration_seconds=func.extract("epoch", func.now() - runs.c.started_at),
         )
-        .returning(func.coalesce(runs.c.task_id, cast(runs.c.id, Text))),
+        .returning(runs.c.id, func.coalesce(runs.c.task_id, cast(runs.c.id, Text))),
         {"ids": [row.run_id for row in rows]},
-    ).scalars()
-    task_ids = list(ended)
-    report.revoke.extend(task_ids)
-    return bool(task_ids)
+    ).all()
+    report.revoke.extend(task_id for _, task_id in ended)
+    # A workflow run's steps: cancelled with it, and their processes terminated too.
+    why = f"its workflow run was revoked: it ran past its max_runtime of {limit}"
+    report.revoke.extend(cancel_steps_of(conn, [run_id for run_id, _ in ended], why))
+    return bool(ended)
 
 
 def _watch_fire_times(conn: Connection, writer: _Incidents, now: datetime) -> None:
