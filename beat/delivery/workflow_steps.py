@@ -50,6 +50,46 @@ _EMBED_OPTIONS = {
 }
 
 
+#: Headers of Celery's task protocol (version 2), not a step's own.
+_CELERY_HEADERS = frozenset(
+    {
+        "lang",
+        "task",
+        "id",
+        "shadow",
+        "eta",
+        "expires",
+        "group",
+        "group_index",
+        "retries",
+        "timelimit",
+        "root_id",
+        "parent_id",
+        "argsrepr",
+        "kwargsrepr",
+        "origin",
+        "ignore_result",
+        "replaced_task_nesting",
+        "stamped_headers",
+        "stamps",
+        # what a worker's request adds to them
+        "callbacks",
+        "errbacks",
+        "chain",
+        "chord",
+        "reply_to",
+        "correlation_id",
+        "hostname",
+        "delivery_info",
+        "properties",
+        "is_eager",
+        "args",
+        "kwargs",
+    }
+)
+_STEP_HEADERS = frozenset({WORKFLOW_HEADER, STEP_HEADER})
+
+
 def install_step_recording() -> None:
     """Record the steps this process sends (a worker's, and beat's: its first steps)."""
     before_task_publish.connect(record_sent_step, weak=False, dispatch_uid=STEP_RECORDER)
@@ -126,9 +166,11 @@ def step_message(
     in the same place (its chain, chord, group and callbacks; its queue)."""
     options = {option: headers.get(key) for key, option in _HEADER_OPTIONS.items()}
     options |= {option: embed.get(key) for key, option in _EMBED_OPTIONS.items()}
+    # The step's own headers go with it when it is sent again; beat sets its own anew.
     options["headers"] = {
-        WORKFLOW_HEADER: headers[WORKFLOW_HEADER],
-        STEP_HEADER: headers[STEP_HEADER],
+        key: value
+        for key, value in headers.items()
+        if key not in _CELERY_HEADERS and (not key.startswith("habeat_") or key in _STEP_HEADERS)
     }
     if queue:
         options["queue"] = queue

@@ -31,7 +31,7 @@ from beat.schedule.define import (
     first_fire_at,
     steps_problem,
 )
-from beat.schedule.workflow import WORKFLOW_TASK
+from beat.schedule.workflow import WORKFLOW_TASK, canvas_of, needs_result_backend
 from beat.store.code_sync import SyncReport, next_fire_after_retiming
 from beat.store.leader import PruneReport
 
@@ -199,7 +199,9 @@ class ScheduleCommands(SchedulesBase):
         with: every run would fail the same way."""
         if self.app is not None and definition.task == WORKFLOW_TASK:
             self._import_tasks()
-            problem = steps_problem(self.app.tasks, definition)
+            problem = steps_problem(self.app.tasks, definition) or _backend_problem(
+                self.app, definition
+            )
             if problem is not None:
                 raise InvalidSchedule(
                     f"{problem}: fix the step, or --allow-unregistered if only the workers"
@@ -336,6 +338,19 @@ def next_fire_when_redefined(
         # schedule's does: nothing of the old timing is due under it.
         return recomputed
     return next_fire_after_retiming(current.next_fire_at, recomputed, definition, now)
+
+
+def _backend_problem(app: Any, definition: ScheduleDefinition) -> str | None:
+    """Why the app cannot send the workflow of ``definition``: it has a chord, and the app
+    no result backend to count the chord's header in."""
+    if not needs_result_backend(canvas_of(definition.kwargs)):
+        return None
+    if app.conf.result_backend:
+        return None
+    return (
+        "this workflow has a chord, which needs a result backend: set the app's"
+        " result_backend (CELERY_RESULT_BACKEND=redis://...)"
+    )
 
 
 def _redefine(

@@ -18,8 +18,14 @@ header's parts under one ID.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import threading
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
+import celery.canvas
 from celery import signature
 
 from beat.errors import InvalidSchedule
@@ -28,6 +34,43 @@ from beat.publish.messages import ATTEMPT_HEADER, FIRE_AT_HEADER, SCHEDULE_HEADE
 from beat.schedule.workflow import WORKFLOW_TASK, canvas_of, stamped
 
 __all__ = ["WORKFLOW_TASK", "send_workflow"]
+
+
+def sendable(app: Any, run_id: uuid.UUID, canvas: dict[str, Any], headers: dict[str, Any]) -> Any:
+    """The Celery canvas of ``canvas`` for run ``run_id``, its IDs derived
+    (``beat.schedule.workflow.stamped``), ready to ``apply_async`` under
+    ``derived_ids(run_id)``."""
+    return signature(stamped(canvas, run_id, headers), app=app)
+
+
+@contextlib.contextmanager
+def derived_ids(run_id: uuid.UUID) -> Iterator[None]:
+    """Make the IDs Celery's canvas code draws while it sends a workflow (``uuid()`` in
+    ``celery.canvas``) derived from the run ID, in the order it draws them.
+
+    Each step and group carries its derived ID already; what is left is an ID Celery
+    makes itself and a send does not keep: a chord's header frozen as a new group (a
+    chord inside a chain or a group is cloned, and its header rebuilt as a list, before
+    it is frozen). Its parts are counted under that ID: sent twice with two random IDs,
+    two copies of one header would each wait for parts the other ran. Drawn in the same
+    order from the same canvas, the IDs are the same at every send. Only beat's publisher
+    sends canvases, from one thread at a time (the lock)."""
+    drawn = itertools.count()
+
+    def derived() -> str:
+        return str(uuid.uuid5(run_id, f"celery:{next(drawn)}"))
+
+    with _canvas_ids:
+        original = celery.canvas.uuid
+        celery.canvas.uuid = derived
+        try:
+            yield
+        finally:
+            celery.canvas.uuid = original
+
+
+#: One workflow at a time draws derived IDs (``derived_ids``).
+_canvas_ids = threading.Lock()
 
 
 def send_workflow(app: Any, producer: Any, run: RunToPublish, *, mandatory: bool) -> None:
@@ -39,13 +82,14 @@ def send_workflow(app: Any, producer: Any, run: RunToPublish, *, mandatory: bool
         ATTEMPT_HEADER: 1,
     }
     try:
-        canvas = signature(stamped(canvas_of(run.kwargs), run.id, headers), app=app)
+        canvas = sendable(app, run.id, canvas_of(run.kwargs), headers)
     except InvalidSchedule as exc:  # a row written with psql: the run's fault, not the broker's
         raise ValueError(str(exc)) from None
     options: dict[str, Any] = {"producer": producer, "retry": False}
     if mandatory:
         options["mandatory"] = True  # an unroutable step comes back (``beat.publish.returns``)
     try:
-        canvas.apply_async(**options)
+        with derived_ids(run.id):
+            canvas.apply_async(**options)
     except NotImplementedError as exc:  # Celery's "a chord needs a result backend"
         raise ValueError(f"cannot send this workflow: {exc}") from None

@@ -143,7 +143,8 @@ def stamped(
     canvas: Mapping[str, Any], run_id: uuid.UUID, headers: Mapping[str, Any]
 ) -> dict[str, Any]:
     """A copy of ``canvas`` ready to send for run ``run_id``: each step with its derived
-    task ID and ``headers`` plus its own path, each group with its derived ID."""
+    task ID and ``headers`` plus its own path, each group and chord header with its
+    derived ID (a chord's in the chord's own options, where Celery reads it)."""
     copy: dict[str, Any] = json.loads(json.dumps(canvas))
     for path, node in _nodes(copy, ""):
         options = node.setdefault("options", {})
@@ -151,8 +152,9 @@ def stamped(
         if kind == "group":
             options["task_id"] = group_id(run_id, path)
         elif kind == "chord":
-            header_options = _chord_header_as_group(node)["options"]
-            header_options["task_id"] = group_id(run_id, _join(path, "h"))
+            # Celery counts a chord's header under the chord's own ID (a header given as a
+            # group loses its options when the canvas is rebuilt): see header_groups.
+            options["task_id"] = group_id(run_id, _join(path, "h"))
         elif kind is None:
             options["task_id"] = step_task_id(run_id, path)
             options["headers"] = {
@@ -199,6 +201,23 @@ def _outline(node: Mapping[str, Any], path: str, depth: int, into: list[Node]) -
         into.append(Node(path=path or "0", depth=depth, kind="task", task=str(node.get("task"))))
 
 
+def needs_result_backend(canvas: Mapping[str, Any]) -> bool:
+    """Whether Celery sends this canvas through a chord, which counts its header's results
+    in the result backend: a chord, or a group followed by another element in a chain
+    (Celery makes that pair a chord when it sends it)."""
+    kind = canvas.get("subtask_type")
+    if kind == "chord":
+        return True
+    if kind in ("chain", "group"):
+        members = _members(canvas)
+        if kind == "chain" and any(
+            member.get("subtask_type") == "group" for member in members[:-1]
+        ):
+            return True
+        return any(needs_result_backend(member) for member in members)
+    return False
+
+
 def label(canvas: Mapping[str, Any]) -> str:
     """The canvas in one line, as people write it: ``chain(a | group(b, c) | d)``."""
     kind = canvas.get("subtask_type")
@@ -221,6 +240,8 @@ def _walk(
     if not isinstance(node, Mapping) or not isinstance(node.get("task"), str):
         raise InvalidSchedule(f"{where}: not a Celery signature (an object with a 'task')")
     kind = node.get("subtask_type")
+    if node.get("immutable"):  # Celery gives an immutable signature no result
+        takes_result = False
     if (kind is not None and kind not in _CONTAINERS) or node["task"] in _REFUSED_TASKS:
         raise InvalidSchedule(
             f"{where}: {node['task']} builds its tasks when it runs, which a schedule cannot"
@@ -307,17 +328,18 @@ def _nodes(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any
         for index, member in enumerate(_members(node)):
             yield from _nodes(member, _join(path, str(index)))
     elif kind == "chord":
-        for index, member in enumerate(_chord_header_as_group(node)["kwargs"]["tasks"]):
+        for index, member in enumerate(_header(node)):
             yield from _nodes(member, _join(_join(path, "h"), str(index)))
         yield from _nodes(_body(node), _join(path, "b"))
 
 
 def _members(node: Mapping[str, Any]) -> list[Any]:
     tasks = (node.get("kwargs") or {}).get("tasks")
-    if isinstance(tasks, Mapping):  # a group given as one signature
-        tasks = [tasks]
     if not isinstance(tasks, list):
         raise InvalidSchedule(f"{node.get('task')}: its tasks must be a list of signatures")
+    if not tasks:
+        # Celery skips an empty group or chain: what it closes would end unseen.
+        raise InvalidSchedule(f"{node.get('task')}: an empty group or chain: leave it out")
     return tasks
 
 
@@ -325,8 +347,8 @@ def _header(node: Mapping[str, Any]) -> list[Any]:
     header = (node.get("kwargs") or {}).get("header")
     if isinstance(header, Mapping) and header.get("subtask_type") == "group":
         return _members(header)
-    if not isinstance(header, list):
-        raise InvalidSchedule("a chord's header must be a list or a group of signatures")
+    if not isinstance(header, list) or not header:
+        raise InvalidSchedule("a chord's header must be a non-empty list or group of signatures")
     return header
 
 
@@ -335,25 +357,6 @@ def _body(node: Mapping[str, Any]) -> Any:
     if body is None:
         raise InvalidSchedule("a chord needs a body: the task its header's results go to")
     return body
-
-
-def _chord_header_as_group(node: dict[str, Any]) -> dict[str, Any]:
-    """The chord's header as a group signature (Celery accepts a list there, but only a
-    group carries the ID its parts are counted under), in place."""
-    kwargs = node.setdefault("kwargs", {})
-    header = kwargs.get("header")
-    if not (isinstance(header, dict) and header.get("subtask_type") == "group"):
-        header = {
-            "task": "celery.group",
-            "args": [],
-            "kwargs": {"tasks": list(header or [])},
-            "options": {},
-            "subtask_type": "group",
-            "immutable": False,
-        }
-        kwargs["header"] = header
-    header.setdefault("options", {})
-    return header
 
 
 def _join(path: str, part: str) -> str:

@@ -12,7 +12,6 @@ sent again (``has_no_recorded_step``)."""
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,9 +75,10 @@ class WorkflowSteps(StoreConnection):
                 first_published_at=func.now(),
             )
             .on_conflict_do_nothing(index_elements=[runs.c.id])
+            .returning(runs.c.id)
         )
         with self._each_statement_commits() as conn:
-            return bool(conn.execute(statement).rowcount == 1)
+            return conn.execute(statement).scalar_one_or_none() is not None
 
     def steps(self, workflow_run_id: uuid.UUID) -> list[RunRecord]:
         """The recorded steps of a workflow run, in the order of their paths."""
@@ -88,10 +88,17 @@ class WorkflowSteps(StoreConnection):
         return sorted(found, key=lambda record: path_order(record.step or ""))
 
 
-def path_order(path: str) -> tuple[tuple[int, int | str], ...]:
-    """A step path as a sort key: ``2.h.10`` after ``2.h.9``, a chord's header before
-    its body."""
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"\.", path))
+def path_order(path: str) -> tuple[tuple[int, int], ...]:
+    """A step path as a sort key: ``2.h.10`` after ``2.h.9``, a chord's header (``h``)
+    before its body (``b``)."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, _CHORD_PARTS.get(part, len(_CHORD_PARTS)))
+        for part in path.split(".")
+    )
+
+
+#: The parts of a chord in a path, in the order they run.
+_CHORD_PARTS = {"h": 0, "b": 1}
 
 
 def cancel_steps_of(conn: Connection, workflow_run_ids: Sequence[uuid.UUID], why: str) -> list[str]:

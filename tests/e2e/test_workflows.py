@@ -28,6 +28,15 @@ from tests.e2e.ui_browser import PASSWORD, USER, browser, screenshot, start_ui
 pytestmark = pytest.mark.e2e
 
 
+@pytest.fixture(autouse=True)
+def results_where_schedules_are_checked(
+    monkeypatch: pytest.MonkeyPatch, test_env: SessionEnv
+) -> None:
+    """The app the tests define schedules with has the cluster's result backend: a
+    workflow with a chord is refused on an app without one."""
+    monkeypatch.setitem(jobs.celery_app.conf, "result_backend", test_env.redis_url)
+
+
 def record(app: Any, label: str) -> Any:
     return app.signature("e2e.record", args=[label], immutable=True)
 
@@ -370,3 +379,34 @@ def test_cancel_previous_cancels_the_running_workflow_and_its_steps(
     assert "2" not in steps, "the cancelled workflow's next step was sent"
     assert cluster.labels()["slow"] == 1, "only the second workflow's slow step completed"
     assert cluster.labels()["after"] == 1
+
+
+def test_a_plain_step_whose_worker_is_killed_is_not_run_again_and_its_workflow_is_lost(
+    cluster: Cluster, store: Store, test_env: SessionEnv
+) -> None:
+    """A plain task runs at most once once taken: a step on no idempotent base whose
+    worker dies while it runs ends ``lost`` (it may have had its effect), and so does its
+    workflow, naming it; the steps after it are never sent."""
+    with_results_backend(cluster, test_env)
+    app = cluster.app()
+    canvas = chain(
+        record(app, "k0"),
+        app.signature("e2e.plain_long", args=["plain", 4], immutable=True),
+        record(app, "k2"),
+    )
+    schedules = Schedules(store, app=jobs.celery_app)
+    schedules.create("wf-killed", workflow=canvas, in_seconds=0)
+    for index in range(2):
+        cluster.worker(f"worker{index}", concurrency=1)
+    cluster.beat("beat0")
+
+    _kill_the_worker_running(cluster, schedules, "1")
+    wait_until(lambda: finished_runs(store, "wf-killed"), timeout=60, interval=0.5)
+    (run,) = finished_runs(store, "wf-killed")
+    assert run.state is RunState.LOST
+    assert run.error is not None
+    assert run.error.startswith("step 1 (e2e.plain_long) lost:")
+    time.sleep(5)  # past the plain step's own 4 s, had it been sent again
+    labels = cluster.labels()
+    assert labels["plain:start"] == 1, "a plain step ran twice"
+    assert "k2" not in labels
