@@ -102,7 +102,8 @@ def runs(
         return
     _show(rendering.runs_table(found))
     for run in workflows:
-        _say(f"\nrun {run.id} ({run.state.value}): {workflow_label(run)}")
+        _say("")
+        _say(f"run {run.id} ({run.state.value}): {workflow_label(run)}")
         _show(steps_table(run, tree[run.id]))
 
 

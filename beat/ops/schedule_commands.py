@@ -199,9 +199,10 @@ class ScheduleCommands(SchedulesBase):
         with: every run would fail the same way."""
         if self.app is not None and definition.task == WORKFLOW_TASK:
             self._import_tasks()
-            problem = steps_problem(self.app.tasks, definition) or _backend_problem(
-                self.app, definition
-            )
+            backend = _backend_problem(self.app, definition)
+            if backend is not None:
+                raise InvalidSchedule(backend)
+            problem = steps_problem(self.app.tasks, definition)
             if problem is not None:
                 raise InvalidSchedule(
                     f"{problem}: fix the step, or --allow-unregistered if only the workers"

@@ -25,7 +25,22 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def app(test_env: SessionEnv, store: Store, redis_client: redis.Redis) -> Celery:
-    return create_app(test_env.settings(lock_ttl=3.0, max_wait=0.2))
+    return create_app(
+        test_env.settings(lock_ttl=3.0, max_wait=0.2, result_backend=test_env.redis_url)
+    )
+
+
+def test_a_workflow_with_a_chord_is_refused_on_an_app_without_a_result_backend(
+    test_env: SessionEnv, store: Store, redis_client: redis.Redis
+) -> None:
+    without = create_app(test_env.settings())
+    before = table_rows(store)
+    refused = invoke(without, "add", "nightly", "--workflow", canvas(without), "--every", "60")
+    assert refused.exit_code == 2
+    [line] = error_lines(refused)
+    assert "this workflow has a chord, which needs a result backend" in line
+    assert "CELERY_RESULT_BACKEND" in line
+    assert table_rows(store) == before
 
 
 def canvas(app: Celery) -> str:
@@ -110,6 +125,9 @@ def test_runs_with_steps_shows_the_canvas_as_a_tree_with_each_steps_state(
     document = as_json(invoke(app, "runs", "nightly", "--steps", "--json"))
 
     assert shown.exit_code == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    heading = next(index for index, line in enumerate(lines) if line.startswith(f"run {run_id}"))
+    assert lines[heading - 1] == "", "the tree is apart from the runs above it"
     tree = shown.stdout.split(f"run {run_id} (running): ")[1].splitlines()
     assert (
         tree[0]
