@@ -44,7 +44,7 @@ def add(ctx: click.Context, /, name: str, task: str | None, as_json: bool, **opt
     """Add schedule NAME that runs TASK, or a workflow (--workflow); give one of --cron,
     --every, --at."""
     if (task is None) == (options.get("workflow") is None):
-        _fail("give TASK or --workflow JSON, one of them", 2)
+        raise click.UsageError("give TASK, or --workflow JSON instead of it", ctx)
     manager = _schedules(ctx)
     fields = monitors_given({key: value for key, value in options.items() if value is not None})
     fields["enabled"] = not fields.pop("paused", False)

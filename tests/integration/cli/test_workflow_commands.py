@@ -68,8 +68,11 @@ def test_a_workflow_given_as_json_is_stored_and_listed(app: Celery) -> None:
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["nightly"], "give TASK or --workflow JSON"),
-        (["nightly", "tasks.demo.add", "--workflow", "{}"], "give TASK or --workflow JSON"),
+        (["nightly"], "give TASK, or --workflow JSON instead of it"),
+        (
+            ["nightly", "tasks.demo.add", "--workflow", "{}"],
+            "give TASK, or --workflow JSON instead of it",
+        ),
         (["nightly", "--workflow", "[1, 2"], "workflow must be a Celery signature as JSON"),
         (
             ["nightly", "--workflow", json.dumps({"task": "tasks.demo.nope"})],
@@ -105,16 +108,19 @@ def test_runs_with_steps_shows_the_canvas_as_a_tree_with_each_steps_state(
     run_id = uuid.UUID(triggered["id"])
     first = str(uuid.uuid4())
     steps = RunStore.connect(test_env.database_url)
-    steps.record_step(
-        StepMessage(
-            task_id=first,
-            workflow_run_id=run_id,
-            step="0",
-            task="tasks.demo.add",
-            args=[1, 2],
-            kwargs={},
+    try:
+        steps.record_step(
+            StepMessage(
+                task_id=first,
+                workflow_run_id=run_id,
+                step="0",
+                task="tasks.demo.add",
+                args=[1, 2],
+                kwargs={},
+            )
         )
-    )
+    finally:
+        steps.engine.dispose()
     with store.engine.begin() as conn:
         conn.execute(
             text("UPDATE beat_runs SET state = 'running', worker = 'w1@host' WHERE id = :id"),
