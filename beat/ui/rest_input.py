@@ -51,7 +51,12 @@ _COUNT = {"type": ["integer", "null"], "minimum": 0}
 #: Every field a body may hold, in the Python API's keyword names.
 FIELDS: dict[str, Field] = {
     "name": Field(_TEXT, "the schedule's name (a create's; a PUT's must be the path's)", "text"),
-    "task": Field(_TEXT, "the registered Celery task it runs", "text"),
+    "task": Field(_TEXT, "the registered Celery task it runs (or give workflow)", "text"),
+    "workflow": Field(
+        {"type": "object"},
+        "a Celery canvas it fires instead of a task, as json.dumps(chain(...)) gives it",
+        "object",
+    ),
     "cron": Field(_TEXT, "a cron expression (5 fields, or 6 with seconds first)", "text"),
     "every": Field(
         {"type": ["number", "string"]}, "an interval: seconds, or 90s, 10m, 1h30m", "duration"
@@ -132,9 +137,11 @@ PUT_RESETS: dict[str, Any] = {
 
 
 def creation_arguments(body: Any, default_tz: str) -> tuple[str, str, dict[str, Any]]:
-    """The name, the task and the other keyword arguments of ``Schedules.create``."""
+    """The name, the task and the other keyword arguments of ``Schedules.create``; a
+    workflow's task is empty (``define`` refuses a task beside a workflow)."""
     fields = _read(body)
-    name, task = _required(fields, "name"), _required(fields, "task")
+    name = _required(fields, "name")
+    task = fields.pop("task", "") if "workflow" in fields else _required(fields, "task")
     _one_timing(fields)
     rest = {key: value for key, value in fields.items() if key not in ("name", "task")}
     return name, task, _times_read(rest, default_tz)
@@ -148,7 +155,8 @@ def replacement_arguments(
     fields = _read(body)
     if fields.pop("name", name) != name:
         raise BodyProblem("name", "a PUT cannot rename: give the path's name, or none")
-    _required(fields, "task")
+    if "workflow" not in fields:
+        _required(fields, "task")
     _one_timing(fields)
     reset = {key: defaults.get(key, value) for key, value in PUT_RESETS.items()}
     return _times_read(reset | fields, zone)
@@ -270,7 +278,8 @@ def _json_type(value: Any) -> str:
 def _required(fields: Mapping[str, Any], key: str) -> str:
     value = fields.get(key)
     if not value:
-        raise BodyProblem(key, f"is required: give the schedule's {key}")
+        also = ", or its workflow (a Celery canvas)" if key == "task" else ""
+        raise BodyProblem(key, f"is required: give the schedule's {key}{also}")
     return str(value)
 
 
