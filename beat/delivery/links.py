@@ -31,6 +31,7 @@ from kombu.exceptions import OperationalError
 
 from beat.delivery.receipts import REQUEUE_DELAY
 from beat.errors import StoreUnavailable
+from beat.publish.workflows import derived_ids
 from beat.store.run_links import RunLinks
 from beat.store.runs import run_id_for
 
@@ -41,8 +42,14 @@ _CALLBACK_IDS = uuid.UUID("6f1d3a52-5b8e-4c1e-9a57-0b5c1d2e7a41")
 
 
 def has_links(request: Any) -> bool:
-    """Whether the delivery has callbacks or a chain to send once it succeeds."""
-    return bool(getattr(request, "callbacks", None) or getattr(request, "chain", None))
+    """Whether the delivery has callbacks or a chain to send once it succeeds, or a chord
+    to be counted in (a chord's header part): what its completion keeps the result for,
+    so that a second delivery does what a first that died left undone."""
+    return bool(
+        getattr(request, "callbacks", None)
+        or getattr(request, "chain", None)
+        or getattr(request, "chord", None)
+    )
 
 
 def links_record(result: Any) -> dict[str, Any] | None:
@@ -66,6 +73,11 @@ def send_links_after_completion(app: Celery, request: Any, store: RunLinks, resu
     run_id = run_id_for(request.id)
     try:
         send_links(app, request, result)
+        if getattr(request, "chord", None):
+            # Counted before the links are marked sent: a worker that dies after the
+            # completion and before Celery's tracer counts it leaves it to the next
+            # delivery (a chord counts a part once by its task ID).
+            _record_success(app, request, result)
     except Exception as exc:
         forget_links(request)
         if not _broker_unavailable(app, exc):
@@ -176,7 +188,11 @@ def _record_success(app: Celery, request: Any, result: Any) -> None:
         return
     try:
         if backend.get_state(request.id) != states.SUCCESS:
-            backend.mark_as_done(request.id, result, request)
+            backend.mark_as_done(request.id, result, request)  # counted in its chord too
+        elif getattr(request, "chord", None):
+            # Stored, maybe not counted (its worker died in between): a chord counts
+            # a part once by its task ID, so counting it again is safe.
+            backend.on_chord_part_return(request, states.SUCCESS, result)
     except Exception as exc:  # the links are sent: a backend error must not undo that
         logger.warning(
             "could not store the result of %s in the result backend: %s", request.id, exc
@@ -186,6 +202,11 @@ def _record_success(app: Celery, request: Any, result: Any) -> None:
 def send_links(app: Celery, request: Any, result: Any) -> None:
     """Send the request's callbacks with ``result``, then the rest of its chain, as
     Celery's tracer does, each callback with a stable task ID; raises what kombu raises."""
+    with derived_ids(run_id_for(request.id)):  # the same IDs if sent again
+        _send_links(app, request, result)
+
+
+def _send_links(app: Celery, request: Any, result: Any) -> None:
     parent_id = request.id
     options = {
         "parent_id": parent_id,

@@ -53,6 +53,7 @@ from beat.delivery.tracking import (
     run_expiry,
     seconds_until,
 )
+from beat.delivery.workflow_steps import is_step, record_started_step
 from beat.errors import HABeatError, StoreUnavailable
 from beat.lease.beacon import process_session
 from beat.models import RunState
@@ -177,6 +178,8 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
                 raise Ignore
             taken_at = time.monotonic()
             outcome = self._start(store, run_id, owner, config, args, kwargs)
+            if self._step_made(store, outcome):  # a workflow's step nobody could record
+                outcome = self._start(store, run_id, owner, config, args, kwargs)
             # The start refuses a run whose expiry passed after the check above (the
             # check, then the start, are two statements some milliseconds apart), and
             # ends it expired.
@@ -232,6 +235,15 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             valid_until=taken_at + config.lease_timeout,
         )
         return self._execute(execution, args, kwargs)
+
+    def _step_made(self, store: RunStore, outcome: Started | Refused) -> bool:
+        """For a workflow's step refused because it has no row (neither its send nor its
+        receipt could record it: PostgreSQL unreachable then, or a sender without this
+        package), make its row now; True if this made it, and the start is tried again."""
+        context = vars(self.request)
+        if not (isinstance(outcome, Refused) and outcome.state == MISSING and is_step(context)):
+            return False
+        return record_started_step(store, self.name, context)
 
     def _expires(self) -> datetime | None:
         """When the delivery's run expires, by the database's clock (None: it does not);
@@ -305,7 +317,10 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             self._finish(execution, RunState.CANCELLED, error="ignored by the task")
             raise
         except Exception as exc:
-            self._finish(execution, RunState.FAILED, error=recorded_error(exc))
+            if not self._finish(execution, RunState.FAILED, error=recorded_error(exc)):
+                # The run is another delivery's now: Celery must not store this attempt's
+                # failure either (a chord would count it, and never the run's success).
+                raise Ignore from exc
             raise
         finally:
             execution.stop.set()

@@ -27,6 +27,7 @@ from celery.signals import before_task_publish
 
 from beat.config import uses_this_scheduler
 from beat.delivery.app_config import delivery_config
+from beat.delivery.message_times import seconds_until
 from beat.publish.messages import STEP_RECORDER
 from beat.schedule.workflow import STEP_HEADER, WORKFLOW_HEADER
 from beat.store.runs import run_store_for
@@ -137,7 +138,8 @@ def record_sent_step(
 
 
 def record_received_step(store: Any, request: Any, context: Mapping[str, Any]) -> None:
-    """Record the step a worker received, unless it was recorded when sent."""
+    """Record the step a worker received (its main process: Celery's request), unless
+    it was recorded when sent."""
     delivery = getattr(request, "delivery_info", None) or {}
     store.record_step(
         step_message(
@@ -148,6 +150,26 @@ def record_received_step(store: Any, request: Any, context: Mapping[str, Any]) -
             embed=context,
             queue=delivery.get("routing_key"),
             priority=delivery.get("priority"),
+        )
+    )
+
+
+def record_started_step(store: Any, task: str, context: Mapping[str, Any]) -> bool:
+    """Record the step about to start (a pool process: the task's request), whose row
+    neither its send nor its receipt made (PostgreSQL was unreachable then, or the
+    worker that sent it had no recording); True if this made it."""
+    delivery = context.get("delivery_info") or {}
+    return bool(
+        store.record_step(
+            step_message(
+                context,
+                task=task,
+                args=list(context.get("args") or ()),
+                kwargs=dict(context.get("kwargs") or {}),
+                embed=context,
+                queue=delivery.get("routing_key"),
+                priority=delivery.get("priority"),
+            )
         )
     )
 
@@ -163,9 +185,18 @@ def step_message(
     priority: int | None,
 ) -> StepMessage:
     """A step's run as its message shows it: the ``send_task`` options that send it again
-    in the same place (its chain, chord, group and callbacks; its queue)."""
+    as it was sent (its chain, chord, group and callbacks; its queue, limits, expiry and
+    own headers), and when it is due if it has an ETA (a countdown)."""
     options = {option: headers.get(key) for key, option in _HEADER_OPTIONS.items()}
     options |= {option: embed.get(key) for key, option in _EMBED_OPTIONS.items()}
+    soft, hard = _time_limits(headers.get("timelimit"))
+    options |= {
+        "soft_time_limit": soft,
+        "time_limit": hard,
+        "expires": headers.get("expires"),
+        "shadow": headers.get("shadow"),
+        "ignore_result": headers.get("ignore_result") or None,
+    }
     # The step's own headers go with it when it is sent again; beat sets its own anew.
     options["headers"] = {
         key: value
@@ -176,6 +207,7 @@ def step_message(
         options["queue"] = queue
     if priority is not None:
         options["priority"] = priority
+    eta = headers.get("eta")
     return StepMessage(
         task_id=str(headers["id"]),
         workflow_run_id=uuid.UUID(str(headers[WORKFLOW_HEADER])),
@@ -184,4 +216,13 @@ def step_message(
         args=args,
         kwargs=kwargs,
         options=step_options(options),
+        # Measured on this host's clock from now, as Celery computed the ETA from it.
+        due_in=None if not eta else max(0.0, seconds_until(eta)),
     )
+
+
+def _time_limits(given: Any) -> tuple[float | None, float | None]:
+    """Celery's ``timelimit`` header, ``[soft, hard]``, as the two options."""
+    if isinstance(given, list | tuple) and len(given) == 2:
+        return given[1], given[0]
+    return None, None

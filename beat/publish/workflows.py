@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import celery.canvas
@@ -45,32 +45,38 @@ def sendable(app: Any, run_id: uuid.UUID, canvas: dict[str, Any], headers: dict[
 
 @contextlib.contextmanager
 def derived_ids(run_id: uuid.UUID) -> Iterator[None]:
-    """Make the IDs Celery's canvas code draws while it sends a workflow (``uuid()`` in
-    ``celery.canvas``) derived from the run ID, in the order it draws them.
+    """In this thread, make the IDs Celery's canvas code draws while it sends (``uuid()``
+    in ``celery.canvas``) derived from ``run_id``, in the order it draws them.
 
     Each step and group carries its derived ID already; what is left is an ID Celery
     makes itself and a send does not keep: a chord's header frozen as a new group (a
     chord inside a chain or a group is cloned, and its header rebuilt as a list, before
     it is frozen). Its parts are counted under that ID: sent twice with two random IDs,
     two copies of one header would each wait for parts the other ran. Drawn in the same
-    order from the same canvas, the IDs are the same at every send. Only beat's publisher
-    sends canvases, from one thread at a time (the lock)."""
+    order from the same canvas, the IDs are the same at every send: beat's of a workflow
+    (``run_id``: the run's), a worker's of what follows a step (the step's run ID:
+    ``beat.delivery.links``). Other threads draw Celery's own random IDs meanwhile."""
     drawn = itertools.count()
-
-    def derived() -> str:
-        return str(uuid.uuid5(run_id, f"celery:{next(drawn)}"))
-
-    with _canvas_ids:
-        original = celery.canvas.uuid
-        celery.canvas.uuid = derived
-        try:
-            yield
-        finally:
-            celery.canvas.uuid = original
+    outer = getattr(_drawing, "draw", None)
+    _drawing.draw = lambda: str(uuid.uuid5(run_id, f"celery:{next(drawn)}"))
+    celery.canvas.uuid = _canvas_uuid  # once for all: the same function every time
+    try:
+        yield
+    finally:
+        _drawing.draw = outer
 
 
-#: One workflow at a time draws derived IDs (``derived_ids``).
-_canvas_ids = threading.Lock()
+def _canvas_uuid() -> str:
+    """``celery.canvas.uuid`` once ``derived_ids`` was used: the thread's derived ID
+    inside it, Celery's random one elsewhere."""
+    draw: Callable[[], str] | None = getattr(_drawing, "draw", None)
+    return draw() if draw is not None else str(_random_uuid())
+
+
+#: The thread's drawing of derived IDs (``derived_ids``), if any.
+_drawing = threading.local()
+#: What ``celery.canvas`` draws IDs with (kombu's random UUIDs).
+_random_uuid = celery.canvas.uuid
 
 
 def send_workflow(app: Any, producer: Any, run: RunToPublish, *, mandatory: bool) -> None:

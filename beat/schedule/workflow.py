@@ -240,6 +240,14 @@ def _walk(
     if not isinstance(node, Mapping) or not isinstance(node.get("task"), str):
         raise InvalidSchedule(f"{where}: not a Celery signature (an object with a 'task')")
     kind = node.get("subtask_type")
+    if (
+        kind is not None
+        and isinstance(node.get("options"), Mapping)
+        and node["options"].get("link")
+    ):
+        raise InvalidSchedule(
+            f"{where}: a {kind}'s link callback is not tracked: put it in the chain after it"
+        )
     if node.get("immutable"):  # Celery gives an immutable signature no result
         takes_result = False
     if (kind is not None and kind not in _CONTAINERS) or node["task"] in _REFUSED_TASKS:

@@ -17,11 +17,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, any_, bindparam, exists, func, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Row,
+    any_,
+    bindparam,
+    case,
+    exists,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from beat.models import ACTIVE_STATES, RunState
+from beat.models import ACTIVE_STATES, FINISHED_STATES, RunState
 from beat.records import RunRecord
 from beat.schedule.workflow import WORKFLOW_TASK
 from beat.store.db import StoreConnection
@@ -30,6 +42,14 @@ from beat.store.tables import runs
 
 #: Attempts a step has when its workflow run cannot be read (pruned).
 DEFAULT_STEP_ATTEMPTS = 3
+#: Why the reaper ends a workflow run that can no longer end by itself.
+STALLED = (
+    "no step of it waits or runs, and none moved for twice the visibility timeout: the"
+    " step after the last one that ended was never sent (its sender died before it"
+    " could), so the workflow cannot go on"
+)
+#: Why a step sent after its workflow run ended is not run.
+WORKFLOW_ENDED = "its workflow run had ended when it was sent: not run"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,6 +65,9 @@ class StepMessage:
     args: list[Any]
     kwargs: dict[str, Any]
     options: dict[str, Any] = field(default_factory=dict)
+    #: Seconds until it is due (a countdown, an ETA); None: at once. A step sent again
+    #: (its worker died holding it) is not sent before.
+    due_in: float | None = None
 
 
 class WorkflowSteps(StoreConnection):
@@ -52,13 +75,18 @@ class WorkflowSteps(StoreConnection):
 
     def record_step(self, message: StepMessage) -> bool:
         """Make the step's run, ``queued``, unless it exists (a message sent again, a
-        receipt after the send recorded it); True if this call made it."""
+        receipt after the send recorded it); True if this call made it. A step of a
+        workflow run that has ended (a step before it failed or was lost, a newer run
+        cancelled it) is made ``cancelled``: whoever receives it does not run it."""
         workflow = runs.alias("workflow")
-        attempts = (
-            select(workflow.c.max_attempts)
-            .where(workflow.c.id == message.workflow_run_id)
+        of_workflow = select(workflow).where(workflow.c.id == message.workflow_run_id)
+        attempts = of_workflow.with_only_columns(workflow.c.max_attempts).scalar_subquery()
+        ended = (
+            of_workflow.with_only_columns(workflow.c.state)
             .scalar_subquery()
+            .in_([state.value for state in FINISHED_STATES])
         )
+        due = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, message.due_in or 0.0)
         statement = (
             pg_insert(runs)
             .values(
@@ -67,10 +95,13 @@ class WorkflowSteps(StoreConnection):
                 args=message.args,
                 kwargs=message.kwargs,
                 options=message.options,
-                state=RunState.QUEUED.value,
+                state=case((ended, RunState.CANCELLED.value), else_=RunState.QUEUED.value),
+                reason=case((ended, WORKFLOW_ENDED), else_=None),
+                finished_at=case((ended, func.now()), else_=None),
                 workflow_run_id=message.workflow_run_id,
                 step=message.step,
                 max_attempts=func.coalesce(attempts, DEFAULT_STEP_ATTEMPTS),
+                not_before=None if message.due_in is None else due,
                 published_at=func.now(),
                 first_published_at=func.now(),
             )
@@ -125,6 +156,40 @@ def cancel_steps_of(conn: Connection, workflow_run_ids: Sequence[uuid.UUID], why
         {"ids": list(workflow_run_ids)},
     )
     return [str(step_id) for step_id in ended.scalars()]
+
+
+def end_stalled_workflows(conn: Connection, older_than: float) -> list[Row[Any]]:
+    """End ``lost`` the workflow runs that can no longer end by themselves, in the
+    reaper's transaction: ``running``, none of their recorded steps waiting or running,
+    and none sent, started or ended for ``older_than`` seconds (the reaper's bound for a
+    message presumed gone: twice the visibility timeout), so the step that should come
+    next was never sent (its sender died between the step before and the send, and no
+    record of it is left to send again). Their rows, for the reaper's report."""
+    step = runs.alias("step")
+    of_it = step.c.workflow_run_id == runs.c.id
+    last_moved = (
+        select(func.max(func.greatest(step.c.finished_at, step.c.started_at, step.c.published_at)))
+        .where(of_it)
+        .scalar_subquery()
+    )
+    idle_since = func.coalesce(last_moved, runs.c.started_at, runs.c.published_at)
+    stalled = (
+        update(runs)
+        .where(
+            runs.c.task == WORKFLOW_TASK,
+            runs.c.state == RunState.RUNNING.value,
+            ~exists().where(of_it, step.c.state.in_([state.value for state in ACTIVE_STATES])),
+            idle_since < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than),
+        )
+        .values(
+            state=RunState.LOST.value,
+            finished_at=func.now(),
+            duration_seconds=func.extract("epoch", func.now() - runs.c.started_at),
+            error=STALLED,
+        )
+        .returning(*runs.c, func.now().label("now"))
+    )
+    return list(conn.execute(stalled))
 
 
 def has_no_recorded_step() -> ColumnElement[bool]:

@@ -28,7 +28,7 @@ from beat.store.leader.lost_messages import MAX_SENDS, _sent_again_or_lost
 from beat.store.leader.records import InQueue, LostRun, Reclaim
 from beat.store.rows import due_again
 from beat.store.tables import runs, workers
-from beat.store.workflow_steps import has_no_recorded_step
+from beat.store.workflow_steps import end_stalled_workflows, has_no_recorded_step
 
 #: Attempts ended by their worker's death that a run may have before it is given up
 #: (a job that kills the whole worker process every time must not loop for ever).
@@ -81,6 +81,9 @@ class ReaperStatements(FencedStore):
           times ``stale_queued_after`` (six times the visibility timeout, 6 hours by
           default) gets two copies behind it and then ends ``lost``, and its
           messages are refused when they come (a gap, never a second execution).
+        - a workflow run that can no longer end by itself (none of its steps waits or
+          runs, and none moved for ``stale_queued_after``: the step after the last one
+          that ended was never sent) ends ``lost`` (``end_stalled_workflows``).
           That is the trade a production fleet wants: a backlog that deep is an
           outage already, and a consumer that records nothing must not run one
           run without end.
@@ -200,6 +203,7 @@ class ReaperStatements(FencedStore):
             rows = [*_due(conn.execute(reap))]
             rows += _send_stale_again(conn, epoch, stale_queued_after, limit, in_queue)
             rows += _due(conn.execute(held_by_dead))
+            rows += end_stalled_workflows(conn, stale_queued_after)
         republish = [_run_from_row(row) for row in rows if row.state == RunState.PENDING.value]
         lost = [
             LostRun(id=row.id, schedule_name=row.schedule_name, error=row.error)

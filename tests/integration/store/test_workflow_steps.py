@@ -35,9 +35,9 @@ from beat.schedule.workflow import (
 )
 from beat.store.all_roles import Store
 from beat.store.leader import MAX_SENDS
-from beat.store.run_guard import Started, expiry_reason
+from beat.store.run_guard import Refused, Started, expiry_reason
 from beat.store.runs import RunStore
-from beat.store.workflow_steps import DEFAULT_STEP_ATTEMPTS, StepMessage
+from beat.store.workflow_steps import DEFAULT_STEP_ATTEMPTS, STALLED, StepMessage
 from tests.conftest import SessionEnv
 from tests.integration.helpers import run_rows
 
@@ -490,12 +490,40 @@ def test_a_finished_workflow_is_not_changed_by_its_steps(
     before = row(store, run_id)
 
     finish(run_store, member, RunState.FAILED, error="ValueError: late")
-    late = record(run_store, run_id, "1")
-    start(run_store, late)
-    finish(run_store, late, RunState.SUCCEEDED)
-    set_state(store, record(run_store, run_id, "2"), RunState.LOST.value)
+    set_state(store, member, RunState.LOST.value)
 
     assert row(store, run_id) == before
+
+
+def test_a_step_sent_after_its_workflow_ended_is_recorded_cancelled_and_never_starts(
+    store: Store, run_store: RunStore
+) -> None:
+    """A plain step the reaper ended lost may still succeed, and Celery then sends the
+    next step: its workflow has ended, so that step must not run."""
+    run_id = workflow_run(store, chain_of_three())
+    first = record(run_store, run_id, "0")
+    start(run_store, first)
+    set_state(store, first, RunState.LOST.value)
+    assert state_of(store, run_id) == RunState.LOST.value
+
+    assert run_store.record_step(message(run_id, "1"))
+    late = uuid.UUID(step_task_id(run_id, "1"))
+    assert state_of_step(run_store, late) == RunState.CANCELLED.value
+    refused = run_store.start(
+        late,
+        owner="w:1",
+        worker=WORKER,
+        lease_seconds=30,
+        task=STEP_TASK,
+        args=[],
+        kwargs={},
+        options={},
+        retries=0,
+        max_attempts=3,
+        may_create=False,
+    )
+    assert isinstance(refused, Refused)
+    assert refused.state == RunState.CANCELLED.value
 
 
 def test_a_workflow_failed_by_one_step_keeps_that_steps_error(
@@ -931,3 +959,38 @@ def test_a_chords_header_steps_are_sent_under_the_group_id_derived_from_the_run(
     assert [sent["headers"]["id"] for sent in again] == [sent["headers"]["id"] for sent in first]
     groups = {sent["headers"]["group"] for sent in (*first, *again)}
     assert groups == {group_id(run_id, "h")}
+
+
+@pytest.mark.parametrize("idle", [True, False], ids=["idle", "moving"])
+def test_a_workflow_whose_next_step_was_never_sent_is_ended_lost_by_the_reaper(
+    store: Store, run_store: RunStore, idle: bool
+) -> None:
+    """Step 0 succeeded and no step 1 was ever recorded (its sender died before the
+    send): once nothing of the workflow moved for the reaper's bound, the run ends
+    ``lost`` saying so; a workflow that moved within the bound is left running."""
+    run_id = workflow_run(store, chain_of_three())
+    first = record(run_store, run_id, "0")
+    start(run_store, first)
+    finish(run_store, first, RunState.SUCCEEDED)
+    if idle:
+        with store.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE beat_runs SET finished_at = now() - interval '2 minutes',"
+                    " started_at = now() - interval '2 minutes',"
+                    " published_at = now() - interval '2 minutes' WHERE id = :id"
+                ),
+                {"id": first},
+            )
+    assert store.take_leadership(EPOCH, "leader")
+
+    reclaim = store.reclaim(EPOCH, stale_queued_after=60, limit=10)
+
+    if not idle:
+        assert reclaim.lost == []
+        assert state_of(store, run_id) == RunState.RUNNING.value
+        return
+    assert [lost.id for lost in reclaim.lost] == [run_id]
+    workflow = row(store, run_id)
+    assert workflow.state == RunState.LOST.value
+    assert workflow.error == STALLED
