@@ -23,7 +23,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from beat.models import FINISHED_STATES, Schedule
+from beat.models import FINISHED_STATES, Schedule, ScheduleDefinition
 from beat.ops.health import ClusterStatus, Health
 from beat.ops.monitor_rendering import monitor_settings
 from beat.ops.schedules import (
@@ -41,6 +41,7 @@ from beat.ops.terminal import printable
 from beat.records import RunRecord
 from beat.schedule import timing
 from beat.schedule.timing import Cron, Every, Once
+from beat.schedule.workflow import WORKFLOW_TASK, described
 from beat.store.code_sync import SyncReport
 from beat.store.history import LastRun
 from beat.store.leader import PruneReport
@@ -129,11 +130,18 @@ def enabled_text(schedule: StoredSchedule, *, with_reason: bool = False) -> str:
     )
 
 
+def _target_text(definition: ScheduleDefinition) -> str:
+    """Its task, or its workflow in one line (the canvas in full is in its kwargs)."""
+    if definition.task != WORKFLOW_TASK:
+        return definition.task
+    return f"{WORKFLOW_TASK}: {described(definition.kwargs)}"
+
+
 def definition_text(schedule: Schedule) -> str:
     definition = schedule.definition
     rows = [
         ("name", definition.name),
-        ("task", definition.task),
+        ("task", _target_text(definition)),
         ("schedule", spec_text(schedule)),
         ("zone", definition.timezone),
         ("enabled", enabled_text(schedule, with_reason=True)),

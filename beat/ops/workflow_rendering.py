@@ -13,7 +13,7 @@ from typing import Any
 from beat.errors import InvalidSchedule
 from beat.ops.rendering import duration_text, iso, table, time_text
 from beat.records import RunRecord
-from beat.schedule.workflow import WORKFLOW_TASK, Node, canvas_of, label, outline
+from beat.schedule.workflow import WORKFLOW_TASK, Node, canvas_of, described, outline
 
 #: The state shown for a step whose run is not recorded yet.
 WAITING = "waiting"
@@ -39,11 +39,8 @@ def is_workflow(run: RunRecord) -> bool:
 
 
 def workflow_label(run: RunRecord) -> str:
-    """The run's canvas in one line (``chain(a | b)``); its task name if unreadable."""
-    try:
-        return label(canvas_of(run.kwargs))
-    except InvalidSchedule:
-        return run.task
+    """The run's canvas in one line (``chain(a | b)``)."""
+    return described(run.kwargs)
 
 
 def step_lines(run: RunRecord, steps: Sequence[RunRecord]) -> list[StepLine]:

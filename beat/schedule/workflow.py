@@ -218,6 +218,15 @@ def needs_result_backend(canvas: Mapping[str, Any]) -> bool:
     return False
 
 
+def described(kwargs: Mapping[str, Any]) -> str:
+    """A workflow schedule's or run's canvas in one line, from its kwargs; the workflow
+    task's name if they hold none that can be read (a row written around the API)."""
+    try:
+        return label(canvas_of(kwargs))
+    except InvalidSchedule:
+        return WORKFLOW_TASK
+
+
 def label(canvas: Mapping[str, Any]) -> str:
     """The canvas in one line, as people write it: ``chain(a | group(b, c) | d)``."""
     kind = canvas.get("subtask_type")

@@ -63,6 +63,8 @@ def test_a_workflow_given_as_json_is_stored_and_listed(app: Celery) -> None:
     assert shown["kwargs"]["ends"] == ["1.b"]
     listed = invoke(app, "list")
     assert "habeat.workflow" in listed.stdout
+    details = invoke(app, "show", "nightly")
+    assert "habeat.workflow: chain(tasks.demo.add | chord([tasks.demo.add" in details.stdout
 
 
 @pytest.mark.parametrize(
