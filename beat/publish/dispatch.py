@@ -270,13 +270,16 @@ def publish_at(
     ``while_waiting`` is called between chunks of ``BUILD_STEP`` messages and then at
     least every ``WAIT_STEP`` seconds, and it returns in how many seconds it wants to
     be called again (the caller sends an earlier fire time's runs from it).
-    ``database``: the database's clock, which times the messages' expiry.
+    ``database``: the database's clock, which times the messages' expiry. A workflow's
+    canvas is sent by Celery's canvas code, which keeps to no batch: after the deadline.
     """
     published: list[RunToPublish] = []
     rejected: list[UnpublishableRun] = []
     built_in = 0.0
     if not runs:
         return PublishResult(published=[])
+    workflows = [run for run in runs if run.task == WORKFLOW_TASK]
+    runs = [run for run in runs if run.task != WORKFLOW_TASK]
     try:
         with app.producer_or_acquire() as producer, watched(app, producer) as returns:
             sending = _Sending(
@@ -291,6 +294,7 @@ def publish_at(
                 if before_send is not None:
                     before_send()
                 _send_all(sending, runs, into=published)
+            _send_all(sending, workflows, into=published)
     except HABeatError:
         raise  # from before_send: not the broker's error, nothing was sent
     except Exception as exc:  # the broker's errors are many and transport-specific
@@ -342,8 +346,7 @@ def _wait_until(deadline: float, while_waiting: Callable[[], float] | None) -> N
 
 def _sent(sending: _Sending, run: RunToPublish) -> bool:
     """Add the message of ``run`` to the producer's batch, or send it; False (and the
-    error in ``rejected``) if the run itself cannot be made into a message. Broker
-    errors raise."""
+    error in ``rejected``) if the run cannot be made into a message. Broker errors raise."""
     try:
         _send(sending, run)
     except Exception as exc:

@@ -77,14 +77,16 @@ class WorkflowSteps(StoreConnection):
         """Make the step's run, ``queued``, unless it exists (a message sent again, a
         receipt after the send recorded it); True if this call made it. A step of a
         workflow run that has ended (a step before it failed or was lost, a newer run
-        cancelled it) is made ``cancelled``: whoever receives it does not run it."""
+        or a pause cancelled it) or is gone is made ``cancelled``: whoever receives it
+        does not run it."""
         workflow = runs.alias("workflow")
         of_workflow = select(workflow).where(workflow.c.id == message.workflow_run_id)
         attempts = of_workflow.with_only_columns(workflow.c.max_attempts).scalar_subquery()
-        ended = (
-            of_workflow.with_only_columns(workflow.c.state)
-            .scalar_subquery()
-            .in_([state.value for state in FINISHED_STATES])
+        # Ended, or gone: withdrawn by an edit before its fire time (a leader may still
+        # send a canvas it had built), or pruned long after it ended.
+        now_in = of_workflow.with_only_columns(workflow.c.state).scalar_subquery()
+        ended = func.coalesce(now_in, RunState.CANCELLED.value).in_(
+            [state.value for state in FINISHED_STATES]
         )
         due = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, message.due_in or 0.0)
         statement = (

@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 import redis
+from celery import chain, group
 
 from app.factory import create_app
 from beat.errors import StaleEpoch
 from beat.models import RunToPublish
 from beat.publish import dispatch
 from beat.publish.redis_pushes import FOLD, fold_pushes
+from beat.schedule.workflow import WORKFLOW_TASK, stored_canvas, workflow_kwargs
 from tests.conftest import SessionEnv
 from tests.integration.helpers import broker_messages, count_stamped_pushes, task_ids
 
@@ -66,10 +68,10 @@ def test_runs_are_published_in_order_across_chunks_with_their_headers(
 
 
 def publish_at_watched(
-    app: Any, redis_client: redis.Redis, queue_key: str, count: int
+    app: Any, redis_client: redis.Redis, queue_key: str, count: int | list[RunToPublish]
 ) -> tuple[dispatch.PublishResult, list[int]]:
-    """``publish_at`` of ``count`` runs half a second ahead, with the queue's length
-    sampled until just before the deadline."""
+    """``publish_at`` of ``count`` runs (or those given) half a second ahead, with the
+    queue's length sampled until just before the deadline."""
     deadline = time.monotonic() + 0.5
     seen_early: list[int] = []
 
@@ -80,7 +82,7 @@ def publish_at_watched(
 
     watcher = threading.Thread(target=early_check)
     watcher.start()
-    result = dispatch.publish_at(app, runs(count), deadline)
+    result = dispatch.publish_at(app, runs(count) if isinstance(count, int) else count, deadline)
     watcher.join()
     assert time.monotonic() >= deadline
     return result, seen_early
@@ -99,6 +101,35 @@ def test_publish_at_sends_nothing_before_the_deadline(
     assert seen_early, "the watcher looked before the deadline"
     assert max(seen_early) == 0, "messages left before their time"
     assert redis_client.llen(key) == 50
+
+
+def test_publish_at_sends_no_workflow_before_the_deadline(
+    test_env: SessionEnv, redis_client: redis.Redis
+) -> None:
+    """Celery's canvas code sends a workflow's first steps itself, keeping to no batch:
+    a workflow claimed ahead is sent after its deadline, with the others (seen in the
+    chaos suite: its steps started before their fire time)."""
+    app = create_app(test_env.settings())
+    key = f"{test_env.broker_key_prefix}celery"
+    add = app.signature("tasks.demo.add", args=[1, 2], immutable=True)
+    workflow = RunToPublish(
+        id=uuid.uuid4(),
+        task=WORKFLOW_TASK,
+        args=[],
+        kwargs=workflow_kwargs(stored_canvas(chain(add, group(add, add)))),
+        options={},
+        schedule_name="fan-out",
+        fire_at=datetime.now(UTC),
+        attempt=0,
+    )
+
+    result, seen_early = publish_at_watched(app, redis_client, key, [*runs(3), workflow])
+
+    assert result.error is None
+    assert set(result.published) >= {workflow.id}
+    assert seen_early, "the watcher looked before the deadline"
+    assert max(seen_early) == 0, "a workflow's steps left before their time"
+    assert redis_client.llen(key) == 4
 
 
 @pytest.mark.parametrize("send", ["publish_runs", "publish_at"])

@@ -994,3 +994,14 @@ def test_a_workflow_whose_next_step_was_never_sent_is_ended_lost_by_the_reaper(
     workflow = row(store, run_id)
     assert workflow.state == RunState.LOST.value
     assert workflow.error == STALLED
+
+
+def test_a_step_of_a_workflow_run_that_is_gone_is_recorded_cancelled(
+    run_store: RunStore,
+) -> None:
+    """A leader may send the canvas of a run an edit withdrew (deleted) before its fire
+    time: its steps must not run."""
+    gone = uuid.uuid4()
+    run_store.record_step(message(gone, "0"))
+    step_id = uuid.UUID(step_task_id(gone, "0"))
+    assert state_of_step(run_store, step_id) == RunState.CANCELLED.value
