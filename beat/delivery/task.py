@@ -317,7 +317,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             self._finish(execution, RunState.CANCELLED, error="ignored by the task")
             raise
         except Exception as exc:
-            if not self._finish(execution, RunState.FAILED, error=recorded_error(exc)):
+            if not self._outcome(execution, RunState.FAILED, error=recorded_error(exc)):
                 # The run is another delivery's now: Celery must not store this attempt's
                 # failure either (a chord would count it, and never the run's success).
                 raise Ignore from exc
@@ -327,7 +327,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             leases.release(execution)
             self.request.habeat_execution = None
         links = links_record(result) if has_links(self.request) else None
-        if not self._finish(execution, RunState.SUCCEEDED, unsent_links=links):
+        if not self._outcome(execution, RunState.SUCCEEDED, unsent_links=links):
             raise Ignore  # another worker owns the run now: its outcome is the one recorded
         if links is not None:
             send_links_after_completion(self.app, self.request, execution.store, result)
@@ -361,6 +361,25 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
                 retry_in=seconds_until(options.get("eta") or options.get("countdown")),
             )
         return super().apply_async(args, kwargs, task_id=task_id, **options)
+
+    def _outcome(self, execution: _Execution, state: RunState, **values: Any) -> bool:
+        """``_finish``; an outcome PostgreSQL cannot take hands the message back instead
+        of letting Celery store a result the run table does not have (a chord would
+        count a failure, or a success that may yet be undone): the run goes on under
+        its lease, and is sent again once that ends."""
+        try:
+            return self._finish(execution, state, **values)
+        except StoreUnavailable as exc:
+            logger.error(
+                "could not record run %s as %s, handing its message back: %s",
+                execution.run_id,
+                state.value,
+                exc,
+                extra={"run_id": str(execution.run_id)},
+            )
+            metrics.WORKER_REQUEUED.inc()
+            time.sleep(REQUEUE_DELAY)
+            raise Reject(str(exc), requeue=True) from exc
 
     def _finish(
         self,

@@ -216,3 +216,32 @@ def test_a_step_with_a_countdown_whose_worker_died_holding_it_is_not_run_early(
         ran_at = conn.execute(text("SELECT at FROM e2e_effects WHERE label = 'b'")).scalar()
     assert (ran_at - sent_at).total_seconds() >= 19, "the step ran before its countdown ended"
     assert cluster.labels()["b"] == 1
+
+
+def test_a_chord_step_whose_outcome_could_not_be_recorded_stores_no_result_and_runs_again(
+    cluster: Cluster, store: Store, test_env: SessionEnv, tmp_path: Path
+) -> None:
+    """Seen in the chaos suite at a PostgreSQL restart: the outcome of a header step could
+    not be recorded, Celery stored the error it raised, and the chord failed while the
+    step's next attempt succeeded. Now the message is handed back and nothing stored."""
+    with_faults(cluster, test_env, tmp_path)
+    app = cluster.app()
+    canvas = chord(
+        [
+            record(app, "h0"),
+            app.signature("e2e.unrecorded_outcome_once", args=["h1"], immutable=True),
+            record(app, "h2"),
+        ],
+        app.signature("e2e.gather", args=["body"]),
+    )
+    schedules = Schedules(store, app=jobs.celery_app)
+    schedules.create("wf-outcome", workflow=canvas, in_seconds=0, allow_unregistered=True)
+    faulty_worker(cluster, "worker0", 2)
+    cluster.beat("beat0")
+
+    wait_until(lambda: finished_runs(store, "wf-outcome"), timeout=90, interval=0.5)
+    run = the_run(schedules, "wf-outcome")
+    assert run.state is RunState.SUCCEEDED, run.error
+    labels = cluster.labels()
+    assert (labels["h0"], labels["h1"], labels["h2"], labels["body"]) == (1, 1, 1, 1)
+    assert "could not record run" in cluster.logs()

@@ -9,12 +9,14 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from celery import current_task
 from celery.backends.redis import RedisBackend
 
 from app import celery_app
 from beat import IdempotentTask
 from beat.errors import StoreUnavailable
 from beat.store import workflow_steps
+from beat.store.runs import RunStore
 from tests.e2e.jobs import _record_effect
 
 MARKS = Path(os.environ.get("E2E_MARKS", "/nonexistent"))
@@ -66,3 +68,26 @@ def _record_step_failing(self: Any, message: Any) -> bool:
 
 
 workflow_steps.WorkflowSteps.record_step = _record_step_failing  # type: ignore[method-assign]
+
+
+@celery_app.task(name="e2e.unrecorded_outcome_once", bind=True, base=IdempotentTask)
+def unrecorded_outcome_once(self: IdempotentTask, label: str) -> str:
+    """An ordinary idempotent step whose first outcome PostgreSQL cannot take."""
+    return _record_effect(self, label)
+
+
+_finish = RunStore.finish
+
+
+def _finish_failing_once(self: Any, run_id: Any, **values: Any) -> Any:
+    task = current_task
+    if (
+        task is not None
+        and task.name == "e2e.unrecorded_outcome_once"
+        and _first_time(f"unfinished-{run_id}")
+    ):
+        raise StoreUnavailable("PostgreSQL unreachable for this outcome (injected)")
+    return _finish(self, run_id, **values)
+
+
+RunStore.finish = _finish_failing_once  # type: ignore[method-assign]
