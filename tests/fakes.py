@@ -888,6 +888,13 @@ class FakeClaimStore:
         self._quarantine(list(quarantined.values()))
         return list(quarantined.values())
 
+    def links_left_unsent(
+        self, epoch: int, *, older_than: float, limit: int, idle_timeout: float = 10.0
+    ) -> list[RunToPublish]:
+        """No workflow steps here: nothing is ever left unsent."""
+        self._fence(epoch)
+        return []
+
     def reclaim(
         self,
         epoch: int,

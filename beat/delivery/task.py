@@ -178,7 +178,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
                 raise Ignore
             taken_at = time.monotonic()
             outcome = self._start(store, run_id, owner, config, args, kwargs)
-            if self._step_made(store, outcome):  # a workflow's step nobody could record
+            if _step_made(store, self, outcome):  # a workflow's step nobody could record
                 outcome = self._start(store, run_id, owner, config, args, kwargs)
             # The start refuses a run whose expiry passed after the check above (the
             # check, then the start, are two statements some milliseconds apart), and
@@ -235,15 +235,6 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             valid_until=taken_at + config.lease_timeout,
         )
         return self._execute(execution, args, kwargs)
-
-    def _step_made(self, store: RunStore, outcome: Started | Refused) -> bool:
-        """For a workflow's step refused because it has no row (neither its send nor its
-        receipt could record it: PostgreSQL unreachable then, or a sender without this
-        package), make its row now; True if this made it, and the start is tried again."""
-        context = vars(self.request)
-        if not (isinstance(outcome, Refused) and outcome.state == MISSING and is_step(context)):
-            return False
-        return record_started_step(store, self.name, context)
 
     def _expires(self) -> datetime | None:
         """When the delivery's run expires, by the database's clock (None: it does not);
@@ -317,7 +308,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             self._finish(execution, RunState.CANCELLED, error="ignored by the task")
             raise
         except Exception as exc:
-            if not self._outcome(execution, RunState.FAILED, error=recorded_error(exc)):
+            if not _outcome(self, execution, RunState.FAILED, error=recorded_error(exc)):
                 # The run is another delivery's now: Celery must not store this attempt's
                 # failure either (a chord would count it, and never the run's success).
                 raise Ignore from exc
@@ -327,7 +318,7 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
             leases.release(execution)
             self.request.habeat_execution = None
         links = links_record(result) if has_links(self.request) else None
-        if not self._outcome(execution, RunState.SUCCEEDED, unsent_links=links):
+        if not _outcome(self, execution, RunState.SUCCEEDED, unsent_links=links):
             raise Ignore  # another worker owns the run now: its outcome is the one recorded
         if links is not None:
             send_links_after_completion(self.app, self.request, execution.store, result)
@@ -361,25 +352,6 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
                 retry_in=seconds_until(options.get("eta") or options.get("countdown")),
             )
         return super().apply_async(args, kwargs, task_id=task_id, **options)
-
-    def _outcome(self, execution: _Execution, state: RunState, **values: Any) -> bool:
-        """``_finish``; an outcome PostgreSQL cannot take hands the message back instead
-        of letting Celery store a result the run table does not have (a chord would
-        count a failure, or a success that may yet be undone): the run goes on under
-        its lease, and is sent again once that ends."""
-        try:
-            return self._finish(execution, state, **values)
-        except StoreUnavailable as exc:
-            logger.error(
-                "could not record run %s as %s, handing its message back: %s",
-                execution.run_id,
-                state.value,
-                exc,
-                extra={"run_id": str(execution.run_id)},
-            )
-            metrics.WORKER_REQUEUED.inc()
-            time.sleep(REQUEUE_DELAY)
-            raise Reject(str(exc), requeue=True) from exc
 
     def _finish(
         self,
@@ -437,6 +409,36 @@ class IdempotentTask(Task):  # type: ignore[misc]  # celery is untyped
     def _execution(self) -> _Execution | None:
         execution: _Execution | None = getattr(self.request, "habeat_execution", None)
         return execution
+
+
+def _step_made(store: RunStore, task: IdempotentTask, outcome: Started | Refused) -> bool:
+    """For a workflow's step refused because it has no row (neither its send nor its
+    receipt could record it: PostgreSQL unreachable then, or a sender without this
+    package), make its row now; True if this made it, and the start is tried again."""
+    context = vars(task.request)
+    if not (isinstance(outcome, Refused) and outcome.state == MISSING and is_step(context)):
+        return False
+    return record_started_step(store, task.name, context)
+
+
+def _outcome(task: IdempotentTask, execution: _Execution, state: RunState, **values: Any) -> bool:
+    """``IdempotentTask._finish``; an outcome PostgreSQL cannot take hands the message back
+    instead of letting Celery store a result the run table does not have (a chord would
+    count a failure, or a success that may yet be undone): the run goes on under its
+    lease, and is sent again once that ends."""
+    try:
+        return task._finish(execution, state, **values)
+    except StoreUnavailable as exc:
+        logger.error(
+            "could not record run %s as %s, handing its message back: %s",
+            execution.run_id,
+            state.value,
+            exc,
+            extra={"run_id": str(execution.run_id)},
+        )
+        metrics.WORKER_REQUEUED.inc()
+        time.sleep(REQUEUE_DELAY)
+        raise Reject(str(exc), requeue=True) from exc
 
 
 @worker_init.connect  # type: ignore[untyped-decorator]

@@ -97,6 +97,14 @@ class Maintenance(Publishing):
         )
         self.report.reclaimed(reclaim, dead=frozenset(deaths.runs))
         self._publish(reclaim.runs, source=RECLAIM)
+        # A workflow step whose message was lost before its worker sent what follows it.
+        left = self.store.links_left_unsent(
+            epoch,
+            older_than=2 * self.config.lease_timeout,
+            limit=limit,
+            idle_timeout=self.config.claim_idle_timeout,
+        )
+        self._publish(left, source=RECLAIM)
 
     def _recover_lost_messages(self, epoch: int) -> None:
         """Publish again the runs whose message the broker lost; end those that expired."""

@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 
-from beat.models import PLAIN_RUN_INTERRUPTED, RunState
+from beat.models import PLAIN_RUN_INTERRUPTED, RunState, RunToPublish
 from beat.store.leader.base import FencedStore, _run_from_row
 from beat.store.leader.lost_messages import MAX_SENDS, _sent_again_or_lost
 from beat.store.leader.records import InQueue, LostRun, Reclaim
@@ -211,6 +211,40 @@ class ReaperStatements(FencedStore):
             if row.state == RunState.LOST.value
         ]
         return Reclaim(runs=republish, lost=lost)
+
+    def links_left_unsent(
+        self, epoch: int, *, older_than: float, limit: int, idle_timeout: float = 10.0
+    ) -> list[RunToPublish]:
+        """Workflow steps that succeeded ``older_than`` seconds ago or more and whose
+        links (the steps after them) or count in a chord are still not done: their
+        worker died before it sent them, and their message, which a second delivery
+        would have sent them from, is gone (a Redis restart). Their message is sent
+        again: the worker that takes it finds the step succeeded and does what was left
+        (``beat.delivery.links``), under the same task IDs. At most ``MAX_SENDS`` copies
+        a step (``recovery_sends``)."""
+        left = (
+            select(runs.c.id)
+            .where(
+                runs.c.workflow_run_id.is_not(None),
+                runs.c.state == RunState.SUCCEEDED.value,
+                runs.c.unsent_links.is_not(None),
+                runs.c.finished_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, older_than),
+                runs.c.recovery_sends < MAX_SENDS,
+            )
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .cte("left")
+        )
+        again = (
+            update(runs)
+            .where(runs.c.id == left.c.id)
+            # Sent again now: a workflow it holds up is not stalled yet.
+            .values(recovery_sends=runs.c.recovery_sends + 1, epoch=epoch, published_at=func.now())
+            .returning(*runs.c)
+        )
+        with self._transaction() as conn:
+            self._fence(conn, epoch, idle_timeout)
+            return [_run_from_row(row) for row in conn.execute(again)]
 
 
 def _due(rows: Iterable[Row[Any]]) -> list[Row[Any]]:

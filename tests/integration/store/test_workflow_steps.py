@@ -1005,3 +1005,33 @@ def test_a_step_of_a_workflow_run_that_is_gone_is_recorded_cancelled(
     run_store.record_step(message(gone, "0"))
     step_id = uuid.UUID(step_task_id(gone, "0"))
     assert state_of_step(run_store, step_id) == RunState.CANCELLED.value
+
+
+def test_a_step_that_succeeded_with_its_links_unsent_is_sent_again_a_bounded_number_of_times(
+    store: Store, run_store: RunStore
+) -> None:
+    """Its worker died before it sent the steps after it, and its message is gone (a
+    Redis restart): the leader sends the message again, so that a worker finds the
+    step succeeded and sends what was left; at most ``MAX_SENDS`` times."""
+    run_id = workflow_run(store, chain_of_three())
+    first = record(run_store, run_id, "0")
+    start(run_store, first)
+    done = record(run_store, run_id, "1")
+    start(run_store, done)
+    finish(run_store, done, RunState.SUCCEEDED)
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE beat_runs SET state = 'succeeded', unsent_links = '{\"result\": 3}',"
+                " finished_at = now() - interval '2 minutes' WHERE id = :id"
+            ),
+            {"id": first},
+        )
+    assert store.take_leadership(EPOCH, "leader")
+
+    sends = [store.links_left_unsent(EPOCH, older_than=60, limit=10) for _ in range(MAX_SENDS + 1)]
+
+    assert [[run.id for run in sent] for sent in sends] == [[first]] * MAX_SENDS + [[]]
+    assert sends[0][0].task == STEP_TASK
+    assert state_of_step(run_store, first) == RunState.SUCCEEDED.value
+    assert store.links_left_unsent(EPOCH, older_than=600, limit=10) == []
