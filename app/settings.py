@@ -121,9 +121,12 @@ class Settings:
         backend: dict[str, Any] = {}
         if self.result_backend is not None:
             backend["result_backend"] = self.result_backend
+            # A backend that is down fails a send in seconds, not after Celery's 20
+            # retries: beat sends a workflow's chord, and would not schedule meanwhile.
+            options: dict[str, Any] = {"retry_policy": {"max_retries": 3}}
             if self.broker_key_prefix:  # the broker's prefix keeps the results beside it
-                options = {"global_keyprefix": self.broker_key_prefix}
-                backend["result_backend_transport_options"] = options
+                options["global_keyprefix"] = self.broker_key_prefix
+            backend["result_backend_transport_options"] = options
         return {
             "broker_url": broker_url,
             **sentinel_urls,

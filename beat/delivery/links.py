@@ -73,11 +73,11 @@ def send_links_after_completion(app: Celery, request: Any, store: RunLinks, resu
     run_id = run_id_for(request.id)
     try:
         send_links(app, request, result)
-        if getattr(request, "chord", None):
-            # Counted before the links are marked sent: a worker that dies after the
-            # completion and before Celery's tracer counts it leaves it to the next
-            # delivery (a chord counts a part once by its task ID).
-            _record_success(app, request, result)
+        # Counted before the links are marked sent: a worker that dies after the
+        # completion and before Celery's tracer counts it leaves it to the next delivery
+        # (a chord counts a part once by its task ID), and so does a backend that
+        # cannot take it now (the leader sends the message again: ``links_left_unsent``).
+        counted = not getattr(request, "chord", None) or _record_success(app, request, result)
     except Exception as exc:
         forget_links(request)
         if not _broker_unavailable(app, exc):
@@ -92,6 +92,8 @@ def send_links_after_completion(app: Celery, request: Any, store: RunLinks, resu
         )
         raise Reject(str(exc), requeue=True) from exc
     forget_links(request)
+    if not counted:
+        return  # its links went; its count in the chord is left to a later delivery
     try:
         store.links_sent(run_id)
     except StoreUnavailable as exc:
@@ -120,8 +122,9 @@ def send_links_left_unsent(
             _give_up(store, run_id, exc)
             raise
         forget_links(request)
-        store.links_sent(run_id)
-        _record_success(app, request, unsent.result)
+        counted = _record_success(app, request, unsent.result)
+        if counted or not getattr(request, "chord", None):  # else a later delivery counts it
+            store.links_sent(run_id)
     except Reject:
         forget_links(request)
         time.sleep(REQUEUE_DELAY)  # do not spin on the message
@@ -179,13 +182,14 @@ def _give_up(store: RunLinks, run_id: uuid.UUID, exc: BaseException) -> None:
         store.links_sent(run_id)
 
 
-def _record_success(app: Celery, request: Any, result: Any) -> None:
+def _record_success(app: Celery, request: Any, result: Any) -> bool:
     """Store the result the first delivery did not (it handed its message back before
     Celery's tracer stored it), so a result backend, and a chord the run belongs to,
-    learn it succeeded; once: not if the backend has it already."""
+    learn it succeeded; once: not if the backend has it already. False if the backend
+    could not take it."""
     backend = app.backend
     if isinstance(backend, DisabledBackend) or getattr(request, "ignore_result", False):
-        return
+        return True
     try:
         if backend.get_state(request.id) != states.SUCCESS:
             backend.mark_as_done(request.id, result, request)  # counted in its chord too
@@ -197,6 +201,8 @@ def _record_success(app: Celery, request: Any, result: Any) -> None:
         logger.warning(
             "could not store the result of %s in the result backend: %s", request.id, exc
         )
+        return False
+    return True
 
 
 def send_links(app: Celery, request: Any, result: Any) -> None:
