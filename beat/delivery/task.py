@@ -34,6 +34,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import worker_init
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from beat import metrics
@@ -428,7 +429,8 @@ def _outcome(task: IdempotentTask, execution: _Execution, state: RunState, **val
     lease, and is sent again once that ends."""
     try:
         return task._finish(execution, state, **values)
-    except StoreUnavailable as exc:
+    # The task's own session (``self.db``) raises SQLAlchemy's errors as they are.
+    except (StoreUnavailable, OperationalError, InterfaceError) as exc:
         logger.error(
             "could not record run %s as %s, handing its message back: %s",
             execution.run_id,

@@ -27,8 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " behind) on private PostgreSQL and Redis, inject faults from a seeded plan (kills,"
         " pauses, server restarts mid-run, idle_session_timeout, cut links, broker message"
         " loss, deploys), then check from PostgreSQL that every fire time ran exactly once,"
-        " every effect happened once, and no run was lost, stuck, early or run after its"
-        " expiry.",
+        " every effect happened once, every scheduled workflow (chain, group, chord) ran each"
+        " of its steps once, and no run was lost, stuck, early or run after its expiry.",
     )
     parser.add_argument("--seed", type=int, help="seed of the fault plan (default: random)")
     parser.add_argument(
@@ -38,7 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--runs",
         type=int,
         help="about this many runs (fire times) instead of a duration: the duration the"
-        " workload needs for them (about 7.8 a second, the chains' links on top); the"
+        " workload needs for them (about 42 a second, the crowd's included; the chains'"
+        " links and the workflows' steps on top); the"
         " summary counts the real number",
     )
     parser.add_argument("--beats", type=int, default=3)
@@ -56,6 +57,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--without-foreign-worker",
         action="store_true",
         help="leave out the worker without the package",
+    )
+    parser.add_argument(
+        "--workflow-every",
+        type=float,
+        default=WorkloadShape().workflow_every,
+        metavar="SECONDS",
+        help="seconds between two runs of each workflow schedule (default"
+        f" {WorkloadShape().workflow_every:g})",
+    )
+    parser.add_argument(
+        "--without-workflows",
+        action="store_true",
+        help="leave out the workflow schedules (and the result backend their chords need):"
+        " the workload as it was before them (--workflow-every 0)",
     )
     parser.add_argument(
         "--claim-ahead",
@@ -88,7 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--keep-logs",
         type=Path,
         metavar="DIR",
-        help="copy every process's full log to DIR, and every violation (violations.txt)",
+        help="copy every process's full log to DIR, every violation (violations.txt) and"
+        " the tables the verdict was made from (beat_runs.csv, e2e_effects.csv, ...)",
     )
     args = parser.parse_args(argv)
     foreign = [kind.name for kind in args.only if kind not in KINDS[args.topology]]
@@ -130,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         clock_skew=args.clock_skew,
         foreign_worker=not args.without_foreign_worker,
         claim_ahead=args.claim_ahead,
+        workload=WorkloadShape(workflow_every=0 if args.without_workflows else args.workflow_every),
         keep_logs=args.keep_logs,
         topology=args.topology,
         only=args.only,

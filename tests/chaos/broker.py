@@ -50,9 +50,11 @@ def _delete_from_queues(
     client: redis.Redis, prefix: str, share: float, rng: random.Random
 ) -> list[Deletion]:
     deleted = []
-    for key in sorted(client.scan_iter(match=f"{prefix}*".encode(), count=1000)):
-        if client.type(key) != b"list":
-            continue
+    # Lists only, chosen by the server: the result backend keeps a key per task under the
+    # same prefix (the workflows' chords need one), and asking each key's type would
+    # keep the stopped workers stopped past the fault's duration.
+    keys = client.scan_iter(match=f"{prefix}*".encode(), count=1000, _type="list")
+    for key in sorted(keys):
         raws: list[bytes] = client.lrange(key, 0, -1)  # type: ignore[assignment]
         for raw in raws:
             task_id = task_id_of(_json(raw))

@@ -19,6 +19,13 @@ harness's ad hoc chains must run every link exactly once and complete. A row
 written with psql that the API would refuse (``BadRow``) must be quarantined with
 its reason, and no run of it made.
 
+A workflow schedule's run (task ``habeat.workflow``) has no effect of its own: its
+steps do, each a run of its own (``workflow_run_id``, ``step``) on the idempotent
+base. Every workflow run must end ``succeeded`` with each planned step of its canvas
+(``beat.schedule.workflow.plan``) succeeded and its effect there exactly once; no step
+may have two effects, or one without having succeeded; no workflow run or step may be
+left unfinished (``_check_workflow_run``).
+
 Every time is the database's: the columns the product writes with ``now()``,
 the effects' and attempts' ``at`` (written by PostgreSQL too), the fire times
 computed from them. No check reads a process's clock, so a worker or beat whose
@@ -43,8 +50,10 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import text
 
+from beat.errors import InvalidSchedule
 from beat.models import RunState
 from beat.schedule.timing import Trigger, fire_times
+from beat.schedule.workflow import canvas_of, plan
 from beat.store.all_roles import Store
 from beat.store.plain_runs import (
     CANCELLED_ON_CONNECTION_LOSS,
@@ -91,6 +100,8 @@ class Expectation:
     kwargs: dict[str, Any] | None = None
     #: The queue its runs go to, if not the default one.
     queue: str | None = None
+    #: A workflow schedule: its runs are judged by their steps (``_check_workflow_run``).
+    workflow: bool = False
 
     def fire_times(self, until: datetime) -> list[datetime]:
         """Every fire time from the first up to ``until`` (inclusive) while this
@@ -232,6 +243,24 @@ class RunCounts:
     twice_with_foreign: list[str] = field(default_factory=list)
     #: Attempts recorded, and retries whose countdown was checked.
     retries_checked: int = 0
+    #: Runs of the workflow schedules, and those that succeeded.
+    workflow_runs: int = 0
+    workflows_succeeded: int = 0
+    #: Their steps: planned (by their canvases), recorded (rows), succeeded, and those
+    #: whose body started more than once (an attempt interrupted, then run again).
+    workflow_steps_planned: int = 0
+    workflow_steps: int = 0
+    workflow_steps_succeeded: int = 0
+    workflow_steps_restarted: int = 0
+    #: Violations of the workflows (each in ``Verdict.lost``, ``duplicated`` or ``stuck``
+    #: too): workflow runs that did not succeed with every step, steps whose effect
+    #: happened more than once (or without their success), runs or steps left unfinished.
+    workflows_lost: list[str] = field(default_factory=list)
+    workflow_steps_twice: list[str] = field(default_factory=list)
+    workflows_stuck: list[str] = field(default_factory=list)
+    #: Workflow runs the end phase's pause cancelled before their fire time, whose steps
+    #: ran all the same (each in ``Verdict.duplicated`` too, as for any such run).
+    workflows_run_though_cancelled: list[str] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -324,6 +353,8 @@ def judge(
         if row.schedule_name in began and row.fire_at >= began[row.schedule_name]
     ]
     effects = _effects(store)
+    attempts = _attempts(store)
+    steps = steps_by_workflow(all_rows)
     verdict = Verdict()
     _check_fire_times(verdict, rows, expectations, window_end)
     chain_rows = _check_chains(verdict, all_rows, effects, seen)
@@ -332,10 +363,14 @@ def judge(
     _check_runs(
         verdict, rows, effects, expectations, killed, window_end,
         seen=seen, foreign_runs=_executed_by_foreign(store),
+        steps=steps, starts=Counter(attempt.task_id for attempt in attempts),
     )  # fmt: skip
+    # The steps of the workflow runs judged (not those of runs before the workload).
+    judged = {row.id for row in rows}
+    step_rows = [step for run_id in judged for step in steps.get(run_id, ())]
     _check_effects_have_runs(verdict, all_rows, effects)
-    _check_never_early(verdict, [*rows, *chain_rows])
-    _check_retry_countdowns(verdict, _attempts(store))
+    _check_never_early(verdict, [*rows, *chain_rows, *step_rows])
+    _check_retry_countdowns(verdict, attempts)
     _check_fencing(verdict, rows, seen.pauses)
     verdict.max_claim_gap, verdict.max_claim_gap_from = _max_claim_gap(
         rows, expectations, window_end
@@ -346,9 +381,9 @@ def judge(
         rows, expectations, window_end, kind=CROWD_KIND
     )
     _check_bad_rows(verdict, store, bad_rows, all_rows)
-    verdict.reclaim_times = _reclaim_times(rows, seen.kills)
-    verdict.restarted_runs = sum(1 for row in rows if row.attempt - row.retries > 1)
-    verdict.duplicate_deliveries = sum(row.duplicate_deliveries for row in rows)
+    verdict.reclaim_times = _reclaim_times([*rows, *step_rows], seen.kills)
+    verdict.restarted_runs = sum(1 for row in [*rows, *step_rows] if row.attempt - row.retries > 1)
+    verdict.duplicate_deliveries = sum(row.duplicate_deliveries for row in [*rows, *step_rows])
     _count_message_loss(verdict.counts, all_rows, seen.deleted)
     return verdict
 
@@ -402,11 +437,20 @@ def _run_rows(store: Store) -> list[Any]:
                     "SELECT id, schedule_name, fire_at, state, reason, error, epoch, attempt,"
                     " retries, duplicate_deliveries, claimed_at, published_at, received_at,"
                     " started_at, finished_at, worker, plain, not_before, retry_due_at, kwargs,"
-                    " lease_owner, lease_expires_at"
+                    " lease_owner, lease_expires_at, task, workflow_run_id, step"
                     " FROM beat_runs ORDER BY schedule_name, fire_at"
                 )
             )
         )
+
+
+def steps_by_workflow(rows: Iterable[Any]) -> dict[uuid.UUID, list[Any]]:
+    """The step rows of each workflow run, by the workflow run's ID."""
+    steps: dict[uuid.UUID, list[Any]] = defaultdict(list)
+    for row in rows:
+        if row.workflow_run_id is not None:
+            steps[row.workflow_run_id].append(row)
+    return dict(steps)
 
 
 def _effects(store: Store) -> Counter[str]:
@@ -528,10 +572,16 @@ def _check_runs(
     *,
     seen: Observations | None = None,
     foreign_runs: frozenset[str] = frozenset(),
+    steps: Mapping[uuid.UUID, Sequence[Any]] | None = None,
+    starts: Mapping[str, int] | None = None,
 ) -> None:
+    """Each run's outcome (``steps``: the step rows of each workflow run by its ID;
+    ``starts``: the bodies started of each task ID, ``chaos_attempts``)."""
     seen = seen or Observations()
+    steps = steps or {}
     expires = {e.name: e.expires for e in expectations if e.expires is not None}
     plain = {e.name for e in expectations if e.plain}
+    workflows = {e.name for e in expectations if e.workflow}
     shared = {
         e.name for e in expectations if e.queue is not None and e.queue in seen.foreign_queues
     }
@@ -542,10 +592,18 @@ def _check_runs(
         count = effects.get(str(row.id), 0)
         if _cancelled_by_the_end(row, window_end):
             verdict.counts.cancelled_by_the_end += 1
+            # A workflow's effects are its steps': none may have run either.
+            count += sum(effects.get(str(step.id), 0) for step in steps.get(row.id, ()))
             if count == 1 and str(row.id) in foreign_runs:
                 # The worker without the package ran it before the pause, and recorded
                 # nothing: the pause found it waiting. Once is right.
                 verdict.counts.plain_by_foreign += 1
+            elif count and row.schedule_name in workflows:
+                _workflow_violation(
+                    verdict.duplicated,
+                    verdict.counts.workflows_run_though_cancelled,
+                    f"{where} (workflow): cancelled by a pause, yet its steps had {count} effects",
+                )
             elif count:
                 verdict.duplicated.append(f"{where}: cancelled by a pause, yet it had an effect")
             continue
@@ -557,6 +615,8 @@ def _check_runs(
                 shared=row.schedule_name in shared,
                 message_lost=row.schedule_name in shared and _message_lost(row, seen),
             )  # fmt: skip
+        elif row.schedule_name in workflows:
+            _check_workflow_run(verdict, row, steps.get(row.id, ()), effects, where, starts=starts)
         else:
             _check_run_outcome(verdict, row, count, where)
         if row.retries > 0:
@@ -613,6 +673,126 @@ def _check_run_outcome(verdict: Verdict, row: Any, count: int, where: str) -> No
         verdict.duplicated.append(f"{where}: its effect happened {count} times")
     elif count == 1 and row.state != RunState.SUCCEEDED:
         verdict.duplicated.append(f"{where}: an effect committed though it is {row.state}")
+
+
+def _check_workflow_run(
+    verdict: Verdict,
+    row: Any,
+    steps: Sequence[Any],
+    effects: Mapping[str, int],
+    where: str,
+    *,
+    starts: Mapping[str, int] | None = None,
+) -> None:
+    """A workflow run: finished, and ``succeeded`` with every planned step of its canvas
+    succeeded and its effect there exactly once; no step with its effect twice (or with
+    one though it did not succeed); no step left unfinished.
+
+    Its steps are runs of the idempotent base, recorded as their messages were sent: a
+    step's body may start again after an interruption (a worker killed mid-step, counted
+    in ``workflow_steps_restarted``), but its effect commits with its success, once."""
+    counts = verdict.counts
+    counts.workflow_runs += 1
+    try:
+        planned = [step.path for step in plan(canvas_of(row.kwargs or {})).steps]
+    except InvalidSchedule as exc:
+        planned = []
+        verdict.unexpected.append(f"{where}: its kwargs hold no workflow ({exc})")
+    counts.workflow_steps_planned += len(planned)
+    counts.workflow_steps += len(steps)
+    by_path = {step.step: step for step in steps}
+    for step in steps:
+        _check_workflow_step(
+            verdict,
+            step,
+            effects.get(str(step.id), 0),
+            f"run {step.id} (step {step.step} of workflow {where.removeprefix('run ')})",
+            planned,
+            (starts or {}).get(str(step.id), 0),
+        )
+    if row.state in NON_TERMINAL:
+        _workflow_violation(
+            verdict.stuck,
+            counts.workflows_stuck,
+            f"{where} (workflow) is still {row.state}{_held(row)};"
+            f" steps: {_step_states(planned, by_path, effects)}",
+        )
+    elif row.state != RunState.SUCCEEDED:
+        _workflow_violation(
+            verdict.lost,
+            counts.workflows_lost,
+            f"{where} (workflow) ended {row.state}: {row.error or row.reason};"
+            f" steps: {_step_states(planned, by_path, effects)}",
+        )
+    elif missing := [
+        path
+        for path in planned
+        if (step := by_path.get(path)) is None
+        or step.state != RunState.SUCCEEDED
+        or effects.get(str(step.id), 0) == 0
+    ]:
+        _workflow_violation(
+            verdict.lost,
+            counts.workflows_lost,
+            f"{where} (workflow) succeeded, but not every step did:"
+            f" {_step_states(missing, by_path, effects)}",
+        )
+    elif all(effects.get(str(by_path[path].id), 0) == 1 for path in planned):
+        counts.workflows_succeeded += 1  # (a step's effect twice is a violation of its own)
+
+
+def _check_workflow_step(
+    verdict: Verdict, step: Any, count: int, where: str, planned: Sequence[str], started: int
+) -> None:
+    counts = verdict.counts
+    if step.state == RunState.SUCCEEDED:
+        counts.workflow_steps_succeeded += 1
+    if started > 1:
+        counts.workflow_steps_restarted += 1
+    if step.step not in planned:
+        verdict.unexpected.append(f"{where}: its canvas has no step {step.step}")
+    if step.state in NON_TERMINAL:
+        _workflow_violation(
+            verdict.stuck,
+            counts.workflows_stuck,
+            f"{where} is still {step.state} (attempt {step.attempt}){_held(step)}",
+        )
+    if count > 1:
+        _workflow_violation(
+            verdict.duplicated,
+            counts.workflow_steps_twice,
+            f"{where}: its effect happened {count} times",
+        )
+    elif count == 1 and step.state != RunState.SUCCEEDED:
+        _workflow_violation(
+            verdict.duplicated,
+            counts.workflow_steps_twice,
+            f"{where}: an effect committed though it is {step.state}",
+        )
+
+
+def _workflow_violation(kind: list[str], workflows: list[str], message: str) -> None:
+    """A workflow's violation: in the verdict's list of its kind and in the workflows' own."""
+    kind.append(message)
+    workflows.append(message)
+
+
+def _step_states(
+    paths: Sequence[str], by_path: Mapping[str, Any], effects: Mapping[str, int]
+) -> str:
+    """``0 succeeded (1 effect), 1 running (attempt 2), 2 no run``: what each step is."""
+    parts = []
+    for path in paths:
+        step = by_path.get(path)
+        if step is None:
+            parts.append(f"{path} no run")
+            continue
+        count = effects.get(str(step.id), 0)
+        error = f": {step.error or step.reason}" if step.error or step.reason else ""
+        parts.append(
+            f"{path} {step.state} (attempt {step.attempt}, {count} effects, task {step.id}){error}"
+        )
+    return ", ".join(parts) or "none planned"
 
 
 def _held(row: Any) -> str:

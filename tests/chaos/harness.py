@@ -19,6 +19,12 @@ one beat and one worker 2 minutes behind (``tests/clock_skew``: the servers
 keep the true clock, and every check reads the database's); and one more
 worker runs without this package (``tests.chaos.foreign_worker``), on the plain
 tasks' queue that the package's workers consume too.
+
+Every process of the package has a result backend (``CELERY_RESULT_BACKEND``), which
+the workflow schedules' chords need: a private Redis of its own that no fault restarts
+or cuts, as the docs advise (a chord's count is the backend's, and a Redis restarted
+without persistence forgets it). The worker without the package has none (it runs no
+step of a workflow).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -67,9 +73,10 @@ from tests.chaos.checks import (
 from tests.chaos.faults import IDLE_SESSION_TIMEOUT, Fault, FaultKind, make_plan
 from tests.chaos.jobs import CODE_SCHEDULES_ENV
 from tests.chaos.plain_jobs import PLAIN_QUEUE
-from tests.chaos.servers import find_binaries, private_servers, workspace
+from tests.chaos.servers import PrivateRedis, find_binaries, private_servers, workspace
 from tests.chaos.topologies import KINDS, Endpoints, Topology, topology_servers
 from tests.chaos.workload import (
+    WORKFLOW_SHAPES,
     ChainSender,
     CodeSchedule,
     WorkloadShape,
@@ -182,9 +189,17 @@ class ChaosConfig:
         foreign = "" if self.foreign_worker else " --without-foreign-worker"
         topology = "" if self.topology is Topology.DIRECT else f" --topology {self.topology}"
         only = f" --only {','.join(kind.name for kind in self.kinds)}" if self.only else ""
+        every = self.workload.workflow_every
+        workflows = (
+            " --without-workflows"
+            if not every
+            else ""
+            if every == WorkloadShape().workflow_every
+            else f" --workflow-every {every:g}"
+        )
         return (
             f"scripts/chaos.sh --seed {self.seed} --duration {self.duration:g}"
-            f"{sizes}{ahead}{skew}{foreign}{topology}{only}"
+            f"{sizes}{ahead}{skew}{foreign}{topology}{only}{workflows}"
         )
 
     def beat_skews(self) -> list[float]:
@@ -367,6 +382,9 @@ class ChaosCluster:
         cluster = self.cluster
         log = cluster.workdir / f"{slot.name}.log"
         env = cluster.process_env() | {"PYTHONPATH": f"{FOREIGN_DIR}{os.pathsep}{ROOT}"}
+        # Celery reads this variable itself: the worker without the package keeps its own
+        # configuration (no result backend), as before the workflows had one.
+        env.pop("CELERY_RESULT_BACKEND", None)
         with log.open("ab") as handle:
             popen = subprocess.Popen(
                 [
@@ -1030,6 +1048,50 @@ def keep_logs(workdir: Path, destination: Path) -> None:
     say(f"logs kept in {destination}")
 
 
+#: Tables ``keep_tables`` copies (the rows the verdict was made from).
+KEPT_TABLES = ("beat_runs", "e2e_effects", "chaos_attempts", "chaos_chains")
+
+
+def keep_tables(store: Store, destination: Path) -> None:
+    """Copy the runs, effects, attempts and chains as CSV files to ``destination``: the
+    rows of a violation's runs (a workflow's steps, say) once the servers are gone."""
+    destination.mkdir(parents=True, exist_ok=True)
+    try:
+        connection = store.engine.raw_connection()
+        try:
+            cursor = connection.cursor()
+            for table in KEPT_TABLES:
+                with (
+                    (destination / f"{table}.csv").open("wb") as out,
+                    cursor.copy(f"COPY {table} TO STDOUT WITH (FORMAT csv, HEADER)") as copy,
+                ):
+                    for data in copy:
+                        out.write(bytes(data))
+        finally:
+            connection.close()
+    except Exception as exc:  # the database is down: the logs are kept all the same
+        say(f"could not keep the tables: {exc}")
+        return
+    say(f"tables kept in {destination} ({', '.join(KEPT_TABLES)})")
+
+
+@contextlib.contextmanager
+def results_server(workdir: Path, config: ChaosConfig) -> Iterator[str | None]:
+    """The result backend's URL of a run with workflows (a private Redis of its own,
+    which no fault restarts or cuts); None without workflows."""
+    if not config.workload.workflow_every:
+        yield None
+        return
+    directory = workdir / "results"
+    directory.mkdir()
+    server = PrivateRedis(find_binaries().redis_server, directory)
+    server.start()
+    try:
+        yield server.url()
+    finally:
+        server.stop()
+
+
 def run_chaos(config: ChaosConfig) -> ChaosReport:
     """One chaos run (see the module docstring); raises MissingBinaries before starting
     anything if PostgreSQL or Redis is not installed."""
@@ -1049,6 +1111,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         workspace() as workdir,
         private_servers(workdir) as (postgres, redis),
         topology_servers(config.topology, workdir, postgres, redis, DATABASE) as endpoints,
+        results_server(workdir, config) as results,
     ):
         env = SessionEnv(
             database_url=postgres.url(DATABASE), redis_url=redis.url(), key_prefix=KEY_PREFIX
@@ -1059,10 +1122,15 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             create_tables(store)
             code_schedule = CodeSchedule(path=workdir / "code-schedules.json")
             code_schedule.write()
+            # The workflows' chords count in a result backend of their own, which the
+            # faults leave alone, as the docs advise (a chord's count is the backend's: a
+            # Redis restarted without persistence forgets it).
+            backend = {"CELERY_RESULT_BACKEND": results} if results else {}
             settings = (
                 config.process_settings()
                 | endpoints.worker_env()
                 | {CODE_SCHEDULES_ENV: str(code_schedule.path)}
+                | backend
             )
             cluster = Cluster(env=env, store=store, workdir=workdir, settings=settings)
             chaos = ChaosCluster(cluster, endpoints, config)
@@ -1072,6 +1140,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
                 chaos.close()
                 if config.keep_logs is not None:
                     keep_logs(workdir, config.keep_logs)
+                    keep_tables(store, config.keep_logs)
         finally:
             store.dispose()
 
@@ -1384,11 +1453,40 @@ def _workload_rows(report: ChaosReport) -> list[tuple[str, str]]:
             " second message)",
         ),
         ("retries checked against their countdown", str(counts.retries_checked)),
+        *_workflow_rows(report),
         ("server restarts mid-run", _restarts(log, report.config.kinds)),
         ("lease's Redis down past the hold", _outages(report) or "none"),
         (
             "worker pauses past the lease",
             f"{len(log.worker_pauses)}, holding {sum(len(p.held) for p in log.worker_pauses)} runs",
+        ),
+    ]
+
+
+def _workflow_rows(report: ChaosReport) -> list[tuple[str, str]]:
+    """The summary's rows about the workflow schedules (``tests.chaos.workload``)."""
+    counts, shape = report.verdict.counts, report.config.workload
+    if not shape.workflow_every:
+        return [("workflow runs", "none (workflow_every 0)")]
+    return [
+        (
+            "workflow runs",
+            f"{counts.workflow_runs} of {len(WORKFLOW_SHAPES)} schedules every"
+            f" {shape.workflow_every:g} s ({counts.workflows_succeeded} succeeded with every"
+            " step once)",
+        ),
+        (
+            "workflow steps",
+            f"{counts.workflow_steps} recorded of {counts.workflow_steps_planned} planned,"
+            f" {counts.workflow_steps_succeeded} succeeded;"
+            f" {counts.workflow_steps_restarted} started again after an interruption",
+        ),
+        ("workflow runs lost", str(len(counts.workflows_lost))),
+        ("workflow steps executed twice", str(len(counts.workflow_steps_twice))),
+        ("workflow runs or steps stuck", str(len(counts.workflows_stuck))),
+        (
+            "workflow runs cancelled by the end's pause",
+            f"{len(counts.workflows_run_though_cancelled)} whose steps ran all the same",
         ),
     ]
 

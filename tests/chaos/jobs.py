@@ -11,6 +11,12 @@
   (``chaos_attempts``), so the checks see a retry that started before its time.
 - ``chaos.versioned``: the job of the code schedule a deploy changes; its
   effect names the version of the definition that ran it.
+- ``chaos.step`` and ``chaos.gather``: the steps of the workflow schedules (a chord's
+  body gathers its header's results). Each records its body's start at once, outside
+  the run's transaction (``chaos_attempts``: best effort, so a step whose body ran
+  again after an interruption shows), and its effect, with the worker that ran it,
+  through ``self.db`` (``e2e_effects``: it commits with the step's success, so the
+  checks count each step's executions by its task ID).
 
 Code schedules come from the JSON file named by ``CHAOS_CODE_SCHEDULES`` (a
 ``beat_schedule`` mapping), read when the module is imported: a beat started
@@ -19,10 +25,15 @@ after the harness rewrote the file syncs the new definition, as after a deploy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
+
+import psycopg
+from sqlalchemy import text
 
 from app import celery_app
 from beat import IdempotentTask
@@ -66,6 +77,43 @@ def retrying(self: IdempotentTask, label: str, failures: int, explicit: bool) ->
 def versioned(self: IdempotentTask, label: str, version: int) -> str:
     """Records its effect labelled with the definition's version (``label@vN``)."""
     return _record_effect(self, f"{label}@v{version}")
+
+
+@celery_app.task(name="chaos.step", bind=True, base=IdempotentTask)
+def step(self: IdempotentTask, label: str, seconds: float) -> str:
+    """A workflow's step: works ``seconds`` (checking its lease), then records its effect."""
+    _record_start(self)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        self.check_lease()
+        time.sleep(0.1)
+    return _record_step_effect(self, label)
+
+
+@celery_app.task(name="chaos.gather", bind=True, base=IdempotentTask)
+def gather(self: IdempotentTask, results: list[Any], label: str) -> int:
+    """A chord's body (or the step after a group): records its effect, returns how many
+    results it was given."""
+    _record_start(self)
+    _record_step_effect(self, label)
+    return len(results)
+
+
+def _record_start(task: IdempotentTask) -> None:
+    """The body's start, in a transaction of its own; nothing if PostgreSQL is down (the
+    count of starts is a figure, not a check: the step must not fail for it)."""
+    with contextlib.suppress(psycopg.Error):
+        record_attempt(task, None)
+
+
+def _record_step_effect(task: IdempotentTask, label: str) -> str:
+    """The step's effect and the worker that ran it, committed with the step's success."""
+    task_id: str = task.request.id
+    task.db.execute(
+        text("INSERT INTO e2e_effects (task_id, label, worker) VALUES (:task_id, :label, :worker)"),
+        {"task_id": task_id, "label": label, "worker": task.request.hostname},
+    )
+    return task_id
 
 
 def code_schedules() -> dict[str, Any]:

@@ -10,6 +10,13 @@ and a plain task), and long jobs (idempotent and plain, 20 s) for faults to land
 in. The code schedule lives in a JSON file that ``tests.chaos.jobs`` reads when a
 beat starts; a deploy rewrites it while every beat is down.
 
+Workflow schedules on the idempotent base (``WORKFLOW_SHAPES``: a chain of 3, a group
+of 3, a chord of 3 and its body, a chain holding a group before a body, a chain ending
+in a group) fire a Celery canvas every few seconds: each step is a run of its own,
+recorded as its message is sent, and every step records its effect (``chaos.step``,
+``chaos.gather``), so the checks count each step's executions. Their chords count their
+header's parts in the result backend (the suite's Redis, under the broker's key prefix).
+
 Among a crowd of thousands of crons that fire together every minute (a burst the
 leader claims in batches), rows written with psql around every check of the API
 (``BAD_ROWS``: an ``infinity``, a cron that never fires, 10 MB of kwargs, an unknown
@@ -29,7 +36,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from celery import Celery, chain
+from celery import Celery, chain, chord, group, signature
+from celery.canvas import Signature
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -84,6 +92,11 @@ class WorkloadShape:
     #: Crons of a quick job that all fire at every minute, among which ``BAD_ROWS`` are
     #: written with psql, due in the same burst (0: neither).
     crowd_schedules: int = 2000
+    #: Seconds between two runs of each workflow schedule (``WORKFLOW_SHAPES``; 0: none),
+    #: and how long each step works before it records its effect (a chord's body and the
+    #: step after a group do not work: they gather what came before).
+    workflow_every: float = 5.0
+    workflow_step_seconds: float = 0.4
 
     def runs_per_second(self) -> float:
         """Fire times this workload makes per second (the runs the summary counts as
@@ -98,6 +111,7 @@ class WorkloadShape:
             + 2 * self.long_schedules / self.long_job_every
             + 1 / 3  # the code schedule a deploy changes: every 2 to 4 s
             + self.crowd_schedules / 60
+            + (len(WORKFLOW_SHAPES) / self.workflow_every if self.workflow_every else 0)
         )
         return per_second
 
@@ -109,7 +123,11 @@ def create_workload(store: Store, shape: WorkloadShape, until: datetime) -> list
     expectations = []
     for kind, name, task, fields in _definitions(shape, anchor, until):
         schedule = schedules.create(name, task, allow_unregistered=True, **fields)
-        expectations.append(expectation_of(kind, schedule, plain=kind in PLAIN_KINDS))
+        expectations.append(
+            expectation_of(
+                kind, schedule, plain=kind in PLAIN_KINDS, workflow=kind == WORKFLOW_KIND
+            )
+        )
     return expectations
 
 
@@ -178,6 +196,40 @@ def write_bad_rows(store: Store, *, due: datetime) -> list[BadRow]:
 
 PLAIN_KIND = "plain"
 PLAIN_KINDS = frozenset({PLAIN_KIND, "plain retrying", "plain expires", "plain long"})
+WORKFLOW_KIND = "workflow"
+
+
+def _step(label: str, seconds: float) -> Signature:
+    """A workflow's step: ``chaos.step`` (immutable: it takes no result)."""
+    return signature("chaos.step", args=[label, seconds], immutable=True)
+
+
+def _gather(label: str) -> Signature:
+    """A chord's body: ``chaos.gather``, given the header's results."""
+    return signature("chaos.gather", args=[label])
+
+
+#: The workflow schedules: name -> its canvas, given the seconds each step works. Every
+#: task is on the idempotent base (``tests.chaos.jobs``); each step's label is unique.
+WORKFLOW_SHAPES: dict[str, Callable[[float], Signature]] = {
+    "workflow-chain": lambda work: chain(
+        _step("wc0", work), _step("wc1", work), _step("wc2", work)
+    ),
+    "workflow-group": lambda work: group(
+        _step("wg0", work), _step("wg1", work), _step("wg2", work)
+    ),
+    "workflow-chord": lambda work: chord(
+        [_step("wh0", work), _step("wh1", work), _step("wh2", work)], _gather("wh-body")
+    ),
+    # A group followed by a task in a chain: Celery makes the two a chord.
+    "workflow-nested": lambda work: chain(
+        _step("wn0", work), group(_step("wn1a", work), _step("wn1b", work)), _gather("wn2")
+    ),
+    # A group ending a chain: its members are sent by the worker that ran the first step.
+    "workflow-chain-group": lambda work: chain(
+        _step("wt0", work), group(_step("wt1a", work), _step("wt1b", work))
+    ),
+}
 
 
 def _definitions(
@@ -238,6 +290,14 @@ def _definitions(
         # On the default queue: the workers with the package run it (they record it).
         plain_long = {"every": every, "start_at": anchor, "args": [f"pl{index}", seconds]}
         yield "plain long", f"plain-long-{index}", "chaos.plain", plain_long
+    if shape.workflow_every:
+        for name, canvas in WORKFLOW_SHAPES.items():
+            workflow = {
+                "workflow": canvas(shape.workflow_step_seconds),
+                "every": shape.workflow_every,
+                "start_at": anchor,
+            }
+            yield WORKFLOW_KIND, name, "", workflow
     at, index = anchor + timedelta(seconds=shape.one_off_every), 0
     while at < until:
         yield "one-off", f"once-{index:04d}", "e2e.slow", {"at": at, "args": [f"o{index}", slow]}
@@ -251,6 +311,7 @@ def expectation_of(
     plain: bool = False,
     first_fire: datetime | None = None,
     with_kwargs: bool = False,
+    workflow: bool = False,
 ) -> Expectation:
     """What a stored schedule must produce from ``first_fire`` (default: its next fire
     time); with ``with_kwargs``, its runs must carry the schedule's kwargs."""
@@ -268,6 +329,7 @@ def expectation_of(
         expires=None if expires is None else float(expires),
         kwargs=dict(schedule.definition.kwargs) if with_kwargs else None,
         queue=options.get("queue"),
+        workflow=workflow,
     )
 
 
