@@ -222,7 +222,7 @@ def step_message(
 
 
 def _time_limits(given: Any) -> tuple[float | None, float | None]:
-    """Celery's ``timelimit`` header, ``[soft, hard]``, as the two options."""
+    """Celery's ``timelimit`` header, ``[hard, soft]``, as ``(soft, hard)``."""
     if isinstance(given, list | tuple) and len(given) == 2:
         return given[1], given[0]
     return None, None
