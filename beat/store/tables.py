@@ -265,13 +265,11 @@ Index(
 # their newest run only, not every schedule's. Partial, so a claim's insert (a pending
 # run) adds no entry to it.
 Index("ix_beat_runs_failed_by_schedule", runs.c.schedule_name, postgresql_where=text(FAILED_SQL))
-# The steps of a workflow run (its run page; the trigger that moves it with them).
-Index(
-    "ix_beat_runs_workflow_steps",
-    runs.c.workflow_run_id,
-    runs.c.step,
-    postgresql_where=text("workflow_run_id IS NOT NULL"),
-)
+# A workflow run's steps (its page, its trigger); runs whose links are left undone (the
+# leader's re-send looks at them every pass: few rows, never a scan of the table).
+_STEPS, _UNSENT = text("workflow_run_id IS NOT NULL"), text("unsent_links IS NOT NULL")
+Index("ix_beat_runs_workflow_steps", runs.c.workflow_run_id, runs.c.step, postgresql_where=_STEPS)
+Index("ix_beat_runs_links_unsent", runs.c.finished_at, postgresql_where=_UNSENT)
 # Runs stuck in the broker.
 Index(
     "ix_beat_runs_queued_published_at",

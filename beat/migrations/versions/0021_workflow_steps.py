@@ -100,6 +100,13 @@ def upgrade() -> None:
         ["workflow_run_id", "step"],
         postgresql_where=sa.text("workflow_run_id IS NOT NULL"),
     )
+    # The leader's re-send of links left undone reads these rows every pass.
+    op.create_index(
+        "ix_beat_runs_links_unsent",
+        "beat_runs",
+        ["finished_at"],
+        postgresql_where=sa.text("unsent_links IS NOT NULL"),
+    )
     op.execute(FUNCTION)
     op.execute(
         "CREATE TRIGGER beat_runs_workflow_step AFTER UPDATE OF state ON beat_runs"
@@ -111,6 +118,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP TRIGGER IF EXISTS beat_runs_workflow_step ON beat_runs")
     op.execute("DROP FUNCTION IF EXISTS beat_follow_workflow_step()")
+    op.drop_index("ix_beat_runs_links_unsent", table_name="beat_runs")
     op.drop_index("ix_beat_runs_workflow_steps", table_name="beat_runs")
     op.drop_column("beat_runs", "step")
     op.drop_column("beat_runs", "workflow_run_id")
