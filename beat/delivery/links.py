@@ -29,7 +29,7 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Reject
 from kombu.exceptions import OperationalError
 
-from beat.delivery.receipts import REQUEUE_DELAY
+from beat.delivery.plain_runs import REQUEUE_DELAY
 from beat.errors import StoreUnavailable
 from beat.publish.workflows import derived_ids
 from beat.store.run_links import RunLinks

@@ -13,8 +13,13 @@ outcomes they end with.
   or revoked with ``terminate``): its trace unwinds with no outcome, and the run
   ends ``lost`` with the reason, not ``failed``; a body that returned first keeps
   its outcome. The threads pool cannot terminate a body: it runs to its end.
-- **A plain run starts only while its delivery holds it**: the receipt numbers
-  the attempt it took; the pool process starts the body only if that attempt,
+- **A request that runs at once is taken by its start**: no ETA, no countdown, not
+  a redelivery, a free pool slot: the pool process takes the run and starts it in one
+  statement (``RunStore.take_and_start_plain``), just before Celery's trace, instead
+  of a receipt in the main process and a start in the pool (one round trip a run
+  less). A duplicate is refused there as it would be at receipt.
+- **A plain run taken at receipt starts only while its delivery holds it**: the
+  receipt numbers the attempt it took; the pool process starts the body only if that attempt,
   under this worker's receipt, still holds the run (``RunStore.start_plain``, one
   conditional statement, run where the pool executes the request, just before
   Celery's trace). A worker paused past its receipt lease (SIGSTOP, a VM pause, a
@@ -62,6 +67,9 @@ PERSIST_FOR = 60.0
 MAX_ERROR_LENGTH = 4000
 #: The key of a request's headers that holds the attempt its receipt took (plain runs).
 RECEIPT_KEY = "habeat_receipt_attempt"
+#: Seconds a worker that cannot reach PostgreSQL waits before handing a plain run's
+#: message back (so it does not spin on it while cut off).
+REQUEUE_DELAY = 1.0
 
 #: Celery's outcome of a task (``task_postrun``'s ``state``) → the run's state.
 _OUTCOMES = {
@@ -90,14 +98,18 @@ _running_plain: dict[str, uuid.UUID] = {}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlainStart:
-    """The delivery that took a plain run at receipt: the pool starts the body only while
-    it still holds the run."""
+    """The delivery of a plain run, as the pool process starts it: taken at receipt
+    (``attempt``: the body starts only while it still holds the run), or to be taken
+    and started at once (``attempt`` None)."""
 
     run_id: uuid.UUID
     owner: str
-    attempt: int
+    attempt: int | None
     database_url: str
     expires: datetime | None
+    worker: str = ""
+    lease_seconds: float = 0.0
+    retries: int = 0
 
 
 def _start_only_while_held(request: Any, start: PlainStart) -> None:
@@ -137,24 +149,24 @@ def _start_only_while_held(request: Any, start: PlainStart) -> None:
         return result
 
     request.execute_using_pool = execute_using_pool
-    # What a discard of this delivery settles (Celery reports it with a context made
-    # from the request's headers).
-    request.request_dict[RECEIPT_KEY] = start.attempt
+    if start.attempt is not None:
+        # What a discard of this delivery settles (Celery reports it with a context made
+        # from the request's headers).
+        request.request_dict[RECEIPT_KEY] = start.attempt
 
 
 def _start_then_trace(start: PlainStart, trace: Callable[..., Any], *args: Any) -> Any:
     """In the pool: record the start of the plain run and run Celery's trace of it, if
-    this delivery still holds the run and it has not expired; else run nothing."""
+    this delivery still holds the run (or, not taken yet, may take it) and it has not
+    expired; else run nothing."""
     store = run_store_for(start.database_url)
-    outcomes: list[Started | Refused] = []
-    started = _persist(
-        lambda: outcomes.append(
-            store.start_plain(
-                start.run_id, owner=start.owner, attempt=start.attempt, expires=start.expires
-            )
-        )
-    )
-    outcome = outcomes[0] if started else None
+    if start.attempt is None:
+        try:
+            outcome: Started | Refused | None = _take_and_start(store, start)
+        except HABeatError as exc:
+            return _handed_back(start, exc)
+    else:
+        outcome = _recorded_start(store, start, start.attempt)
     if isinstance(outcome, Started):
         # Recorded before the body runs: a run whose worker dies after this is never
         # sent again; before it, it is.
@@ -163,6 +175,49 @@ def _start_then_trace(start: PlainStart, trace: Callable[..., Any], *args: Any) 
         return trace(*args)
     _log_not_started(start, outcome)
     return _not_run()
+
+
+def _take_and_start(store: RunStore, start: PlainStart) -> Started | Refused:
+    return store.take_and_start_plain(
+        start.run_id,
+        owner=start.owner,
+        worker=start.worker,
+        lease_seconds=start.lease_seconds,
+        retries=start.retries,
+        expires=start.expires,
+    )
+
+
+def _recorded_start(store: RunStore, start: PlainStart, attempt: int) -> Started | Refused | None:
+    """The start of a run taken at receipt, tried through a PostgreSQL restart: None if
+    it could not be recorded."""
+    outcomes: list[Started | Refused] = []
+    started = _persist(
+        lambda: outcomes.append(
+            store.start_plain(
+                start.run_id, owner=start.owner, attempt=attempt, expires=start.expires
+            )
+        )
+    )
+    return outcomes[0] if started else None
+
+
+def _handed_back(start: PlainStart, exc: HABeatError) -> tuple[int, Any, float]:
+    """A run nobody took yet whose take PostgreSQL could not record: its message goes
+    back to the broker, as at a receipt that failed (``beat.delivery.receipts``), after
+    a pause so that a worker cut off does not spin on it."""
+    logger.error(
+        "cannot check plain run %s against the run table, handing it back: %s",
+        start.run_id,
+        exc,
+        extra={"run_id": str(start.run_id)},
+    )
+    metrics.WORKER_REQUEUED.inc()
+    time.sleep(REQUEUE_DELAY)
+    try:
+        raise Reject(str(exc), requeue=True)
+    except Reject:
+        return 1, ExceptionInfo(internal=True), 0.0
 
 
 def _log_not_started(start: PlainStart, outcome: Refused | None) -> None:

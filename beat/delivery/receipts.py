@@ -7,6 +7,12 @@ waiting for a retry's countdown, or running). If the worker dies before the
 run starts, the lease expires and the leader publishes the run again at
 once, rather than after the broker's visibility timeout. A plain task's receipt
 also takes the run, or drops a delivery of a run taken before.
+
+A request Celery runs at once (``_runs_at_once``: a free pool slot, no ETA, no rate
+limit, not a redelivery) needs no receipt: the pool process takes a plain run and
+starts it in one statement (``beat.delivery.plain_runs``), and the idempotent base's
+guard takes its run as it starts. One statement a run less, and the main process,
+which takes every message, waits for none.
 """
 
 from __future__ import annotations
@@ -20,10 +26,17 @@ from typing import Any
 from celery.exceptions import TaskRevokedError
 
 from beat import metrics
+from beat.config import BeatConfig
 from beat.delivery.app_config import delivery_config
-from beat.delivery.heartbeat import _leases_of
+from beat.delivery.heartbeat import WorkerHeartbeat, _leases_of
 from beat.delivery.message_times import retry_due, run_expiry, seconds_until
-from beat.delivery.plain_runs import RECEIPT_KEY, PlainStart, _start_only_while_held, is_guarded
+from beat.delivery.plain_runs import (
+    RECEIPT_KEY,
+    REQUEUE_DELAY,
+    PlainStart,
+    _start_only_while_held,
+    is_guarded,
+)
 from beat.delivery.workflow_steps import is_step, record_received_step
 from beat.errors import HABeatError
 from beat.models import RunState
@@ -33,10 +46,6 @@ from beat.store.run_guard import Refused
 from beat.store.runs import run_id_for
 
 logger = logging.getLogger(__name__)
-
-#: Seconds a worker that cannot reach PostgreSQL waits before handing a plain run's
-#: message back (so it does not spin on it while cut off).
-REQUEUE_DELAY = 1.0
 
 
 def _redelivered(request: Any) -> bool:
@@ -64,6 +73,9 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
     context.pop(RECEIPT_KEY, None)  # a retry carries its parent's headers
     run_id = run_id_for(request.id)
     try:
+        if _runs_at_once(sender, request):
+            _take_at_start(request, context, run_id)
+            return
         _take_on_receipt(request, context, run_id)
     except Exception as exc:
         unreachable = isinstance(exc, HABeatError)
@@ -82,6 +94,41 @@ def _hold_received_run(sender: Any = None, request: Any = None, **_: Any) -> Non
         if unreachable:
             time.sleep(REQUEUE_DELAY)
         _drop(request, requeue=unreachable)
+
+
+def _runs_at_once(consumer: Any, request: Any) -> bool:
+    """Whether Celery hands this request to a free pool slot right after this signal:
+    no ETA (a countdown; a retry's due time comes with one), no rate limit, not a
+    redelivery (whose receipt checks who took it before), and fewer requests in hand
+    than the pool has slots.
+
+    Such a request needs no receipt of its own: the pool process takes the run as it
+    starts it (one statement where a receipt and a start were two). A guess that is
+    wrong (the pool slower to free a slot than counted) only leaves the run unrecorded
+    while its request waits: the leader's lost-message recovery then counts it as
+    stranded after ``UNRECORDED_AFTER`` and sends a copy, which one delivery only takes
+    (``beat.leader.lost_messages``): waste, never a second execution."""
+    from celery.worker import state
+
+    pool = getattr(consumer, "pool", None)
+    slots = getattr(pool, "num_processes", None)
+    if not isinstance(slots, int) or request.eta is not None or _redelivered(request):
+        return False
+    if getattr(request.task, "rate_limit", None):
+        return False
+    return len(state.reserved_requests) < slots
+
+
+def _take_at_start(request: Any, context: dict[str, Any], run_id: uuid.UUID) -> None:
+    """A request that runs at once: the idempotent base's guard takes the run when it
+    starts; a plain run is taken and started by the pool process, under this worker's
+    receipt lease (renewed by its heartbeat from then on)."""
+    config = delivery_config(request.task.app.conf)
+    leases = _leases_of(config, request.hostname or "worker")
+    if is_step(context):  # a workflow's step: its run, should its send not have made it
+        record_received_step(leases.store, request, context)
+    if not is_guarded(request.task):
+        _to_the_pool(request, leases, run_id, config, attempt=None, expires=run_expiry(context))
 
 
 def _take_on_receipt(request: Any, context: dict[str, Any], run_id: uuid.UUID) -> None:
@@ -142,15 +189,33 @@ def _take_on_receipt(request: Any, context: dict[str, Any], run_id: uuid.UUID) -
         )
         _drop(request, requeue=False)
         return
+    _to_the_pool(request, leases, run_id, config, attempt=outcome.attempt, expires=expires)
+
+
+def _to_the_pool(
+    request: Any,
+    leases: WorkerHeartbeat,
+    run_id: uuid.UUID,
+    config: BeatConfig,
+    *,
+    attempt: int | None,
+    expires: datetime | None,
+) -> None:
+    """Hand a plain run's request to the pool behind its start (``attempt``: the one its
+    receipt took; None: taken as it starts), its run listed among this worker's receipt
+    leases."""
     leases.add(run_id, request.id)
     _start_only_while_held(
         request,
         PlainStart(
             run_id=run_id,
             owner=leases.owner,
-            attempt=outcome.attempt,
+            attempt=attempt,
             database_url=config.database_url,
             expires=expires,
+            worker=request.hostname or "",
+            lease_seconds=config.lease_timeout,
+            retries=int(request.request_dict.get("retries") or 0),
         ),
     )
 

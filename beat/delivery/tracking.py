@@ -50,10 +50,15 @@ from beat.delivery.message_times import (
     run_expiry,
     seconds_until,
 )
+from beat.delivery.plain_runs import (
+    REQUEUE_DELAY,
+    _plain_run_cancelled,
+    _plain_run_ended,
+    recorded_error,
+)
 from beat.delivery.plain_runs import _plain_outcome as _plain_outcome
-from beat.delivery.plain_runs import _plain_run_cancelled, _plain_run_ended, recorded_error
 from beat.delivery.plain_runs import _running_plain as _running_plain
-from beat.delivery.receipts import REQUEUE_DELAY, _hold_received_run
+from beat.delivery.receipts import _hold_received_run
 from beat.delivery.unsent_retries import _unsent_retries as _unsent_retries
 from beat.delivery.unsent_retries import note_unsent_retries
 from beat.delivery.workflow_steps import install_step_recording

@@ -116,8 +116,9 @@ CHECK_INTERVAL = 10.0
 CONFIRM_AFTER = 5.0
 #: A run's message delivered to a worker this long ago, the receipt still not recorded,
 #: counts as missing (seconds, by the database's clock; see the module docstring). A
-#: live worker writes the receipt in the main process right after the delivery (the
-#: ``task_received`` signal, before the request is reserved): one PostgreSQL statement.
+#: live worker records the run right after the delivery: at receipt in the main process
+#: (the ``task_received`` signal, before the request is reserved), or, for a request
+#: that runs at once, as the pool process starts it: one PostgreSQL statement either way.
 #: The bound is the one a publication gets (``UNTAKEN_AFTER``): generous against a slow
 #: PostgreSQL, and with the confirmation a copy is sent some 40 s (plus the clock
 #: margin) after the delivery instead of an hour. Too short is not unsafe, only

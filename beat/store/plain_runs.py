@@ -1,11 +1,13 @@
 """The records of plain tasks' runs.
 
-Plain tasks (not on the idempotent base) are taken at receipt, in the
-worker's main process (``receive_plain``): once taken, a plain run is never
-started again, whoever delivers it. Its body starts only if the delivery that
-took it still holds it (``start_plain``: the attempt its receipt numbered, under
-that receipt's owner, not started): a delivery whose receipt lease expired and
-whose run went to another worker does not run the body.
+Plain tasks (not on the idempotent base) are taken once: at receipt, in the
+worker's main process (``receive_plain``), when the request waits before it runs
+(an ETA, a retry's countdown, a busy pool); else by the pool process just before
+the body (``take_and_start_plain``: taken and started in one statement). Once
+taken, a plain run is never started again, whoever delivers it. A body taken at
+receipt starts only if that delivery still holds it (``start_plain``: the attempt
+its receipt numbered, under that receipt's owner, not started): a delivery whose
+receipt lease expired and whose run went to another worker does not run the body.
 """
 
 from __future__ import annotations
@@ -102,6 +104,21 @@ _RECEIVE_PLAIN = take_statement(
 )
 
 
+#: A plain run taken by the pool process that runs its body now
+#: (``take_and_start_plain``): the receipt and the start in one statement.
+_TAKE_AND_START_PLAIN = take_statement(
+    {
+        "state": RunState.RUNNING.value,
+        "plain": True,
+        "received_at": func.now(),
+        "started_at": func.now(),
+        "worker": WORKER,
+        "lease_owner": OWNER,
+        "lease_expires_at": lease_until(LEASE_SECONDS),
+    }
+)
+
+
 def _held_by_receipt(run_id: Any, owner: Any, attempt: Any) -> Any:
     """The plain run still held by the receipt that numbered it ``attempt`` under ``owner``."""
     return and_(
@@ -171,6 +188,24 @@ class PlainRuns(RunGuard):
         # Without the instant, the seconds measured on the worker's clock.
         bound["p_due_in"] = None if retry_due_at is not None else _at_least_zero(retry_due_in)
         return self._take(_RECEIVE_PLAIN, bound, run_id, retries, expires)
+
+    def take_and_start_plain(
+        self,
+        run_id: uuid.UUID,
+        *,
+        owner: str,
+        worker: str,
+        lease_seconds: float,
+        retries: int,
+        expires: datetime | None = None,
+    ) -> Started | Refused:
+        """The plain run's body starts now, in a request that did not wait: take the run
+        (under ``owner``'s receipt lease) and start it in one statement, if a delivery
+        carrying ``retries`` may (as ``receive_plain`` would take it) and it has not
+        expired by the database's clock; else the body must not run: a duplicate is
+        refused, and past ``expires`` the run ends ``expired``."""
+        bound = lease_binding(run_id, owner, worker, lease_seconds, retries, expires)
+        return self._take(_TAKE_AND_START_PLAIN, bound, run_id, retries, expires)
 
     def start_plain(
         self, run_id: uuid.UUID, *, owner: str, attempt: int, expires: datetime | None = None

@@ -346,3 +346,36 @@ def test_a_plain_retry_is_recorded_due_by_the_database_s_clock_where_it_is_recei
     times = effect_times(store, str(run.id))
     assert one_run(store, "retried").state == RunState.SUCCEEDED.value
     assert times["attempt:1"] - times["attempt:0"] >= timedelta(seconds=countdown)
+
+
+def test_a_plain_run_a_free_slot_runs_is_taken_by_its_start_one_that_waits_at_receipt(
+    cluster: Cluster, store: Store
+) -> None:
+    """A plain run Celery hands to a free pool slot is taken and started by the pool
+    process in one statement: received and started at the same instant (that
+    statement's ``now()``). One prefetched behind a long job waits in the worker: it is
+    taken at receipt, under the receipt lease, and started later. Each body runs once."""
+    cluster.settings = FAST
+    cluster.beat("beat0")
+    worker = prefetching_worker(cluster, "worker0", pool="prefork")
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    ready(worker)
+    schedules = Schedules(store)
+    schedules.create(
+        "at-once", "e2e.plain_record", at=datetime.now(UTC), args=["a"], allow_unregistered=True
+    )
+    wait_until(lambda: state_of(store, "at-once") == "succeeded", timeout=30, interval=0.1)
+    cluster.app().send_task("e2e.plain_slow", args=["long", 4], task_id="long-job")
+    wait_until(lambda: "long-job" in worker.output(), timeout=30)
+    schedules.create(
+        "waited", "e2e.plain_record", at=datetime.now(UTC), args=["w"], allow_unregistered=True
+    )
+    wait_until(lambda: state_of(store, "waited") == "succeeded", timeout=60, interval=0.1)
+
+    at_once, waited = one_run(store, "at-once"), one_run(store, "waited")
+    assert at_once.received_at == at_once.started_at
+    assert waited.received_at < waited.started_at
+    assert waited.started_at - waited.received_at > timedelta(seconds=1)  # behind the job
+    effects = cluster.effects()
+    assert (effects[str(at_once.id)], effects[str(waited.id)]) == (1, 1)
+    assert (at_once.attempt, waited.attempt) == (1, 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -42,10 +43,16 @@ def published_run(store: Store, name: str = "plain") -> uuid.UUID:
     return run.id
 
 
-def receive(run_store: RunStore, run_id: uuid.UUID, owner: str, **fields: object) -> object:
-    return run_store.receive_plain(
-        run_id, owner=owner, worker=owner, lease_seconds=LEASE, retries=0, **fields
-    )
+def receive(
+    run_store: RunStore, run_id: uuid.UUID, owner: str, *, at_once: bool = False, **fields: Any
+) -> object:
+    """A receipt of the run (``at_once``: its take and start in the pool, no receipt)."""
+    take = run_store.take_and_start_plain if at_once else run_store.receive_plain
+    return take(run_id, owner=owner, worker=owner, lease_seconds=LEASE, retries=0, **fields)
+
+
+def take_and_start(run_store: RunStore, run_id: uuid.UUID, owner: str, **fields: object) -> object:
+    return receive(run_store, run_id, owner, at_once=True, **fields)
 
 
 def test_a_plain_run_starts_only_under_the_receipt_that_still_holds_it(
@@ -220,3 +227,76 @@ def test_a_plain_run_handed_out_again_from_a_consumer_that_records_nothing_is_no
     recorded = published_run(store, "plain, taken")
     assert receive(run_store, recorded, "a:received") == Started(attempt=1)
     assert not run_store.end_taken_unrecorded(recorded, queue="celery"), "a worker took it"
+
+
+def test_a_plain_run_that_runs_at_once_is_taken_and_started_in_one_statement(
+    run_store: RunStore, store: Store
+) -> None:
+    """A request Celery runs at once has no receipt of its own: the pool process takes
+    the run and starts it in one statement (received and started at the same instant,
+    the statement's ``now()``), held under the worker's receipt lease."""
+    run_id = published_run(store)
+    assert take_and_start(run_store, run_id, "a:received") == Started(attempt=1)
+    [row] = run_rows(store)
+    assert (row.state, row.attempt, row.worker, row.lease_owner) == (
+        "running",
+        1,
+        "a:received",
+        "a:received",
+    )
+    assert row.plain is True
+    assert row.received_at is not None
+    assert row.received_at == row.started_at
+    assert row.first_started_at == row.started_at
+    assert row.lease_expires_at > row.started_at
+
+
+def test_a_plain_run_taken_and_started_once_refuses_every_other_delivery(
+    run_store: RunStore, store: Store
+) -> None:
+    """Once taken and started, a plain run is never taken again: not by a second delivery
+    that runs at once, nor at a receipt, nor by the same take tried again, nor after its
+    lease expired (only the reaper ends it, ``lost``)."""
+    run_id = published_run(store)
+    assert take_and_start(run_store, run_id, "a:received") == Started(attempt=1)
+    assert isinstance(take_and_start(run_store, run_id, "b:received"), Refused)
+    assert isinstance(receive(run_store, run_id, "c:received"), Refused)
+    assert isinstance(take_and_start(run_store, run_id, "a:received"), Refused)
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE beat_runs SET lease_expires_at = now() - interval '1 second'"))
+    assert isinstance(take_and_start(run_store, run_id, "d:received"), Refused)
+    [row] = run_rows(store)
+    assert (row.state, row.attempt, row.worker, row.duplicate_deliveries) == (
+        "running",
+        1,
+        "a:received",
+        4,
+    )
+
+
+def test_a_plain_run_taken_at_receipt_is_not_taken_again_by_a_delivery_that_runs_at_once(
+    run_store: RunStore, store: Store
+) -> None:
+    """A copy that runs at once meets the run another worker's receipt holds: refused; the
+    receipt's own start still passes."""
+    run_id = published_run(store)
+    assert receive(run_store, run_id, "a:received") == Started(attempt=1)
+    assert isinstance(take_and_start(run_store, run_id, "b:received"), Refused)
+    assert run_store.start_plain(run_id, owner="a:received", attempt=1) == Started(attempt=1)
+    [row] = run_rows(store)
+    assert (row.worker, row.attempt) == ("a:received", 1)
+
+
+def test_a_plain_run_past_its_expiry_is_not_taken_by_a_delivery_that_runs_at_once(
+    run_store: RunStore, store: Store
+) -> None:
+    """Past its expiry by the database's clock, the take ends the run ``expired`` and the
+    body does not run; before it, the run is taken."""
+    late, on_time = published_run(store, "late"), published_run(store, "on-time")
+    passed = store.now() - timedelta(milliseconds=1)
+    refused = take_and_start(run_store, late, "a:received", expires=passed)
+    assert refused == Refused(state=RunState.EXPIRED.value, lease_owner=None)
+    ahead = store.now() + timedelta(minutes=1)
+    assert take_and_start(run_store, on_time, "a:received", expires=ahead) == Started(attempt=1)
+    states = {row.id: row.state for row in run_rows(store)}
+    assert states == {late: "expired", on_time: "running"}
