@@ -29,6 +29,7 @@ from sqlalchemy import (
 )
 
 from beat.models import WAITING_STATES, RunState
+from beat.store.precompiled import execute, one_of
 from beat.store.run_guard import (
     EXPIRES,
     LEASE_SECONDS,
@@ -152,7 +153,10 @@ def _finish_plain(state: RunState) -> Any:
     values = outcome_parameters(state, with_retries=state is RunState.RETRYING)
     return (
         update(runs)
-        .where(*_plain_attempt(RUN_ID, param("attempt_retries", Integer)), runs.c.state.in_(ended))
+        .where(
+            *_plain_attempt(RUN_ID, param("attempt_retries", Integer)),
+            one_of(runs.c.state, ended),
+        )
         .values(**values)
     )
 
@@ -218,7 +222,7 @@ class PlainRuns(RunGuard):
         reply was lost passes again (the start time kept)."""
         bound = {"p_run_id": run_id, "p_owner": owner, "p_attempt": attempt, "p_expires": expires}
         with self._each_statement_commits() as conn:
-            if conn.execute(_START_PLAIN, bound).scalar_one_or_none() is not None:
+            if execute(conn, _START_PLAIN, bound).scalar_one_or_none() is not None:
                 return Started(attempt=attempt)
             held = _held_by_receipt(run_id, owner, literal_int(attempt))
             not_started = and_(held, runs.c.started_at.is_(None))
@@ -240,7 +244,7 @@ class PlainRuns(RunGuard):
         bound = outcome_binding(state, error=error, retries=retries, retry_in=retry_in)
         bound |= {"p_run_id": run_id, "p_attempt_retries": attempt_retries}
         with self._each_statement_commits() as conn:
-            return bool(conn.execute(_finish_plain(state), bound).rowcount == 1)
+            return bool(execute(conn, _finish_plain(state), bound).rowcount == 1)
 
     def cancel_plain(self, run_id: uuid.UUID, *, attempt_retries: int) -> bool:
         """Celery cancelled the attempt ``attempt_retries`` of a plain run on a lost broker

@@ -47,6 +47,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from beat.models import RunState
 from beat.records import Session
 from beat.store.db import StoreConnection
+from beat.store.precompiled import execute, one_of
 from beat.store.tables import TZ, runs
 
 
@@ -103,7 +104,7 @@ def _startable(retries: Any, expires: Any = None) -> ColumnElement[bool]:
     and only the reaper ends it (``lost``). Celery's next retry of it may, as ever."""
     body_started_plain = and_(runs.c.plain.is_(True), runs.c.started_at.is_not(None))
     startable = or_(
-        runs.c.state.in_([RunState.PENDING.value, RunState.QUEUED.value]),
+        one_of(runs.c.state, [RunState.PENDING.value, RunState.QUEUED.value]),
         and_(runs.c.state == RunState.RETRYING.value, retries >= runs.c.retries),
         and_(
             runs.c.state == RunState.RUNNING.value,
@@ -268,7 +269,7 @@ class RunGuard(StoreConnection):
             "p_max_attempts": max_attempts,
         }
         with self._each_statement_commits() as conn:
-            attempt = conn.execute(_START_OR_CREATE, bound).scalar_one_or_none()
+            attempt = execute(conn, _START_OR_CREATE, bound).scalar_one_or_none()
             if attempt is not None:
                 return Started(attempt=attempt)
             return refuse(conn, run_id)
@@ -284,7 +285,7 @@ class RunGuard(StoreConnection):
         """Start the stored run with ``statement`` (``take_statement``) bound to ``bound``,
         if a delivery carrying ``retries`` may (one statement)."""
         with self._each_statement_commits() as conn:
-            attempt = conn.execute(statement, bound).scalar_one_or_none()
+            attempt = execute(conn, statement, bound).scalar_one_or_none()
             if attempt is not None:
                 return Started(attempt=attempt)
             expired = expire_instead(conn, run_id, _startable(literal_int(retries)), expires)

@@ -40,6 +40,7 @@ from beat.store.db import create_store_engine
 from beat.store.history import RunHistory
 from beat.store.pg_arrays import parallel_arrays, text_array, uuid_array
 from beat.store.plain_runs import PlainRuns
+from beat.store.precompiled import execute
 from beat.store.rows import due_again
 from beat.store.run_guard import (
     EXPIRES,
@@ -275,9 +276,9 @@ class RunStore(PlainRuns, RunHistory, RunLinks, WorkflowSteps):
         if unsent_links is not None:
             bound["p_unsent_links"] = unsent_links
         if conn is not None:
-            return conn.execute(statement, bound).rowcount == 1
+            return execute(conn, statement, bound).rowcount == 1
         with self._each_statement_commits() as own:
-            return own.execute(statement, bound).rowcount == 1
+            return execute(own, statement, bound).rowcount == 1
 
 
 #: A run the idempotent base has not started, held under the receipt lease.
