@@ -216,17 +216,15 @@ class ScheduleStore(CodeSync, OperatorRuns, ImportStore, ScheduleChanges):
         and how many match in all (counted in the same transaction)."""
         with self._transaction() as conn:
             failing = failing_names(conn) if where.failing else None
-            conditions = _filter_conditions(where, failing)
-            count = select(func.count()).select_from(schedules).where(*conditions)
-            total = conn.execute(count).scalar_one()
+            names, total = _page_names(conn, _filter_conditions(where, failing), offset, limit)
+            # The columns of the page's rows only: reading them for every row skipped by
+            # the offset too cost 70 ms at the last of 2,000 pages.
             page = (
                 select(*stored_columns())
-                .where(*conditions)
+                .where(schedules.c.name == any_(bindparam("names", names, type_=ARRAY(TEXT))))
                 .order_by(schedules.c.name)
-                .offset(offset)
-                .limit(limit)
             )
-            rows = conn.execute(page).all() if offset < total else []
+            rows = conn.execute(page).all() if names else []
         return [stored_schedule(row) for row in rows], total
 
     def replace_schedule(
@@ -423,6 +421,25 @@ def _disabled_reason(enabled: bool, given: str | None) -> Any:
     if enabled:
         return None
     return schedules.c.disabled_reason if given is None else given
+
+
+def _page_names(
+    conn: Connection, conditions: list[ColumnElement[bool]], offset: int, limit: int
+) -> tuple[list[str], int]:
+    """The names of the page of the schedules matching ``conditions`` and how many
+    match. Unfiltered, both from the index of names alone. Filtered, one scan of the
+    table gives both (the count a window over the matches): a search reads every
+    name and task once, not once for the count and again for the page."""
+    ordered = select(schedules.c.name).order_by(schedules.c.name).offset(offset).limit(limit)
+    if not conditions:
+        total = conn.execute(select(func.count()).select_from(schedules)).scalar_one()
+        return list(conn.execute(ordered).scalars()) if offset < total else [], total
+    found = conn.execute(ordered.add_columns(func.count().over()).where(*conditions)).all()
+    if found:
+        return [row[0] for row in found], found[0][1]
+    # Past the last match (or none): the window saw no row, count them.
+    count = select(func.count()).select_from(schedules).where(*conditions)
+    return [], 0 if offset == 0 else conn.execute(count).scalar_one()
 
 
 def _filter_conditions(

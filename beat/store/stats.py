@@ -76,7 +76,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.models import RunState
-from beat.store.db import StoreConnection, plan_without_jit
+from beat.store.db import StoreConnection, plan_without_jit, sort_in_memory
 from beat.store.percentiles import (
     LATENESS_BINS,
     QUANTILES,
@@ -191,6 +191,7 @@ class RunStatsStore(StoreConnection):
                 # The summary and the live runs must agree on summarised_until.
                 conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
             plan_without_jit(conn)
+            sort_in_memory(conn)
             now: datetime = conn.execute(select(func.now())).scalar_one()
             width, starts = bucket_starts(now, window, buckets)
             summarised = None
