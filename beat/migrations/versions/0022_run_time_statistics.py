@@ -26,6 +26,9 @@ STATISTICS = "beat_runs_time_stats"
 
 
 def upgrade() -> None:
+    version = op.get_bind().dialect.server_version_info or (0,)
+    if version < (14,):  # statistics of an expression came with PostgreSQL 14
+        return
     op.execute(f"CREATE STATISTICS {STATISTICS} ON (coalesce(fire_at, claimed_at)) FROM beat_runs")
     # Filled now, not at autovacuum's next analyse of the table: a sample of it
     # (30,000 rows), a second or two at 10,000,000 runs, writes not held up.
