@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import ColumnElement, any_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, any_, case, func, literal, or_, select, update
 from sqlalchemy.dialects.postgresql import UUID
 
 from beat.models import Quarantine, RunState, RunToPublish, UnpublishableRun
+from beat.schedule.workflow import WORKFLOW_TASK
 from beat.store.leader.base import FencedStore, _quarantine, _run_from_row
 from beat.store.pg_arrays import array_param, uuid_array
 from beat.store.tables import runs
@@ -42,18 +44,23 @@ class OutboxStatements(FencedStore):
             return [_run_from_row(row) for row in conn.execute(query)]
 
     def mark_published(self, run_ids: Sequence[uuid.UUID]) -> int:
-        """``pending`` -> ``queued`` for the runs published, in one statement."""
+        """``pending`` -> ``queued`` for the runs published, in one statement; a workflow
+        run one of whose steps started already -> ``running`` (its steps' starts leave it
+        ``pending`` until then, migration 0023: a sender that died between two of its
+        messages leaves it in the outbox, to be sent again whole)."""
         if not run_ids:
             return 0
+        started = _a_step_started()
         with self._transaction() as conn:
             return conn.execute(
                 update(runs)
                 .where(runs.c.id == any_(array_param("ids", UUID(as_uuid=True))))
                 .where(runs.c.state == RunState.PENDING.value)
                 .values(
-                    state=RunState.QUEUED.value,
+                    state=case((started, RunState.RUNNING.value), else_=RunState.QUEUED.value),
                     published_at=func.now(),
                     first_published_at=func.coalesce(runs.c.first_published_at, func.now()),
+                    **_started_by_its_first_step(started),
                 ),
                 {"ids": uuid_array(run_ids)},
             ).rowcount
@@ -96,3 +103,42 @@ def _deferred() -> ColumnElement[bool]:
     ``not_before`` after its fire time. A run claimed ahead (``Release.ARMED``) has
     ``not_before`` equal to its fire time."""
     return runs.c.not_before > runs.c.fire_at
+
+
+def _started_by_its_first_step(started: ColumnElement[bool]) -> dict[str, Any]:
+    """What a workflow run whose steps started while it was ``pending`` takes from the
+    first of them when it is marked published (as the trigger gives a run that was
+    ``queued``): its start, and the worker of that step."""
+    step = runs.alias("first_step")
+    first = (
+        select(step.c.started_at, step.c.worker)
+        .where(step.c.workflow_run_id == runs.c.id, step.c.started_at.is_not(None))
+        .order_by(step.c.started_at)
+        .limit(1)
+    )
+    at = first.with_only_columns(step.c.started_at).scalar_subquery()
+    worker = first.with_only_columns(step.c.worker).scalar_subquery()
+
+    def kept_else(column: Any, value: Any) -> Any:
+        return case((started, func.coalesce(column, value)), else_=column)
+
+    return {
+        "attempt": case((started, func.greatest(runs.c.attempt, 1)), else_=runs.c.attempt),
+        "received_at": kept_else(runs.c.received_at, at),
+        "started_at": kept_else(runs.c.started_at, at),
+        "first_started_at": kept_else(runs.c.first_started_at, at),
+        "worker": kept_else(runs.c.worker, worker),
+    }
+
+
+def _a_step_started() -> ColumnElement[bool]:
+    """The run is a workflow one of whose steps has started (the task is compared
+    first: a run of another task is never looked up)."""
+    step = runs.alias("step")
+    started = (
+        select(literal(1))
+        .select_from(step)
+        .where(step.c.workflow_run_id == runs.c.id, step.c.started_at.is_not(None))
+        .exists()
+    )
+    return and_(runs.c.task == WORKFLOW_TASK, started)

@@ -289,8 +289,9 @@ def test_a_chords_header_steps_are_read_before_its_body(store: Store, run_store:
 def test_a_workflow_goes_running_when_its_first_step_starts(
     store: Store, run_store: RunStore, published: bool
 ) -> None:
-    """From ``queued``, and from ``pending`` (the leader sent the first steps and died
-    before marking the run published)."""
+    """From ``queued`` at the step's start; from ``pending`` (its sender has not marked it
+    published yet: the worker was faster) when it is marked published, with the start
+    and worker of that step."""
     run_id = workflow_run(store, chain_of_three(), published=published)
     first = record(run_store, run_id, "0", task="e2e.first")
     assert state_of(store, run_id) == (
@@ -299,6 +300,9 @@ def test_a_workflow_goes_running_when_its_first_step_starts(
 
     start(run_store, first)
 
+    if not published:
+        assert state_of(store, run_id) == RunState.PENDING.value, "still in the outbox"
+        assert store.mark_published([run_id]) == 1
     step, workflow = row(store, first), row(store, run_id)
     assert workflow.state == RunState.RUNNING.value
     assert workflow.attempt == 1
@@ -308,11 +312,47 @@ def test_a_workflow_goes_running_when_its_first_step_starts(
     assert workflow.worker == WORKER
     assert workflow.published_at is not None
     assert workflow.first_published_at is not None
-    if not published:
-        assert workflow.published_at == step.published_at, "sent when its first step was"
-        assert store.mark_published([run_id]) == 0, "the outbox does not take it back"
-        assert state_of(store, run_id) == RunState.RUNNING.value
     assert (workflow.finished_at, workflow.error, workflow.lease_owner) == (None, None, None)
+
+
+def test_a_workflow_whose_sender_died_between_two_steps_stays_in_the_outbox(
+    store: Store, run_store: RunStore
+) -> None:
+    """The leader sent a group's first member, which started, and was killed before the
+    others (the chaos run's PgBouncer seed at 470a8e0: the run went ``running`` at that
+    start, no leader sent it again, and it stayed stuck until the reaper's
+    stalled-workflow rule). Left ``pending``, the next leader's outbox sends it again
+    whole; the member that ran is refused at its second delivery, the others run."""
+    run_id = workflow_run(store, group_of(3), published=False)
+    first = record(run_store, run_id, "0")
+    start(run_store, first)
+    finish(run_store, first, RunState.SUCCEEDED)
+
+    assert state_of(store, run_id) == RunState.PENDING.value
+    next_leader = 7
+    store.take_leadership(next_leader, "next")
+    assert run_id in {run.id for run in store.pending_runs(next_leader, grace=60, limit=10)}
+    run_store.record_step(message(run_id, "0"))  # the canvas sent again: known already
+    assert state_of_step(run_store, first) == RunState.SUCCEEDED.value
+    assert store.mark_published([run_id]) == 1
+    assert state_of(store, run_id) == RunState.RUNNING.value
+    refused = run_store.start(
+        first,
+        owner="again",
+        worker=WORKER,
+        lease_seconds=30,
+        task=STEP_TASK,
+        args=[],
+        kwargs={},
+        options={},
+        retries=0,
+        max_attempts=3,
+        may_create=False,
+    )
+    assert isinstance(refused, Refused)
+    succeed(run_store, run_id, "1")
+    succeed(run_store, run_id, "2")
+    assert state_of(store, run_id) == RunState.SUCCEEDED.value
 
 
 def test_a_later_step_that_starts_keeps_the_workflows_start(
