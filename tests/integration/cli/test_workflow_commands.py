@@ -123,6 +123,9 @@ def test_runs_with_steps_shows_the_canvas_as_a_tree_with_each_steps_state(
         )
     finally:
         steps.engine.dispose()
+    # Marked published, as the leader does once it sent the first steps: a workflow run
+    # leaves ``pending`` only then (migration 0023).
+    assert store.mark_published([run_id]) == 1
     with store.engine.begin() as conn:
         conn.execute(
             text("UPDATE beat_runs SET state = 'running', worker = 'w1@host' WHERE id = :id"),

@@ -291,7 +291,9 @@ def test_retention_leaves_no_summary_of_a_minute_whose_runs_it_began_to_delete(
             "finished_at": at,
         }
         for at in (
-            minute_of(cutoff_then) + timedelta(seconds=1),  # before any later cutoff: deleted
+            # The cutoff's own minute, before the cutoff: its first instant (a second into
+            # it is after a cutoff that falls in the minute's first second).
+            minute_of(cutoff_then),
             cutoff_then + timedelta(minutes=1),  # kept, in the next minute
             cutoff_then + timedelta(minutes=30),  # kept
         )
