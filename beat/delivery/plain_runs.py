@@ -214,10 +214,7 @@ def _handed_back(start: PlainStart, exc: HABeatError) -> tuple[int, Any, float]:
     )
     metrics.WORKER_REQUEUED.inc()
     time.sleep(REQUEUE_DELAY)
-    try:
-        raise Reject(str(exc), requeue=True)
-    except Reject:
-        return 1, ExceptionInfo(internal=True), 0.0
+    return _as_raised(Reject(str(exc), requeue=True))
 
 
 def _log_not_started(start: PlainStart, outcome: Refused | None) -> None:
@@ -252,9 +249,15 @@ def _not_run() -> tuple[int, Any, float]:
     """What the pool hands back for a request whose body did not run: what Celery's
     trace gives for a task that raised ``Ignore`` (the message is acknowledged, no
     result is recorded)."""
+    return _as_raised(Ignore("not started: see the log line before"))
+
+
+def _as_raised(exc: Exception) -> tuple[int, Any, float]:
+    """What Celery's trace hands the main process for a task that raised ``exc`` (an
+    ``Ignore`` or a ``Reject``, which the request acts on), without running the body."""
     try:
-        raise Ignore("not started: see the log line before")
-    except Ignore:
+        raise exc
+    except Exception:
         return 1, ExceptionInfo(internal=True), 0.0
 
 

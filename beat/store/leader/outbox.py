@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, and_, any_, case, func, literal, or_, select, update
+from sqlalchemy import ColumnElement, and_, any_, case, func, or_, select, update
 from sqlalchemy.dialects.postgresql import UUID
 
 from beat.models import Quarantine, RunState, RunToPublish, UnpublishableRun
@@ -50,7 +50,8 @@ class OutboxStatements(FencedStore):
         messages leaves it in the outbox, to be sent again whole)."""
         if not run_ids:
             return 0
-        started = _a_step_started()
+        first_step = _first_started_step()
+        started = and_(runs.c.task == WORKFLOW_TASK, first_step.started_at.is_not(None))
         with self._transaction() as conn:
             return conn.execute(
                 update(runs)
@@ -60,7 +61,7 @@ class OutboxStatements(FencedStore):
                     state=case((started, RunState.RUNNING.value), else_=RunState.QUEUED.value),
                     published_at=func.now(),
                     first_published_at=func.coalesce(runs.c.first_published_at, func.now()),
-                    **_started_by_its_first_step(started),
+                    **_started_by_its_first_step(started, first_step),
                 ),
                 {"ids": uuid_array(run_ids)},
             ).rowcount
@@ -105,10 +106,15 @@ def _deferred() -> ColumnElement[bool]:
     return runs.c.not_before > runs.c.fire_at
 
 
-def _started_by_its_first_step(started: ColumnElement[bool]) -> dict[str, Any]:
-    """What a workflow run whose steps started while it was ``pending`` takes from the
-    first of them when it is marked published (as the trigger gives a run that was
-    ``queued``): its start, and the worker of that step."""
+class _FirstStep(NamedTuple):
+    started_at: Any
+    worker: Any
+
+
+def _first_started_step() -> _FirstStep:
+    """The start and worker of a workflow run's first step that started (scalar
+    subqueries; NULL where none did). The ``CASE`` that reads them compares the task
+    first: a run of another task is never looked up."""
     step = runs.alias("first_step")
     first = (
         select(step.c.started_at, step.c.worker)
@@ -116,8 +122,19 @@ def _started_by_its_first_step(started: ColumnElement[bool]) -> dict[str, Any]:
         .order_by(step.c.started_at)
         .limit(1)
     )
-    at = first.with_only_columns(step.c.started_at).scalar_subquery()
-    worker = first.with_only_columns(step.c.worker).scalar_subquery()
+    return _FirstStep(
+        started_at=first.with_only_columns(step.c.started_at).scalar_subquery(),
+        worker=first.with_only_columns(step.c.worker).scalar_subquery(),
+    )
+
+
+def _started_by_its_first_step(
+    started: ColumnElement[bool], first_step: _FirstStep
+) -> dict[str, Any]:
+    """What a workflow run whose steps started while it was ``pending`` takes from the
+    first of them when it is marked published (as the trigger gives a run that was
+    ``queued``): its start, and the worker of that step."""
+    at = first_step.started_at
 
     def kept_else(column: Any, value: Any) -> Any:
         return case((started, func.coalesce(column, value)), else_=column)
@@ -127,18 +144,5 @@ def _started_by_its_first_step(started: ColumnElement[bool]) -> dict[str, Any]:
         "received_at": kept_else(runs.c.received_at, at),
         "started_at": kept_else(runs.c.started_at, at),
         "first_started_at": kept_else(runs.c.first_started_at, at),
-        "worker": kept_else(runs.c.worker, worker),
+        "worker": kept_else(runs.c.worker, first_step.worker),
     }
-
-
-def _a_step_started() -> ColumnElement[bool]:
-    """The run is a workflow one of whose steps has started (the task is compared
-    first: a run of another task is never looked up)."""
-    step = runs.alias("step")
-    started = (
-        select(literal(1))
-        .select_from(step)
-        .where(step.c.workflow_run_id == runs.c.id, step.c.started_at.is_not(None))
-        .exists()
-    )
-    return and_(runs.c.task == WORKFLOW_TASK, started)

@@ -120,11 +120,13 @@ def state_of_step(run_store: RunStore, step_id: uuid.UUID) -> str | None:
         ).scalar_one_or_none()
 
 
-def start(run_store: RunStore, step_id: uuid.UUID, *, worker: str = WORKER) -> None:
-    """A worker starts the step (the idempotent base's guard, on the recorded row)."""
-    started = run_store.start(
+def guard(
+    run_store: RunStore, step_id: uuid.UUID, *, owner: str = OWNER, worker: str = WORKER
+) -> Started | Refused:
+    """A delivery of the step meets the idempotent base's guard, on the recorded row."""
+    return run_store.start(
         step_id,
-        owner=OWNER,
+        owner=owner,
         worker=worker,
         lease_seconds=30,
         task=STEP_TASK,
@@ -135,6 +137,11 @@ def start(run_store: RunStore, step_id: uuid.UUID, *, worker: str = WORKER) -> N
         max_attempts=3,
         may_create=False,
     )
+
+
+def start(run_store: RunStore, step_id: uuid.UUID, *, worker: str = WORKER) -> None:
+    """A worker starts the step."""
+    started = guard(run_store, step_id, worker=worker)
     assert isinstance(started, Started), started
 
 
@@ -336,20 +343,7 @@ def test_a_workflow_whose_sender_died_between_two_steps_stays_in_the_outbox(
     assert state_of_step(run_store, first) == RunState.SUCCEEDED.value
     assert store.mark_published([run_id]) == 1
     assert state_of(store, run_id) == RunState.RUNNING.value
-    refused = run_store.start(
-        first,
-        owner="again",
-        worker=WORKER,
-        lease_seconds=30,
-        task=STEP_TASK,
-        args=[],
-        kwargs={},
-        options={},
-        retries=0,
-        max_attempts=3,
-        may_create=False,
-    )
-    assert isinstance(refused, Refused)
+    assert isinstance(guard(run_store, first, owner="again"), Refused)
     succeed(run_store, run_id, "1")
     succeed(run_store, run_id, "2")
     assert state_of(store, run_id) == RunState.SUCCEEDED.value
@@ -549,19 +543,7 @@ def test_a_step_sent_after_its_workflow_ended_is_recorded_cancelled_and_never_st
     assert run_store.record_step(message(run_id, "1"))
     late = uuid.UUID(step_task_id(run_id, "1"))
     assert state_of_step(run_store, late) == RunState.CANCELLED.value
-    refused = run_store.start(
-        late,
-        owner="w:1",
-        worker=WORKER,
-        lease_seconds=30,
-        task=STEP_TASK,
-        args=[],
-        kwargs={},
-        options={},
-        retries=0,
-        max_attempts=3,
-        may_create=False,
-    )
+    refused = guard(run_store, late, owner="w:1")
     assert isinstance(refused, Refused)
     assert refused.state == RunState.CANCELLED.value
 
