@@ -5,9 +5,11 @@ never before its retry is due and never after its ``expires``."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -379,3 +381,50 @@ def test_a_plain_run_a_free_slot_runs_is_taken_by_its_start_one_that_waits_at_re
     effects = cluster.effects()
     assert (effects[str(at_once.id)], effects[str(waited.id)]) == (1, 1)
     assert (at_once.attempt, waited.attempt) == (1, 1)
+
+
+def pool_processes(worker: Process) -> list[int]:
+    """The PIDs of a prefork worker's pool processes (its children)."""
+    children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
+    return [int(pid) for pid in children]
+
+
+@pytest.mark.parametrize("task", sorted(REFUSALS))
+def test_a_run_handed_to_a_paused_pool_process_at_once_runs_once(
+    cluster: Cluster, store: Store, task: str
+) -> None:
+    """A run Celery hands to a free pool slot has no receipt: its pool process takes it
+    as it starts it. Paused (SIGSTOP) before it reads the job, that process leaves the
+    run untaken while its message is unacknowledged: the message goes to another
+    worker, which runs the run; resumed (SIGCONT), the paused process's take is refused
+    and its copy never runs. The same on the idempotent base, whose guard takes its
+    run as it starts."""
+    cluster.settings = FAST
+    cluster.beat("beat0")
+    paused = cluster.worker("worker0", 1, "prefork")
+    wait_until(lambda: cluster.leading_process() is not None, timeout=30)
+    ready(paused)
+    (pool,) = pool_processes(paused)
+    os.kill(pool, signal.SIGSTOP)
+    try:
+        Schedules(store).create(
+            "handed", task, at=datetime.now(UTC), args=["h"], allow_unregistered=True
+        )
+        wait_until(lambda: one_run(store, "handed") is not None, timeout=30, interval=0.1)
+        run_id = str(one_run(store, "handed").id)
+        wait_until(lambda: f"[{run_id}] received" in paused.output(), timeout=30, interval=0.1)
+        assert one_run(store, "handed").received_at is None  # no receipt: handed at once
+        cluster.worker("worker1", 1, "threads")
+        wait_until(lambda: state_of(store, "handed") == "succeeded", timeout=90, interval=0.2)
+        assert one_run(store, "handed").worker.startswith("worker1")
+    finally:
+        os.kill(pool, signal.SIGCONT)
+    refusal = REFUSALS[task].format(run_id)
+
+    def settled() -> bool:
+        return refusal in paused.output() or cluster.effects().get(run_id, 0) > 1
+
+    wait_until(settled, timeout=30, interval=0.2)
+    assert cluster.effects()[run_id] == 1, "the body ran twice"
+    assert refusal in paused.output()
+    assert one_run(store, "handed").state == RunState.SUCCEEDED.value
