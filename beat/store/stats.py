@@ -50,6 +50,7 @@ With ``schedule``, everything is read live and exact (a schedule's runs are few)
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -65,27 +66,27 @@ from sqlalchemy import (
     TextClause,
     bindparam,
     func,
-    insert,
     literal,
     select,
     text,
     union_all,
-    update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.models import RunState
 from beat.store.db import StoreConnection, plan_without_jit, sort_in_memory
+from beat.store.minute_summary import SETTLE as SETTLE
+from beat.store.minute_summary import summarise_batch
 from beat.store.percentiles import (
     LATENESS_BINS,
     QUANTILES,
     Percentiles,
     histogram_percentiles,
     lateness_bin,
+    slowest_seconds,
 )
-from beat.store.rows import finished_age, lateness_seconds
-from beat.store.schedule_outcomes import advance_outcomes
+from beat.store.rows import finished_age, lateness_interval
 from beat.store.tables import ACTIVE_SQL, FINISHED_SQL, TZ, run_minutes, run_summary, runs
 
 #: The narrowest bucket: a shorter window gets fewer buckets.
@@ -94,13 +95,6 @@ MIN_BUCKET = timedelta(minutes=1)
 #: most 30 s), with room to spare: how far before the window the scan of the
 #: finished runs starts.
 FINISHED_MARGIN = timedelta(minutes=1)
-#: How long after the end of a minute it is summarised. A run's ``finished_at`` is
-#: the ``now()`` of the transaction that finished it, its start: the run becomes
-#: visible when that transaction commits, a little later. Those transactions are one
-#: statement (a worker's outcome) or the leader's claim and reaper transactions,
-#: which the idle timeout of the claim bounds to seconds; two minutes leave a wide
-#: margin. A run committed later than that is never summarised (nor counted live).
-SETTLE = timedelta(minutes=2)
 #: Minutes summarised per transaction (at most).
 SUMMARY_BATCH = timedelta(hours=1)
 
@@ -239,7 +233,7 @@ class RunStatsStore(StoreConnection):
         summarised_runs = rows = batches = 0
         while True:
             with self._transaction() as conn:
-                step = _summarise_batch(conn, until, batch)
+                step = summarise_batch(conn, until, batch)
             if step is None:
                 return SummaryReport(
                     runs=summarised_runs,
@@ -285,87 +279,6 @@ class RunStatsStore(StoreConnection):
             return own.execute(statement).rowcount
 
 
-def _summarise_batch(
-    conn: Connection, until: datetime | None, batch: timedelta
-) -> tuple[datetime, bool, int, int, int] | None:
-    """One transaction of :meth:`RunStatsStore.summarise`: None if another process
-    holds the summary, else ``(summarised_until, caught_up, runs, rows, moved)``."""
-    settled = func.date_trunc("minute", func.now() - SETTLE)
-    found = conn.execute(
-        select(
-            run_summary.c.summarised_until, run_summary.c.outcomes_until, settled.label("settled")
-        ).with_for_update(skip_locked=True)
-    ).first()
-    if found is None:
-        return None
-    start: datetime = found.summarised_until
-    limit: datetime = found.settled
-    if until is not None:
-        limit = min(limit, until.replace(second=0, microsecond=0))
-    if start >= limit:
-        advance_outcomes(conn, found.outcomes_until, start, batch)
-        return start, True, 0, 0, 0
-    # Skip the minutes without a finished run (a fresh start, a quiet night) at once.
-    age = finished_age()
-    following = conn.execute(
-        select(func.date_trunc("minute", func.min(age))).where(text(FINISHED_SQL), age >= start)
-    ).scalar()
-    first = limit if following is None else min(max(start, following), limit)
-    end = min(first + batch, limit)
-    summarised_runs, rows = 0, 0
-    if first < end:
-        summarised_runs, rows = _summarise_minutes(conn, first, end)
-    conn.execute(update(run_summary).values(summarised_until=end))
-    advance_outcomes(conn, found.outcomes_until, end, batch)
-    return end, end >= limit, summarised_runs, rows, 1
-
-
-def _summarise_minutes(conn: Connection, first: datetime, end: datetime) -> tuple[int, int]:
-    """Insert the summary of the finished runs of ``first`` .. ``end`` (minutes)."""
-    age = finished_age()
-    lateness = lateness_seconds()
-    grouped = conn.execute(
-        select(
-            func.date_trunc("minute", age).label("minute"),
-            runs.c.state,
-            lateness_bin(lateness).label("bin"),
-            func.count().label("runs"),
-            func.max(lateness).label("slowest"),
-            func.sum(lateness).label("total"),
-        )
-        # The retention index, in its order (its predicate as literal SQL).
-        .where(text(FINISHED_SQL), age >= first, age < end)
-        .group_by(text("1, 2, 3"))
-    ).all()
-    minutes: dict[tuple[datetime, str], dict[str, Any]] = {}
-    for row in grouped:
-        entry = minutes.setdefault(
-            (row.minute, row.state),
-            {
-                "minute": row.minute,
-                "state": row.state,
-                "runs": 0,
-                "published": 0,
-                "lateness_bins": None,
-                "lateness_max": None,
-                "lateness_sum": None,
-            },
-        )
-        entry["runs"] += row.runs
-        if row.bin is None:
-            continue
-        if entry["lateness_bins"] is None:
-            entry |= {"lateness_bins": [0] * LATENESS_BINS, "lateness_max": row.slowest}
-            entry["lateness_sum"] = 0.0
-        entry["published"] += row.runs
-        entry["lateness_bins"][row.bin] += row.runs
-        entry["lateness_max"] = max(entry["lateness_max"], row.slowest)
-        entry["lateness_sum"] += row.total
-    if minutes:
-        conn.execute(insert(run_minutes), list(minutes.values()))
-    return sum(entry["runs"] for entry in minutes.values()), len(minutes)
-
-
 @dataclass(kw_only=True, slots=True)
 class _Summary:
     """The summarised minutes of a window, by bucket (1 is the first)."""
@@ -378,54 +291,38 @@ class _Summary:
     def read(cls, conn: Connection, params: dict[str, Any]) -> _Summary:
         """Counts by state, merged histograms and maximum lateness by bucket: a
         minute counts in the bucket where it starts (the first for the minute that
-        holds the window's start). The histograms are summed bin by bin in one pass
-        (a sum per bin: at 10,000 minutes, a third of the time of unnesting them)."""
-        start = bindparam("start", type_=TZ)
-        bucket = func.width_bucket(
-            func.greatest(run_minutes.c.minute, start), bindparam("starts", type_=ARRAY(TZ))
-        )
-        bins = [func.sum(run_minutes.c.lateness_bins[index + 1]) for index in range(LATENESS_BINS)]
-        columns: list[ColumnElement[Any]] = [
-            bucket.label("bucket"),
-            run_minutes.c.state,
-            func.sum(run_minutes.c.runs).label("runs"),
-            func.max(run_minutes.c.lateness_max).label("slowest"),
-            *(count.label(f"bin{index}") for index, count in enumerate(bins)),
-        ]
+        holds the window's start)."""
         summary = cls()
-        for row in conn.execute(
-            select(*columns)
-            .where(
-                run_minutes.c.minute >= func.date_trunc("minute", start),
-                run_minutes.c.minute < bindparam("summarised", type_=TZ),
-            )
-            .group_by(text("1, 2")),
-            params,
-        ):
-            counts = summary.counts.setdefault(row.bucket, dict.fromkeys(RunState, 0))
-            counts[RunState(row.state)] += int(row.runs)
-            if row.slowest is None:
-                continue
-            summary.slowest[row.bucket] = max(
-                row.slowest, summary.slowest.get(row.bucket, row.slowest)
-            )
-            merged = summary.bins.setdefault(row.bucket, [0] * LATENESS_BINS)
-            for index in range(LATENESS_BINS):
-                merged[index] += int(row[4 + index] or 0)
+        for bucket, state, count, slowest, *bins in conn.execute(_summary_query(), params):
+            summary._count(bucket, state, count)
+            if slowest is not None:
+                summary._merge(bucket, slowest, enumerate(bins))
         return summary
 
     def add_live(self, cells: Iterable[Any]) -> None:
         """Add the runs read live, binned in SQL (:func:`_binned_query`)."""
-        for cell in cells:
-            counts = self.counts.setdefault(cell.bucket, dict.fromkeys(RunState, 0))
-            counts[RunState(cell.state)] += int(cell.runs)
-            if cell.bin is None:
-                continue
-            bins = self.bins.setdefault(cell.bucket, [0] * LATENESS_BINS)
-            bins[cell.bin] += int(cell.runs)
-            self.slowest[cell.bucket] = max(
-                cell.slowest, self.slowest.get(cell.bucket, cell.slowest)
-            )
+        for bucket, state, bin_, count, slowest in cells:
+            self._count(bucket, state, count)
+            if bin_ is not None:
+                self._merge(bucket, slowest, ((bin_, count),))
+
+    # A plot of a short window adds thousands of cells: these two run for each, so
+    # they look their state up in a dict and build no mapping they do not keep.
+    def _count(self, bucket: int, state: str, count: int) -> None:
+        counts = self.counts.get(bucket)
+        if counts is None:
+            counts = self.counts[bucket] = _no_runs()
+        counts[_STATES[state]] += int(count)
+
+    def _merge(self, bucket: int, slowest: float, cells: Iterable[tuple[int, Any]]) -> None:
+        bins = self.bins.get(bucket)
+        if bins is None:
+            bins = self.bins[bucket] = [0] * LATENESS_BINS
+        for index, count in cells:
+            if count:
+                bins[index] += int(count)
+        known = self.slowest.get(bucket)
+        self.slowest[bucket] = slowest if known is None else max(known, slowest)
 
     def stats(
         self,
@@ -436,7 +333,7 @@ class _Summary:
         summarised: datetime,
     ) -> RunStats:
         """The statistics of the buckets starting at ``starts``, from what was added."""
-        total = dict.fromkeys(RunState, 0)
+        total = _no_runs()
         for counts in self.counts.values():
             total = _add(total, counts)
         whole_bins = [0] * LATENESS_BINS
@@ -449,7 +346,7 @@ class _Summary:
             now,
             starts,
             lambda bucket: (
-                self.counts.get(bucket, dict.fromkeys(RunState, 0)),
+                self.counts.get(bucket, _no_runs()),
                 self._lateness(bucket),
             ),
             whole=(total, None if slowest is None else histogram_percentiles(whole_bins, slowest)),
@@ -459,6 +356,33 @@ class _Summary:
     def _lateness(self, bucket: int) -> Percentiles | None:
         bins, slowest = self.bins.get(bucket), self.slowest.get(bucket)
         return None if bins is None or slowest is None else histogram_percentiles(bins, slowest)
+
+
+@functools.cache
+def _summary_query() -> Select[Any]:
+    """The summary's minutes of the window by bucket and state: runs, the slowest, and
+    the histograms summed bin by bin in one pass (a sum per bin: at 10,000 minutes, a
+    third of the time of unnesting them). Built once: ninety sums take milliseconds
+    to build, more than the read of a short window."""
+    start = bindparam("start", type_=TZ)
+    bucket = func.width_bucket(
+        func.greatest(run_minutes.c.minute, start), bindparam("starts", type_=ARRAY(TZ))
+    )
+    bins = [func.sum(run_minutes.c.lateness_bins[index + 1]) for index in range(LATENESS_BINS)]
+    return (
+        select(
+            bucket.label("bucket"),
+            run_minutes.c.state,
+            func.sum(run_minutes.c.runs).label("runs"),
+            func.max(run_minutes.c.lateness_max).label("slowest"),
+            *(count.label(f"bin{index}") for index, count in enumerate(bins)),
+        )
+        .where(
+            run_minutes.c.minute >= func.date_trunc("minute", start),
+            run_minutes.c.minute < bindparam("summarised", type_=TZ),
+        )
+        .group_by(text("1, 2"))
+    )
 
 
 def _run_stats(
@@ -505,13 +429,15 @@ def _stats_query(schedule: str | None) -> Select[Any]:
         for state in RunState
     ]
     quantiles = literal(list(QUANTILES), ARRAY(Double))
+    lateness = func.date_part("epoch", window.c.late, type_=Double)
     return select(
         *columns,
-        func.percentile_cont(quantiles).within_group(window.c.lateness).label("quantiles"),
-        func.max(window.c.lateness).label("slowest"),
+        func.percentile_cont(quantiles).within_group(lateness).label("quantiles"),
+        slowest_seconds(window.c.late).label("slowest"),
     ).group_by(func.rollup(bucket))
 
 
+@functools.cache
 def _binned_query() -> Select[Any]:
     """The runs of the window not in the summary (finished from ``:summarised`` on, and
     not finished), counted by bucket, state and lateness bin as the summary bins them:
@@ -520,9 +446,9 @@ def _binned_query() -> Select[Any]:
     return select(
         _bucket_of(window.c.at).label("bucket"),
         window.c.state,
-        lateness_bin(window.c.lateness).label("bin"),
+        lateness_bin(window.c.late).label("bin"),
         func.count().label("runs"),
-        func.max(window.c.lateness).label("slowest"),
+        slowest_seconds(window.c.late).label("slowest"),
     ).group_by(text("1, 2, 3"))
 
 
@@ -533,15 +459,15 @@ def _bucket_of(at: ColumnElement[datetime]) -> ColumnElement[int]:
 
 def _window_runs(schedule: str | None, *, summarised: bool = False) -> Subquery:
     """The runs whose time is in ``:start`` .. ``:now`` (see the module docstring for
-    the index each part uses): their time, state and lateness."""
+    the index each part uses): their time, state and lateness (an interval)."""
     at = func.coalesce(runs.c.fire_at, runs.c.claimed_at)
-    lateness = lateness_seconds()
+    late = lateness_interval()
     start, now = bindparam("start", type_=TZ), bindparam("now", type_=TZ)
 
     def part(
         *conditions: ColumnElement[bool] | TextClause, time: ColumnElement[datetime] = at
     ) -> Select[Any]:
-        return select(time.label("at"), runs.c.state, lateness.label("lateness")).where(*conditions)
+        return select(time.label("at"), runs.c.state, late.label("late")).where(*conditions)
 
     if schedule is not None:
         named = runs.c.schedule_name == schedule
@@ -563,6 +489,15 @@ def _window_runs(schedule: str | None, *, summarised: bool = False) -> Subquery:
             part(text(ACTIVE_SQL), in_window),
         ]
     return union_all(*parts).subquery("window_runs")
+
+
+#: Every state, and the state of each value: looked up once a cell.
+_ALL_STATES = tuple(RunState)
+_STATES = {state.value: state for state in RunState}
+
+
+def _no_runs() -> dict[RunState, int]:
+    return dict.fromkeys(_ALL_STATES, 0)
 
 
 def _counts(row: Any) -> dict[RunState, int]:
