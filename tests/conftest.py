@@ -133,7 +133,8 @@ def store(test_env: SessionEnv) -> Iterator[Store]:
     store = Store.connect(test_env.database_url, leader_name=test_env.key_prefix)
     with store.engine.begin() as conn:
         tables = (
-            "beat_runs, beat_schedules, beat_leader, beat_run_minutes, beat_run_summary,"
+            "beat_runs, beat_schedules, beat_leader, beat_run_minutes, beat_run_blocks,"
+            " beat_run_summary,"
             " beat_unrecorded_consumers, beat_workers, beat_incidents, beat_monitor_progress,"
             " beat_channels, beat_notifications, beat_schedule_changes, beat_api_tokens,"
             " beat_idempotency_keys"

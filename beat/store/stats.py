@@ -63,8 +63,11 @@ from sqlalchemy import (
     Double,
     Select,
     Subquery,
+    Table,
     TextClause,
+    and_,
     bindparam,
+    column,
     func,
     literal,
     select,
@@ -87,7 +90,15 @@ from beat.store.percentiles import (
     slowest_seconds,
 )
 from beat.store.rows import finished_age, lateness_interval
-from beat.store.tables import ACTIVE_SQL, FINISHED_SQL, TZ, run_minutes, run_summary, runs
+from beat.store.tables import (
+    ACTIVE_SQL,
+    FINISHED_SQL,
+    TZ,
+    run_blocks,
+    run_minutes,
+    run_summary,
+    runs,
+)
 
 #: The narrowest bucket: a shorter window gets fewer buckets.
 MIN_BUCKET = timedelta(minutes=1)
@@ -358,31 +369,70 @@ class _Summary:
         return None if bins is None or slowest is None else histogram_percentiles(bins, slowest)
 
 
+#: The width of a block of ``beat_run_blocks`` (migration 0024), and its last minute.
+BLOCK = timedelta(minutes=10)
+
+
 @functools.cache
 def _summary_query() -> Select[Any]:
-    """The summary's minutes of the window by bucket and state: runs, the slowest, and
-    the histograms summed bin by bin in one pass (a sum per bin: at 10,000 minutes, a
-    third of the time of unnesting them). Built once: ninety sums take milliseconds
-    to build, more than the read of a short window."""
-    start = bindparam("start", type_=TZ)
-    bucket = func.width_bucket(
-        func.greatest(run_minutes.c.minute, start), bindparam("starts", type_=ARRAY(TZ))
-    )
-    bins = [func.sum(run_minutes.c.lateness_bins[index + 1]) for index in range(LATENESS_BINS)]
-    return (
-        select(
-            bucket.label("bucket"),
-            run_minutes.c.state,
-            func.sum(run_minutes.c.runs).label("runs"),
-            func.max(run_minutes.c.lateness_max).label("slowest"),
-            *(count.label(f"bin{index}") for index, count in enumerate(bins)),
-        )
+    """The summary of the window by bucket and state: runs, the slowest, and the
+    histograms summed bin by bin in one pass (a sum per bin: at 10,000 minutes, a third
+    of the time of unnesting them). A block whose ten minutes are in the window, before
+    ``:summarised`` and in one bucket is read as one row; every other minute as its own
+    (a bucket's runs are those of its minutes either way). Built once: ninety sums take
+    milliseconds to build, more than the read of a short window."""
+    start, summarised = bindparam("start", type_=TZ), bindparam("summarised", type_=TZ)
+    first = func.date_trunc("minute", start)
+
+    def bucket(at: ColumnElement[datetime]) -> ColumnElement[int]:
+        # A minute counts where it starts; the one holding the window's start, first.
+        return _bucket_of(func.greatest(at, start))
+
+    block = run_blocks.c.block
+    whole = (
+        select(block)
         .where(
-            run_minutes.c.minute >= func.date_trunc("minute", start),
-            run_minutes.c.minute < bindparam("summarised", type_=TZ),
+            block >= first,
+            block + BLOCK <= summarised,
+            bucket(block) == bucket(block + (BLOCK - MIN_BUCKET)),
         )
-        .group_by(text("1, 2"))
+        .distinct()
+        .cte("whole_blocks")
     )
+    # The other minutes, block by block: an index range each, not the window's every
+    # minute filtered.
+    seconds = BLOCK.total_seconds()
+    first_block = func.to_timestamp(func.floor(func.date_part("epoch", first) / seconds) * seconds)
+    other = (
+        func.generate_series(first_block, summarised, literal(BLOCK))
+        .table_valued(column("block", TZ))
+        .render_derived(name="other_blocks")
+    )
+    minute = run_minutes.c.minute
+    in_other = and_(
+        minute >= func.greatest(other.c.block, first),
+        minute < func.least(other.c.block + BLOCK, summarised),
+    )
+    parts = union_all(
+        select(bucket(block).label("bucket"), *_summed(run_blocks)).where(
+            block.in_(select(whole.c.block))
+        ),
+        select(bucket(minute).label("bucket"), *_summed(run_minutes))
+        .select_from(other.join(run_minutes, in_other))
+        .where(other.c.block.not_in(select(whole.c.block))),
+    ).subquery("summary")
+    bins = [func.sum(parts.c.lateness_bins[index + 1]) for index in range(LATENESS_BINS)]
+    return select(
+        parts.c.bucket,
+        parts.c.state,
+        func.sum(parts.c.runs).label("runs"),
+        func.max(parts.c.lateness_max).label("slowest"),
+        *(count.label(f"bin{index}") for index, count in enumerate(bins)),
+    ).group_by(text("1, 2"))
+
+
+def _summed(table: Table) -> tuple[ColumnElement[Any], ...]:
+    return (table.c.state, table.c.runs, table.c.lateness_max, table.c.lateness_bins)
 
 
 def _run_stats(

@@ -1,4 +1,5 @@
-"""The PostgreSQL tables, defined once (SQLAlchemy Core).
+"""The PostgreSQL tables, defined once (SQLAlchemy Core); those of the run
+statistics' summary in ``beat.store.summary_tables``, named here too.
 
 The Alembic migrations in ``beat/migrations`` create exactly these; a test
 compares the two so they cannot drift apart.
@@ -6,20 +7,16 @@ compares the two so they cannot drift apart.
 
 from __future__ import annotations
 
-import enum
-
 from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
     Column,
-    DateTime,
     Double,
     ForeignKey,
     Identity,
     Index,
     Integer,
-    MetaData,
     Table,
     Text,
     UniqueConstraint,
@@ -29,7 +26,6 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 from beat.models import (
-    FINISHED_STATES,
     ChangeAction,
     ChangeEntry,
     ChannelKind,
@@ -42,29 +38,18 @@ from beat.models import (
     RunState,
     TriggerKind,
 )
-
-metadata = MetaData()
-
-#: Alembic's own version table, named so that it cannot clash with the host application's.
-VERSION_TABLE = "beat_alembic_version"
-
-#: Channel notified whenever a schedule changes outside a claim (wakes the leader at once).
-SCHEDULES_CHANNEL = "beat_schedules_changed"
-
-
-#: SQL that holds for a finished run (the predicate of the retention index).
-FINISHED_SQL = f"state IN ({', '.join(repr(state.value) for state in FINISHED_STATES)})"
-#: SQL that holds for a run not finished (the predicate of the index of active runs).
-ACTIVE_SQL = "state IN ('pending', 'queued', 'running', 'retrying')"
-#: SQL that holds for a run that failed or was lost (the predicate of the failures index).
-FAILED_SQL = "state IN ('failed', 'lost')"
-
-
-def _in(column: str, values: type[enum.StrEnum]) -> str:
-    return f"{column} IN ({', '.join(repr(v.value) for v in values)})"
-
-
-TZ = DateTime(timezone=True)
+from beat.store.metadata import ACTIVE_SQL as ACTIVE_SQL
+from beat.store.metadata import FAILED_SQL as FAILED_SQL
+from beat.store.metadata import FINISHED_SQL as FINISHED_SQL
+from beat.store.metadata import SCHEDULES_CHANNEL as SCHEDULES_CHANNEL
+from beat.store.metadata import TZ as TZ
+from beat.store.metadata import VERSION_TABLE as VERSION_TABLE
+from beat.store.metadata import in_values
+from beat.store.metadata import metadata as metadata
+from beat.store.summary_tables import run_blocks as run_blocks
+from beat.store.summary_tables import run_minutes as run_minutes
+from beat.store.summary_tables import run_summary as run_summary
+from beat.store.summary_tables import schedule_outcomes as schedule_outcomes
 
 schedules = Table(
     "beat_schedules",
@@ -129,9 +114,11 @@ schedules = Table(
     Column("updated_at", TZ, nullable=False, server_default=text("now()")),
     #: Raised by each recorded change (``schedule_changes``; set by its triggers).
     Column("version", Integer, nullable=False, server_default=text("1")),
-    CheckConstraint(_in("trigger_kind", TriggerKind), name="ck_beat_schedules_trigger_kind"),
-    CheckConstraint(_in("origin", Origin), name="ck_beat_schedules_origin"),
-    CheckConstraint(_in("misfire_policy", MisfirePolicy), name="ck_beat_schedules_misfire_policy"),
+    CheckConstraint(in_values("trigger_kind", TriggerKind), name="ck_beat_schedules_trigger_kind"),
+    CheckConstraint(in_values("origin", Origin), name="ck_beat_schedules_origin"),
+    CheckConstraint(
+        in_values("misfire_policy", MisfirePolicy), name="ck_beat_schedules_misfire_policy"
+    ),
     CheckConstraint(
         "(trigger_kind = 'cron' AND cron IS NOT NULL)"
         " OR (trigger_kind = 'every' AND every_seconds > 0 AND anchor_at IS NOT NULL)"
@@ -139,7 +126,9 @@ schedules = Table(
         name="ck_beat_schedules_trigger_fields",
     ),
     CheckConstraint("max_attempts >= 1", name="ck_beat_schedules_max_attempts"),
-    CheckConstraint(_in("overlap_policy", OverlapPolicy), name="ck_beat_schedules_overlap_policy"),
+    CheckConstraint(
+        in_values("overlap_policy", OverlapPolicy), name="ck_beat_schedules_overlap_policy"
+    ),
     CheckConstraint("jitter_seconds >= 0", name="ck_beat_schedules_jitter"),
     CheckConstraint("max_runs IS NULL OR max_runs >= 1", name="ck_beat_schedules_max_runs"),
     CheckConstraint(
@@ -235,7 +224,7 @@ runs = Table(
     Column("workflow_run_id", UUID(as_uuid=True)),
     Column("step", Text),
     UniqueConstraint("schedule_id", "fire_at", name="uq_beat_runs_schedule_fire_at"),
-    CheckConstraint(_in("state", RunState), name="ck_beat_runs_state"),
+    CheckConstraint(in_values("state", RunState), name="ck_beat_runs_state"),
 )
 
 # The outbox: runs claimed but not yet published.
@@ -295,56 +284,6 @@ Index(
     postgresql_where=text(FINISHED_SQL),
 )
 
-#: The finished runs summarised minute by minute (``beat.store.stats``): one row per
-#: minute and state, keyed as the retention index is, by the minute the run finished
-#: (``coalesce(finished_at, claimed_at)``). The statistics of long windows read these
-#: instead of every run.
-run_minutes = Table(
-    "beat_run_minutes",
-    metadata,
-    Column("minute", TZ, primary_key=True),
-    Column("state", Text, primary_key=True),
-    Column("runs", BigInteger, nullable=False),
-    #: Runs with a lateness (published, with a fire time).
-    Column("published", BigInteger, nullable=False),
-    #: Their lateness counted in the bins of ``beat.store.percentiles.LATENESS_BINS``; NULL
-    #: when none was published.
-    Column("lateness_bins", ARRAY(Integer)),
-    Column("lateness_max", Double),
-    Column("lateness_sum", Double),
-    CheckConstraint(_in("state", RunState), name="ck_beat_run_minutes_state"),
-)
-
-#: How far the summary has gone: every minute before ``summarised_until`` is in
-#: ``beat_run_minutes`` (one row, created by the first summariser).
-run_summary = Table(
-    "beat_run_summary",
-    metadata,
-    Column("id", Boolean, primary_key=True, server_default=text("true")),
-    Column("summarised_until", TZ, nullable=False),
-    #: How far ``beat_schedule_outcomes`` has gone (NULL: it holds nothing yet).
-    Column("outcomes_until", TZ),
-    CheckConstraint("id", name="ck_beat_run_summary_one_row"),
-)
-
-#: Each schedule's newest finished run (by fire time) among the runs that finished
-#: before ``beat_run_summary.outcomes_until`` (``beat.store.schedule_outcomes``): where
-#: the "failing" filter of the schedule list finds its candidates.
-schedule_outcomes = Table(
-    "beat_schedule_outcomes",
-    metadata,
-    Column("schedule_name", Text, primary_key=True),
-    Column("fire_at", TZ, nullable=False),
-    Column("state", Text, nullable=False),
-    CheckConstraint(_in("state", RunState), name="ck_beat_schedule_outcomes_state"),
-)
-# The schedules whose newest summarised run failed or was lost: a few in a cluster that
-# works, read as one small index.
-Index(
-    "ix_beat_schedule_outcomes_failed",
-    schedule_outcomes.c.schedule_name,
-    postgresql_where=text(FAILED_SQL),
-)
 
 leader = Table(
     "beat_leader",
@@ -457,7 +396,7 @@ incidents = Table(
     Column("resolved_at", TZ),
     #: Why it closed, for people: the run that succeeded, the schedule removed...
     Column("resolution", Text),
-    CheckConstraint(_in("kind", IncidentKind), name="ck_beat_incidents_kind"),
+    CheckConstraint(in_values("kind", IncidentKind), name="ck_beat_incidents_kind"),
 )
 # One open incident per schedule and kind: opening is an insert that does nothing when
 # one is open.
@@ -515,8 +454,8 @@ schedule_changes = Table(
     Column("note", Text),
     Column("before", JSONB),
     Column("after", JSONB),
-    CheckConstraint(_in("action", ChangeAction), name="ck_beat_schedule_changes_action"),
-    CheckConstraint(_in("entry", ChangeEntry), name="ck_beat_schedule_changes_entry"),
+    CheckConstraint(in_values("action", ChangeAction), name="ck_beat_schedule_changes_action"),
+    CheckConstraint(in_values("entry", ChangeEntry), name="ck_beat_schedule_changes_entry"),
 )
 Index("ix_beat_schedule_changes_schedule", schedule_changes.c.schedule_name, schedule_changes.c.id)
 Index("ix_beat_schedule_changes_changed_at", schedule_changes.c.changed_at)
@@ -533,7 +472,7 @@ api_tokens = Table(
     Column("created_by", Text, nullable=False),
     Column("revoked_at", TZ),
     Column("last_used_at", TZ),
-    CheckConstraint(_in("role", Role), name="ck_beat_api_tokens_role"),
+    CheckConstraint(in_values("role", Role), name="ck_beat_api_tokens_role"),
 )
 
 #: The ``Idempotency-Key`` of each create through the API, with the hash of its request
@@ -557,7 +496,7 @@ channels = Table(
     #: smtps://, with ``from`` and ``to`` in its query).
     Column("target", Text, nullable=False),
     Column("created_at", TZ, nullable=False, server_default=text("now()")),
-    CheckConstraint(_in("kind", ChannelKind), name="ck_beat_channels_kind"),
+    CheckConstraint(in_values("kind", ChannelKind), name="ck_beat_channels_kind"),
 )
 
 #: The notification outbox: written in the transaction that opens, pauses or resolves an
@@ -585,7 +524,7 @@ notifications = Table(
     Column("sent_at", TZ),
     #: Set when the scheduler gave up (its sends failed for a day).
     Column("given_up_at", TZ),
-    CheckConstraint(_in("event", NotificationEvent), name="ck_beat_notifications_event"),
+    CheckConstraint(in_values("event", NotificationEvent), name="ck_beat_notifications_event"),
 )
 # The outbox's due rows, oldest first.
 Index(

@@ -2,28 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 from celery import Celery
 from celery.bin.celery import celery as celery_main
 from click.testing import CliRunner, Result
+from psycopg import sql
 from sqlalchemy import func, insert, select, text
+from sqlalchemy.engine import make_url
 
 from beat.models import RunState
 from beat.ops.schedules import Schedules
 from beat.publish import redis_envelopes
 from beat.store.all_roles import Store
+from beat.store.schema import ensure_database, migrate
 from beat.store.tables import runs
-from tests.conftest import SessionEnv
+from tests.conftest import ADMIN_DATABASE_URL, SessionEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -202,3 +207,22 @@ def count_stamped_pushes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(redis_envelopes.Envelopes, "push", counted)
     return counts
+
+
+@contextlib.contextmanager
+def database_at(test_env: SessionEnv, revision: str) -> Iterator[Store]:
+    """A store on a database of its own migrated to ``revision`` (dropped after)."""
+    name = f"habeat_test_{uuid.uuid4().hex[:8]}"
+    url = make_url(test_env.database_url).set(database=name)
+    admin = make_url(ADMIN_DATABASE_URL).set(drivername="postgresql")
+    store = Store.connect(url.render_as_string(hide_password=False))
+    try:
+        ensure_database(store.engine)
+        migrate(store.engine, revision)
+        yield store
+    finally:
+        store.dispose()
+        with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as c:
+            c.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )

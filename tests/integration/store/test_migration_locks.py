@@ -5,40 +5,25 @@ run table, on a database of the test's own migrated to 0012."""
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
-import psycopg
 import pytest
-from psycopg import sql
 from sqlalchemy import insert, select, text
-from sqlalchemy.engine import make_url
 
 from beat.store.all_roles import Store
-from beat.store.schema import ensure_database, migrate
+from beat.store.schema import migrate
 from beat.store.tables import run_summary, runs
-from tests.conftest import ADMIN_DATABASE_URL, SessionEnv
+from tests.conftest import SessionEnv
+from tests.integration.helpers import database_at
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def at_0012(test_env: SessionEnv) -> Iterator[Store]:
-    name = f"habeat_test_{uuid.uuid4().hex[:8]}"
-    url = make_url(test_env.database_url).set(database=name)
-    admin = make_url(ADMIN_DATABASE_URL).set(drivername="postgresql")
-    store = Store.connect(url.render_as_string(hide_password=False))
-    try:
-        ensure_database(store.engine)
-        migrate(store.engine, "0012")
+    with database_at(test_env, "0012") as store:
         yield store
-    finally:
-        store.dispose()
-        with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as c:
-            c.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def test_0013_waits_for_a_summariser_holding_the_summary_and_does_not_deadlock(
