@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, text, update
 
-from beat.store.percentiles import LATENESS_BINS, lateness_bin, slowest_seconds
-from beat.store.rows import finished_age, lateness_interval, lateness_seconds
+from beat.store.percentiles import LATENESS_BINS, lateness_bin
+from beat.store.rows import finished_age, lateness_seconds
 from beat.store.schedule_outcomes import advance_outcomes
 from beat.store.tables import FINISHED_SQL, run_minutes, run_summary, runs
 
@@ -63,15 +63,15 @@ def summarise_batch(
 def summarise_minutes(conn: Connection, first: datetime, end: datetime) -> tuple[int, int]:
     """Insert the summary of the finished runs of ``first`` .. ``end`` (minutes)."""
     age = finished_age()
-    late = lateness_interval()
+    lateness = lateness_seconds()
     grouped = conn.execute(
         select(
             func.date_trunc("minute", age).label("minute"),
             runs.c.state,
-            lateness_bin(late).label("bin"),
+            lateness_bin(lateness).label("bin"),
             func.count().label("runs"),
-            slowest_seconds(late).label("slowest"),
-            func.sum(lateness_seconds()).label("total"),
+            func.max(lateness).label("slowest"),
+            func.sum(lateness).label("total"),
         )
         # The retention index, in its order (its predicate as literal SQL).
         .where(text(FINISHED_SQL), age >= first, age < end)

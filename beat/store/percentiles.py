@@ -11,7 +11,6 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 
 from sqlalchemy import ColumnElement, Double, Integer, case, func, literal_column, null
 
@@ -42,31 +41,19 @@ class Percentiles:
     approximate: bool = False
 
 
-def lateness_bin(late: ColumnElement[timedelta]) -> ColumnElement[int]:
-    """The bin of ``LATENESS_BINS`` a lateness given as an interval falls in (NULL for
-    NULL). Its seconds are computed once: a plot bins every run not finished (200,000
-    in a backlog), and each reference to them costs a ``date_part`` a run. Below 1 ms
-    (negative too) the logarithm is negative and ``greatest`` gives bin 0, as
-    :func:`bin_of` does."""
+def lateness_bin(seconds: ColumnElement[float]) -> ColumnElement[int]:
+    """The bin of ``LATENESS_BINS`` a lateness falls in (NULL for NULL)."""
     per_log = literal_column(repr(BINS_PER_OCTAVE / math.log(2)), Double)
-    seconds = func.greatest(
-        func.date_part("epoch", late, type_=Double), literal_column("1e-9", Double)
-    )
     binned = func.least(
         literal_column(str(LATENESS_BINS - 1)),
-        func.greatest(
-            literal_column("0"),
-            literal_column("1") + func.floor(func.ln(seconds * literal_column("1000.0")) * per_log),
-        ),
+        literal_column("1") + func.floor(func.ln(seconds * literal_column("1000.0")) * per_log),
     )
-    # Tested first: greatest() and least() ignore a NULL.
-    return case((late.is_not(None), binned), else_=null()).cast(Integer)
-
-
-def slowest_seconds(late: ColumnElement[timedelta]) -> ColumnElement[float]:
-    """The largest lateness of a group, in seconds: the intervals' maximum, converted
-    once a group rather than once a run."""
-    return func.date_part("epoch", func.max(late), type_=Double)
+    # Tested first: least() ignores a NULL.
+    return case(
+        (seconds.is_(None), null()),
+        (seconds < literal_column("0.001"), literal_column("0")),
+        else_=binned,
+    ).cast(Integer)
 
 
 def bin_of(seconds: float) -> int:

@@ -87,9 +87,8 @@ from beat.store.percentiles import (
     Percentiles,
     histogram_percentiles,
     lateness_bin,
-    slowest_seconds,
 )
-from beat.store.rows import finished_age, lateness_interval
+from beat.store.rows import finished_age, lateness_seconds
 from beat.store.tables import (
     ACTIVE_SQL,
     FINISHED_SQL,
@@ -479,11 +478,10 @@ def _stats_query(schedule: str | None) -> Select[Any]:
         for state in RunState
     ]
     quantiles = literal(list(QUANTILES), ARRAY(Double))
-    lateness = func.date_part("epoch", window.c.late, type_=Double)
     return select(
         *columns,
-        func.percentile_cont(quantiles).within_group(lateness).label("quantiles"),
-        slowest_seconds(window.c.late).label("slowest"),
+        func.percentile_cont(quantiles).within_group(window.c.lateness).label("quantiles"),
+        func.max(window.c.lateness).label("slowest"),
     ).group_by(func.rollup(bucket))
 
 
@@ -496,9 +494,9 @@ def _binned_query() -> Select[Any]:
     return select(
         _bucket_of(window.c.at).label("bucket"),
         window.c.state,
-        lateness_bin(window.c.late).label("bin"),
+        lateness_bin(window.c.lateness).label("bin"),
         func.count().label("runs"),
-        slowest_seconds(window.c.late).label("slowest"),
+        func.max(window.c.lateness).label("slowest"),
     ).group_by(text("1, 2, 3"))
 
 
@@ -509,15 +507,15 @@ def _bucket_of(at: ColumnElement[datetime]) -> ColumnElement[int]:
 
 def _window_runs(schedule: str | None, *, summarised: bool = False) -> Subquery:
     """The runs whose time is in ``:start`` .. ``:now`` (see the module docstring for
-    the index each part uses): their time, state and lateness (an interval)."""
+    the index each part uses): their time, state and lateness."""
     at = func.coalesce(runs.c.fire_at, runs.c.claimed_at)
-    late = lateness_interval()
+    lateness = lateness_seconds()
     start, now = bindparam("start", type_=TZ), bindparam("now", type_=TZ)
 
     def part(
         *conditions: ColumnElement[bool] | TextClause, time: ColumnElement[datetime] = at
     ) -> Select[Any]:
-        return select(time.label("at"), runs.c.state, late.label("late")).where(*conditions)
+        return select(time.label("at"), runs.c.state, lateness.label("lateness")).where(*conditions)
 
     if schedule is not None:
         named = runs.c.schedule_name == schedule
