@@ -54,7 +54,7 @@ import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -162,7 +162,9 @@ def bucket_starts(
     they would be narrower than ``MIN_BUCKET``."""
     count = max(1, min(buckets, window // MIN_BUCKET))
     width = window / count
-    start = now - window
+    # In UTC: Python adds to a time of a zone with daylight saving in wall-clock time,
+    # and the database's session may be in one.
+    start = now.astimezone(UTC) - window
     return width, [start + index * width for index in range(count)]
 
 
@@ -282,11 +284,10 @@ class RunStatsStore(StoreConnection):
         """Delete the summary of every minute retention deletes runs of, those that
         begin before ``cutoff``: a minute the cutoff falls in loses its runs before the
         cutoff, and a summary never counts runs that are gone."""
-        statement = run_minutes.delete().where(run_minutes.c.minute < cutoff)
         if conn is not None:
-            return conn.execute(statement).rowcount
+            return _delete_summary_before(conn, cutoff)
         with self._transaction() as own:
-            return own.execute(statement).rowcount
+            return _delete_summary_before(own, cutoff)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -368,8 +369,17 @@ class _Summary:
         return None if bins is None or slowest is None else histogram_percentiles(bins, slowest)
 
 
-#: The width of a block of ``beat_run_blocks`` (migration 0024), and its last minute.
+#: The width of a block of ``beat_run_blocks`` (migration 0024), and the smallest step
+#: of a timestamp (a block's last instant is ``BLOCK - _INSTANT`` after its start).
 BLOCK = timedelta(minutes=10)
+_INSTANT = timedelta(microseconds=1)
+
+
+def _delete_summary_before(conn: Connection, cutoff: datetime) -> int:
+    deleted = conn.execute(run_minutes.delete().where(run_minutes.c.minute < cutoff)).rowcount
+    # The blocks whose every minute is gone (the triggers marked them broken).
+    conn.execute(run_blocks.delete().where(run_blocks.c.block + BLOCK <= cutoff))
+    return deleted
 
 
 @functools.cache
@@ -393,9 +403,11 @@ def _summary_query() -> Select[Any]:
         .where(
             block >= first,
             block + BLOCK <= summarised,
-            bucket(block) == bucket(block + (BLOCK - MIN_BUCKET)),
+            bucket(block) == bucket(block + (BLOCK - _INSTANT)),
         )
-        .distinct()
+        .group_by(block)
+        # A broken row (minutes of the block deleted or changed) breaks the block.
+        .having(func.bool_and(~run_blocks.c.broken))
         .cte("whole_blocks")
     )
     # The other minutes, block by block: an index range each, not the window's every

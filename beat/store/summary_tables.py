@@ -5,6 +5,8 @@ newest outcome."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -15,6 +17,7 @@ from sqlalchemy import (
     Integer,
     Table,
     Text,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -23,7 +26,7 @@ from beat.models import RunState
 from beat.store.metadata import FAILED_SQL, TZ, in_values, metadata
 
 
-def _summary_table(name: str, key: str) -> Table:
+def _summary_table(name: str, key: str, *more: Column[Any]) -> Table:
     """Finished runs summarised by ``key`` (a time) and state."""
     return Table(
         name,
@@ -38,6 +41,7 @@ def _summary_table(name: str, key: str) -> Table:
         Column("lateness_bins", ARRAY(Integer)),
         Column("lateness_max", Double),
         Column("lateness_sum", Double),
+        *more,
         CheckConstraint(in_values("state", RunState), name=f"ck_{name}_state"),
     )
 
@@ -48,9 +52,13 @@ def _summary_table(name: str, key: str) -> Table:
 #: instead of every run.
 run_minutes = _summary_table("beat_run_minutes", "minute")
 #: The same by block of ten minutes from the epoch, kept by the triggers of migration
-#: 0024 on ``beat_run_minutes``: a block holds the sum of its minutes, or is absent
-#: (minutes of it deleted), and then its minutes are read.
-run_blocks = _summary_table("beat_run_blocks", "block")
+#: 0024 on ``beat_run_minutes``: a block holds the sum of its minutes unless
+#: ``broken`` (minutes of it deleted or changed), and then its minutes are read.
+run_blocks = _summary_table(
+    "beat_run_blocks",
+    "block",
+    Column("broken", Boolean, nullable=False, server_default=false()),
+)
 
 #: How far the summary has gone: every minute before ``summarised_until`` is in
 #: ``beat_run_minutes`` (one row, created by the first summariser).

@@ -3,10 +3,12 @@ by triggers on ``beat_run_minutes``: a plot of all schedules over days sums a bl
 ten minutes lie in one of its buckets, a tenth of the rows.
 
 A statement that inserts minutes adds them to their blocks; one that deletes or updates
-minutes (retention) drops their blocks, whose remaining minutes are then read one by
-one; a truncation empties the blocks. Triggers rather than the summariser's code: every
-writer of minutes keeps the blocks right, a summariser of the release before included.
-The blocks of the minutes already summarised are made here.
+minutes (retention) marks their blocks ``broken``, for good: a broken block's minutes
+are read one by one, also those written after (a block retention cut and the summariser
+then filled holds only the later minutes). A truncation empties the blocks. Triggers
+rather than the summariser's code: every writer of minutes keeps the blocks right, a
+summariser of the release before included. The blocks of the minutes already
+summarised are made here.
 
 Revision ID: 0024
 Revises: 0023
@@ -68,6 +70,15 @@ ON CONFLICT (block, state) DO UPDATE SET
     )
 """
 
+# The blocks of the minutes ``{changed}`` selects marked broken (made so if absent: a
+# block filled after is broken all the same). Never cleared: an insert adds to a broken
+# block as to any, and the plots read its minutes instead.
+BREAK_BLOCKS = """
+INSERT INTO beat_run_blocks AS kept (block, state, runs, published, broken)
+SELECT DISTINCT {block}, changed.state, 0, 0, true FROM ({changed}) AS changed
+ON CONFLICT (block, state) DO UPDATE SET broken = true
+""".replace("{block}", BLOCK_OF_MINUTE.format("changed"))
+
 TRIGGERS = f"""
 CREATE FUNCTION beat_run_blocks_add() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -75,10 +86,19 @@ BEGIN
     RETURN NULL;
 END
 $$;
-CREATE FUNCTION beat_run_blocks_drop() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION beat_run_blocks_break() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    DELETE FROM beat_run_blocks
-    WHERE block IN (SELECT {BLOCK_OF_MINUTE.format("removed")} FROM removed);
+    {BREAK_BLOCKS.format(changed="SELECT minute, state FROM removed")};
+    RETURN NULL;
+END
+$$;
+CREATE FUNCTION beat_run_blocks_break_both() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    {
+    BREAK_BLOCKS.format(
+        changed="SELECT minute, state FROM removed UNION ALL SELECT minute, state FROM added"
+    )
+};
     RETURN NULL;
 END
 $$;
@@ -91,10 +111,11 @@ END
 $$;
 CREATE TRIGGER beat_run_minutes_add_blocks AFTER INSERT ON beat_run_minutes
     REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION beat_run_blocks_add();
-CREATE TRIGGER beat_run_minutes_drop_blocks AFTER DELETE ON beat_run_minutes
-    REFERENCING OLD TABLE AS removed FOR EACH STATEMENT EXECUTE FUNCTION beat_run_blocks_drop();
-CREATE TRIGGER beat_run_minutes_redo_blocks AFTER UPDATE ON beat_run_minutes
-    REFERENCING OLD TABLE AS removed FOR EACH STATEMENT EXECUTE FUNCTION beat_run_blocks_drop();
+CREATE TRIGGER beat_run_minutes_break_blocks AFTER DELETE ON beat_run_minutes
+    REFERENCING OLD TABLE AS removed FOR EACH STATEMENT EXECUTE FUNCTION beat_run_blocks_break();
+CREATE TRIGGER beat_run_minutes_break_changed_blocks AFTER UPDATE ON beat_run_minutes
+    REFERENCING OLD TABLE AS removed NEW TABLE AS added
+    FOR EACH STATEMENT EXECUTE FUNCTION beat_run_blocks_break_both();
 CREATE TRIGGER beat_run_minutes_clear_blocks AFTER TRUNCATE ON beat_run_minutes
     FOR EACH STATEMENT EXECUTE FUNCTION beat_run_blocks_clear();
 """
@@ -110,6 +131,7 @@ def upgrade() -> None:
         sa.Column("lateness_bins", postgresql.ARRAY(sa.Integer())),
         sa.Column("lateness_max", sa.Double()),
         sa.Column("lateness_sum", sa.Double()),
+        sa.Column("broken", sa.Boolean(), nullable=False, server_default=sa.false()),
         sa.CheckConstraint(STATES, name="ck_beat_run_blocks_state"),
     )
     # The summariser's row lock: no minute is summarised while the blocks are made.
@@ -121,8 +143,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for trigger in ("add_blocks", "drop_blocks", "redo_blocks", "clear_blocks"):
+    for trigger in ("add_blocks", "break_blocks", "break_changed_blocks", "clear_blocks"):
         op.execute(f"DROP TRIGGER beat_run_minutes_{trigger} ON beat_run_minutes")
-    for function in ("add", "drop", "clear"):
+    for function in ("add", "break", "break_both", "clear"):
         op.execute(f"DROP FUNCTION beat_run_blocks_{function}()")
     op.drop_table("beat_run_blocks")

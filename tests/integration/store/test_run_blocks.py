@@ -16,12 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, insert, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from beat.models import RunState
 from beat.store.all_roles import Store
 from beat.store.percentiles import LATENESS_BINS
 from beat.store.schema import migrate
-from beat.store.stats import _Summary, bucket_starts
+from beat.store.stats import RunStatsStore, _Summary, bucket_starts
 from beat.store.tables import run_blocks, run_minutes
 from tests.conftest import SessionEnv
 from tests.integration.helpers import database_at
@@ -119,8 +120,31 @@ def read(store: Store, start: datetime, starts: list[datetime], summarised: date
         return _Summary.read(conn, params)
 
 
+def insert_minutes(store: Store, minutes: list[Minute]) -> None:
+    if minutes:
+        with store.engine.begin() as conn:
+            conn.execute(insert(run_minutes), [minute.row() for minute in minutes])
+
+
+def delete_before(store: Store, cutoff: datetime) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(delete(run_minutes).where(run_minutes.c.minute < cutoff))
+
+
+def assert_read_as_every_minute(
+    store: Store, minutes: list[Minute], window: timedelta, buckets: int, summarised: datetime
+) -> None:
+    _, starts = bucket_starts(NOW, window, buckets)
+    start = NOW - window
+    summary = read(store, start, starts, summarised)
+    counts, bins, slowest = oracle(minutes, start, starts, summarised)
+    assert summary.counts == counts
+    assert summary.bins == bins
+    assert summary.slowest == slowest
+
+
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     minutes=minutes_strategy(span=3 * 24 * 60),
@@ -128,7 +152,10 @@ def read(store: Store, start: datetime, starts: list[datetime], summarised: date
     buckets=st.integers(1, 60),
     settled=st.integers(0, 120),
     statements=st.integers(1, 3),
-    retention=st.none() | st.integers(0, 3 * 24 * 60),
+    frontier=st.integers(0, 3 * 24 * 60),
+    retention=st.sampled_from(["none", "anywhere", "near the frontier"]),
+    anywhere=st.integers(0, 3 * 24 * 60),
+    gap=st.integers(-15, 15),
 )
 def test_the_summary_read_through_blocks_counts_what_every_minute_counts(
     store: Store,
@@ -137,22 +164,76 @@ def test_the_summary_read_through_blocks_counts_what_every_minute_counts(
     buckets: int,
     settled: int,
     statements: int,
-    retention: int | None,
+    frontier: int,
+    retention: str,
+    anywhere: int,
+    gap: int,
 ) -> None:
-    write(store, minutes, statements)
-    if retention is not None:
-        cutoff = NOW - timedelta(minutes=retention, seconds=13)
-        with store.engine.begin() as conn:
-            conn.execute(delete(run_minutes).where(run_minutes.c.minute < cutoff))
-        minutes = [minute for minute in minutes if minute.minute >= cutoff]
-    _, starts = bucket_starts(NOW, timedelta(minutes=window), buckets)
-    start = NOW - timedelta(minutes=window)
+    """The minutes up to ``frontier`` minutes ago written (in ``statements`` INSERTs),
+    then retention's delete before its cutoff, then the newer minutes, as the
+    summariser goes on after a prune: a block the cutoff cut and minutes then filled
+    included."""
+    older = [minute for minute in minutes if minute.ago > frontier]
+    write(store, older, statements)
+    if retention != "none":
+        ago = anywhere if retention == "anywhere" else max(0, frontier + gap)
+        cutoff = NOW - timedelta(minutes=ago, seconds=13)
+        delete_before(store, cutoff)
+        older = [minute for minute in older if minute.minute >= cutoff]
+    newer = [minute for minute in minutes if minute.ago <= frontier]
+    insert_minutes(store, newer)
     summarised = NOW.replace(second=0, microsecond=0) - timedelta(minutes=settled)
-    summary = read(store, start, starts, summarised)
-    counts, bins, slowest = oracle(minutes, start, starts, summarised)
-    assert summary.counts == counts
-    assert summary.bins == bins
-    assert summary.slowest == slowest
+    assert_read_as_every_minute(
+        store, older + newer, timedelta(minutes=window), buckets, summarised
+    )
+
+
+@pytest.mark.parametrize("later", [RunState.SUCCEEDED, RunState.FAILED])
+def test_a_block_cut_by_retention_then_filled_is_read_minute_by_minute(
+    store: Store, later: RunState
+) -> None:
+    """Retention's cutoff falls in a block whose first minutes were summarised; the
+    summariser then writes the block's last minutes (of the same state, or another):
+    the block now holds only those, and must not be read as the block."""
+    first = [Minute(ago, RunState.SUCCEEDED, 1, None, None) for ago in range(20, 13, -1)]
+    last = [Minute(ago, later, 1, None, None) for ago in range(13, 10, -1)]
+    insert_minutes(store, first)
+    cutoff = first[3].minute + timedelta(seconds=13)
+    delete_before(store, cutoff)
+    insert_minutes(store, last)
+    kept = [minute for minute in first if minute.minute >= cutoff] + last
+    summarised = NOW.replace(second=0, microsecond=0)
+    assert_read_as_every_minute(store, kept, timedelta(hours=2), 1, summarised)
+
+
+def test_a_minute_moved_or_upserted_leaves_no_block_that_counts_it_wrong(store: Store) -> None:
+    # 11:20 to 11:39 but 11:30: 11:20 moves there, from one block to the next.
+    agos = [ago for ago in range(40, 20, -1) if ago != 30]
+    minutes = [Minute(ago, RunState.SUCCEEDED, 1, {2: 1}, 0.003) for ago in agos]
+    insert_minutes(store, minutes)
+    moved = minutes[0]
+    with store.engine.begin() as conn:
+        conn.execute(
+            run_minutes.update()
+            .where(run_minutes.c.minute == moved.minute)
+            .values(minute=run_minutes.c.minute + timedelta(minutes=10))
+        )
+    kept = [*minutes[1:], Minute(moved.ago - 10, moved.state, 1, {2: 1}, 0.003)]
+    summarised = NOW.replace(second=0, microsecond=0)
+    assert_read_as_every_minute(store, kept, timedelta(hours=2), 1, summarised)
+    again = Minute(25, RunState.SUCCEEDED, 5, {2: 5}, 0.003)
+    with store.engine.begin() as conn:
+        conn.execute(
+            pg_insert(run_minutes)
+            .values([again.row()])
+            .on_conflict_do_update(
+                index_elements=[run_minutes.c.minute, run_minutes.c.state],
+                set_={"runs": run_minutes.c.runs + 5},
+            )
+        )
+    kept = [minute for minute in kept if minute.ago != 25]
+    kept.append(Minute(25, RunState.SUCCEEDED, 6, {2: 1}, 0.003))
+    assert_read_as_every_minute(store, kept, timedelta(hours=2), 1, summarised)
 
 
 def blocks(store: Store) -> dict[tuple[datetime, str], Any]:
@@ -187,23 +268,39 @@ def test_a_block_of_minutes_none_published_has_no_histogram(store: Store) -> Non
     )
 
 
-def test_deleting_or_changing_a_minute_drops_its_block_and_truncating_drops_all(
+def broken(store: Store) -> dict[str, bool]:
+    return {state: row.broken for (_, state), row in blocks(store).items()}
+
+
+def test_deleting_or_changing_a_minute_breaks_its_block_and_truncating_empties_them(
     store: Store,
 ) -> None:
     kept = Minute(0, RunState.FAILED, 1, {1: 1}, 0.002)
     old = [Minute(ago, RunState.SUCCEEDED, 1, {2: 1}, 0.003) for ago in (605, 606)]
     write(store, [kept, *old], 1)
-    assert len(blocks(store)) == 2
-    with store.engine.begin() as conn:
-        conn.execute(delete(run_minutes).where(run_minutes.c.minute == old[0].minute))
-    assert [key[1] for key in blocks(store)] == ["failed"]
+    assert broken(store) == {"failed": False, "succeeded": False}
+    delete_before(store, old[0].minute)
+    assert broken(store) == {"failed": False, "succeeded": True}
+    insert_minutes(store, [Minute(604, RunState.SUCCEEDED, 1, None, None)])
+    assert broken(store) == {"failed": False, "succeeded": True}  # for good
     with store.engine.begin() as conn:
         conn.execute(run_minutes.update().values(runs=run_minutes.c.runs + 1))
-    assert blocks(store) == {}
-    write(store, [kept], 1)
+    assert broken(store) == {"failed": True, "succeeded": True}
     with store.engine.begin() as conn:
         conn.execute(text("TRUNCATE beat_run_minutes"))
     assert blocks(store) == {}
+
+
+def test_retention_deletes_the_blocks_whose_every_minute_it_deleted(store: Store) -> None:
+    minutes = [Minute(ago, RunState.SUCCEEDED, 1, None, None) for ago in range(35, 0, -1)]
+    insert_minutes(store, minutes)
+    cutoff = minutes[12].minute + timedelta(seconds=13)  # 11:37:13, in block 11:30
+    RunStatsStore(store.engine).delete_summary_before(cutoff)
+    left = {block.block: block.broken for block in blocks(store).values()}
+    first_kept = datetime.fromtimestamp(cutoff.timestamp() // 600 * 600, UTC)
+    assert min(left) == first_kept
+    assert left[first_kept] is True
+    assert not any(is_broken for block, is_broken in left.items() if block > first_kept)
 
 
 @pytest.fixture
