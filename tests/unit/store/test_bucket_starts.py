@@ -4,6 +4,7 @@ over a daylight-saving change is not an hour longer or shorter."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -23,7 +24,7 @@ AFTER_A_CHANGE = [
 def test_a_window_over_a_clock_change_is_as_long_as_it_says(now: datetime) -> None:
     width, starts = bucket_starts(now, timedelta(days=7), 7)
     assert width == timedelta(days=1)
-    elapsed = [b.timestamp() - a.timestamp() for a, b in zip(starts, starts[1:], strict=False)]
+    elapsed = [b.timestamp() - a.timestamp() for a, b in itertools.pairwise(starts)]
     assert elapsed == [86_400.0] * 6
     assert now.timestamp() - starts[0].timestamp() == 7 * 86_400
 
