@@ -39,6 +39,11 @@ The statistics of all schedules then read, in one snapshot:
   above (by fire time). Each finished run is on one side of ``summarised_until``:
   none is counted twice or missed at the seam.
 
+The summary is kept by block of ten minutes too (``beat_run_blocks``, by triggers on
+``beat_run_minutes``, migration 0024): a block whose ten minutes lie in one bucket, and
+that no delete or update of its minutes broke, is read as one row; every other minute
+as its own (:func:`_summary_query`).
+
 The live runs are counted in SQL by bucket, state and lateness bin as the summary
 bins them (a few hundred rows, whatever the runs), so every percentile is read from
 merged histograms (``LATENESS_BINS``, ``Percentiles.approximate``): each value taken
@@ -378,7 +383,7 @@ _INSTANT = timedelta(microseconds=1)
 def _delete_summary_before(conn: Connection, cutoff: datetime) -> int:
     deleted = conn.execute(run_minutes.delete().where(run_minutes.c.minute < cutoff)).rowcount
     # The blocks whose every minute is gone (the triggers marked them broken).
-    conn.execute(run_blocks.delete().where(run_blocks.c.block + BLOCK <= cutoff))
+    conn.execute(run_blocks.delete().where(run_blocks.c.block <= cutoff.astimezone(UTC) - BLOCK))
     return deleted
 
 
@@ -401,8 +406,9 @@ def _summary_query() -> Select[Any]:
     whole = (
         select(block)
         .where(
+            # Bounds on the key itself: a range of the primary key.
             block >= first,
-            block + BLOCK <= summarised,
+            block <= summarised - BLOCK,
             bucket(block) == bucket(block + (BLOCK - _INSTANT)),
         )
         .group_by(block)

@@ -68,7 +68,7 @@ ON CONFLICT (block, state) DO UPDATE SET
     lateness_sum = (
         SELECT sum(total) FROM (VALUES (kept.lateness_sum), (excluded.lateness_sum)) AS t(total)
     )
-"""
+""".replace("{block}", BLOCK_OF_MINUTE.format("source"))
 
 # The blocks of the minutes ``{changed}`` selects marked broken (made so if absent: a
 # block filled after is broken all the same). Never cleared: an insert adds to a broken
@@ -79,26 +79,25 @@ SELECT DISTINCT {block}, changed.state, 0, 0, true FROM ({changed}) AS changed
 ON CONFLICT (block, state) DO UPDATE SET broken = true
 """.replace("{block}", BLOCK_OF_MINUTE.format("changed"))
 
+REMOVED = "SELECT minute, state FROM removed"
+REMOVED_AND_ADDED = f"{REMOVED} UNION ALL SELECT minute, state FROM added"
+
 TRIGGERS = f"""
 CREATE FUNCTION beat_run_blocks_add() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    {ADD_TO_BLOCKS.format(block=BLOCK_OF_MINUTE.format("source"), source="added")};
+    {ADD_TO_BLOCKS.format(source="added")};
     RETURN NULL;
 END
 $$;
 CREATE FUNCTION beat_run_blocks_break() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    {BREAK_BLOCKS.format(changed="SELECT minute, state FROM removed")};
+    {BREAK_BLOCKS.format(changed=REMOVED)};
     RETURN NULL;
 END
 $$;
 CREATE FUNCTION beat_run_blocks_break_both() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    {
-    BREAK_BLOCKS.format(
-        changed="SELECT minute, state FROM removed UNION ALL SELECT minute, state FROM added"
-    )
-};
+    {BREAK_BLOCKS.format(changed=REMOVED_AND_ADDED)};
     RETURN NULL;
 END
 $$;
@@ -137,9 +136,7 @@ def upgrade() -> None:
     # The summariser's row lock: no minute is summarised while the blocks are made.
     op.execute("SELECT 1 FROM beat_run_summary FOR UPDATE")
     op.execute(TRIGGERS)
-    op.execute(
-        ADD_TO_BLOCKS.format(block=BLOCK_OF_MINUTE.format("source"), source="beat_run_minutes")
-    )
+    op.execute(ADD_TO_BLOCKS.format(source="beat_run_minutes"))
 
 
 def downgrade() -> None:
